@@ -1,0 +1,45 @@
+# yuzu: two commands. `make run` serves with embedded defaults (SQLite, in-memory channel layer,
+# in-process worker, a local agent); `make test` runs the suite. Set YUZU_DATABASE_URL and
+# YUZU_REDIS_URL to use PostgreSQL, Redis and separate Celery workers instead.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MCP_VENV := .venv-mcp
+
+.PHONY: run test deps test-deps clean
+
+run: deps
+	$(PY) manage.py migrate --noinput -v0
+	$(PY) manage.py bootstrap
+	$(PY) manage.py serve
+
+test: test-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+deps: $(VENV)/.installed
+
+test-deps: deps $(VENV)/.test-installed $(MCP_VENV)/.installed tests/ts-client/node_modules/.installed
+	@$(PY) tests/system_deps.py
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.test-installed: requirements-test.txt $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt
+	touch $@
+
+# The official MCP Python client lives in its own environment: its import name `mcp` clashes with
+# this project's `mcp` app (see docs/development.md).
+$(MCP_VENV)/.installed: tests/mcp_client/requirements.txt
+	test -x $(MCP_VENV)/bin/python || $(PYTHON) -m venv $(MCP_VENV)
+	$(MCP_VENV)/bin/python -m pip install -q --disable-pip-version-check -r tests/mcp_client/requirements.txt
+	touch $@
+
+tests/ts-client/node_modules/.installed: tests/ts-client/package.json tests/ts-client/package-lock.json
+	cd tests/ts-client && npm ci --silent --no-audit --no-fund
+	touch $@
+
+clean:
+	rm -rf $(VENV) $(MCP_VENV) tests/ts-client/node_modules var

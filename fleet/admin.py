@@ -1,0 +1,43 @@
+from django.contrib import admin
+
+from .models import (Agent, AgentExecStatus, AgentInventory, DeviceToken, Execution, InstructionDefinition,
+                     ManagementGroup, Response, Tag)
+
+
+class TagInline(admin.TabularInline):
+    model = Tag
+    extra = 0
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
+    list_filter = ("connected", "os", "quarantined", "simulated")
+    search_fields = ("agent_id", "hostname")
+    readonly_fields = ("credential_hash",)
+    inlines = [TagInline]
+
+
+@admin.register(ManagementGroup)
+class ManagementGroupAdmin(admin.ModelAdmin):
+    list_display = ("name", "membership_type", "parent", "created_by", "updated_at")
+    filter_horizontal = ("members",)
+
+
+@admin.register(DeviceToken)
+class DeviceTokenAdmin(admin.ModelAdmin):
+    list_display = ("name", "created_by", "created_at", "expires_at", "revoked_at", "uses", "max_uses")
+    readonly_fields = ("token_hash", "uses")
+
+    def has_add_permission(self, request):  # minted with `manage.py mint_device_token`, shown once
+        return False
+
+
+@admin.register(Execution)
+class ExecutionAdmin(admin.ModelAdmin):
+    list_display = ("id", "plugin", "action", "status", "dispatched_by", "dispatched_at", "agents_targeted",
+                    "agents_responded", "agents_failure")
+    list_filter = ("status",)
+
+
+admin.site.register([Tag, AgentInventory, InstructionDefinition, AgentExecStatus, Response])

@@ -1,0 +1,53 @@
+"""Management-group membership: static members, or every agent a scope expression matches."""
+
+from .models import Agent, ManagementGroup
+
+
+def agent_group_ids(agent):
+    agent_id = getattr(agent, "pk", agent)
+    ids = set(ManagementGroup.objects.filter(members__agent_id=agent_id).values_list("id", flat=True))
+    for group in ManagementGroup.objects.filter(membership_type=ManagementGroup.DYNAMIC).exclude(scope_expression=""):
+        if group_agents(group).filter(pk=agent_id).exists():
+            ids.add(group.id)
+    # A grant on a parent group covers its descendants' devices.
+    parents = dict(ManagementGroup.objects.values_list("id", "parent_id"))
+    for gid in list(ids):
+        p = parents.get(gid)
+        while p and p not in ids:
+            ids.add(p)
+            p = parents.get(p)
+    return ids
+
+
+def group_agents(group):
+    """The agents a group holds, as a queryset."""
+    if group.membership_type == ManagementGroup.DYNAMIC and group.scope_expression:
+        from .scope import to_q
+
+        return Agent.objects.filter(to_q(group.scope_expression))
+    return group.members.all()
+
+
+def agents_in_groups(group_ids):
+    """Agents in any of the groups (and their descendant groups), as a queryset."""
+    from django.db.models import Q
+
+    children = {}
+    for gid, parent in ManagementGroup.objects.values_list("id", "parent_id"):
+        children.setdefault(parent, []).append(gid)
+    todo, seen = list(group_ids), set()
+    while todo:
+        g = todo.pop()
+        if g in seen:
+            continue
+        seen.add(g)
+        todo.extend(children.get(g, []))
+    q = Q(pk__in=[])
+    for group in ManagementGroup.objects.filter(pk__in=seen):
+        if group.membership_type == ManagementGroup.DYNAMIC and group.scope_expression:
+            from .scope import to_q
+
+            q |= to_q(group.scope_expression)
+        else:
+            q |= Q(groups=group)
+    return Agent.objects.filter(q).distinct()

@@ -1,0 +1,9 @@
+"""WebSocket routes of the fleet app; yuzu/asgi.py mounts them under its URLRouter."""
+
+from django.urls import path
+
+from .consumers import AgentConsumer
+
+websocket_urlpatterns = [
+    path("agent/v1/ws", AgentConsumer.as_asgi()),
+]

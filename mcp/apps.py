@@ -1,0 +1,72 @@
+from django.apps import AppConfig
+from django.core import checks
+
+
+class McpConfig(AppConfig):
+    name = "mcp"
+    verbose_name = "MCP server"
+
+    def ready(self):
+        checks.register(registry_check, "mcp")
+
+
+def registry_check(app_configs=None, **kwargs):
+    """Registry drift fails `manage.py check` (and so every test run)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    from yuzu.models import OPERATIONS, SECURABLES
+    from yuzu.policy import requires_approval
+
+    from .registry import EFFECTS, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
+
+    autodiscover()
+    errors = []
+
+    def err(msg, obj, id_):
+        errors.append(checks.Error(msg, obj=obj, id=id_))
+
+    for cat in _catalogues.values():
+        for name in cat.duplicates:
+            err(f"tool '{name}' is declared twice", name, "mcp.E001")
+        for name, t in cat.tools.items():
+            if t.securable not in SECURABLES or t.operation not in OPERATIONS:
+                err(f"tool '{name}' has no valid security row ({t.securable}:{t.operation})", name, "mcp.E002")
+            for label, schema in (("input", t.input_schema), ("output", t.output_schema)):
+                if schema is None:
+                    continue
+                try:
+                    Draft202012Validator.check_schema(schema)
+                except SchemaError as exc:
+                    err(f"tool '{name}' {label} schema does not compile: {exc.message}", name, "mcp.E003")
+                if schema.get("type") != "object":
+                    err(f"tool '{name}' {label} schema root must be type object", name, "mcp.E004")
+            gated = any(requires_approval(tier, t.securable, t.operation) for tier in ("operator", "supervised"))
+            if gated and "approval_id" not in t.input_schema.get("properties", {}):
+                err(f"approval-gated tool '{name}' does not declare approval_id", name, "mcp.E005")
+            if t.effect not in EFFECTS or t.service_scope not in SERVICE_SCOPE_CLASSES:
+                err(f"tool '{name}' has an invalid effect or service-scope class", name, "mcp.E006")
+            if (t.effect == "read") != (t.operation == "Read"):
+                err(f"tool '{name}': readOnlyHint must match operation Read", name, "mcp.E007")
+            if not t.description or len(t.description) < 20:
+                err(f"tool '{name}' needs a decision-grade description", name, "mcp.E008")
+            for pname, prop in _free_text(t.input_schema):
+                err(f"tool '{name}' free-text argument '{pname}' needs maxLength", name, "mcp.E009")
+    return errors
+
+
+def _free_text(schema, prefix=""):
+    """String properties without maxLength/enum/pattern (bounded input schemas)."""
+    for pname, prop in (schema.get("properties") or {}).items():
+        if not isinstance(prop, dict):
+            continue
+        if prop.get("type") == "string" and not any(k in prop for k in ("maxLength", "enum", "const")):
+            yield prefix + pname, prop
+        if prop.get("type") == "object":
+            yield from _free_text(prop, prefix + pname + ".")
+        if prop.get("type") == "array" and isinstance(prop.get("items"), dict):
+            items = prop["items"]
+            if items.get("type") == "string" and not any(k in items for k in ("maxLength", "enum")):
+                yield prefix + pname + "[]", items
+            if items.get("type") == "object":
+                yield from _free_text(items, prefix + pname + "[].")

@@ -1,0 +1,77 @@
+"""JSON-RPC 2.0 framing: parsing with the body and nesting bounds, and error objects."""
+
+import json
+
+MAX_DEPTH = 32
+PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
+RESOURCE_NOT_FOUND = -32002
+PERMISSION_DENIED, TIER_DENIED, MCP_DISABLED, APPROVAL_REQUIRED = -32003, -32004, -32005, -32006
+UNKNOWN_SESSION, ORIGIN_REJECTED, BAD_PROTOCOL_VERSION, SESSION_CAP = -32007, -32008, -32009, -32010
+NOT_ACCEPTABLE, STREAM_CAP, STREAM_POISONED, TERMINAL_UNAVAILABLE = -32011, -32012, -32013, -32014
+
+
+class RpcError(Exception):
+    def __init__(self, code, message, data=None, *, http_status=200, headers=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+        self.http_status = http_status
+        self.headers = headers or {}
+
+    def to_dict(self):
+        err = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+def error_response(req_id, err):
+    return {"jsonrpc": "2.0", "id": req_id, "error": err.to_dict()}
+
+
+def result_response(req_id, result):
+    return {"jsonrpc": "2.0", "id": req_id, "result": result}
+
+
+def _depth_ok(value, limit=MAX_DEPTH):
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > limit:
+                return False
+            children = v.values() if isinstance(v, dict) else v
+            stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def parse_message(body):
+    """Bytes → one JSON-RPC message dict, or RpcError (HTTP 400) for the framing failures."""
+    try:
+        msg = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON", http_status=400) from None
+    except RecursionError:
+        raise RpcError(PARSE_ERROR, "Parse error: JSON nested deeper than 32 levels", http_status=400) from None
+    if not _depth_ok(msg):
+        raise RpcError(PARSE_ERROR, "Parse error: JSON nested deeper than 32 levels", http_status=400)
+    if isinstance(msg, list):
+        raise RpcError(INVALID_REQUEST, "Invalid Request: batches are not supported", http_status=400)
+    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, "Invalid Request: expected a JSON-RPC 2.0 object", http_status=400)
+    if "method" in msg:
+        if not isinstance(msg["method"], str):
+            raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a string", http_status=400)
+        if "id" in msg and (msg["id"] is None or isinstance(msg["id"], bool) or not isinstance(msg["id"], (str, int))):
+            raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer", http_status=400)
+        if "params" in msg and not isinstance(msg["params"], dict):
+            raise RpcError(INVALID_REQUEST, "Invalid Request: params must be an object", http_status=400)
+    elif not ("id" in msg and ("result" in msg or "error" in msg)):
+        raise RpcError(INVALID_REQUEST, "Invalid Request: neither a request, a notification nor a response",
+                       http_status=400)
+    return msg
+
+
+def dumps(obj):
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,204 @@
+"""The tools/call check pipeline (spec/yuzu-mcp.md §2.1, project order):
+
+knownness → read-only kill switch → service scope → tier (before RBAC) → input schema →
+approval gate → RBAC → handler → one audit row ``mcp.<tool>``.
+
+Sync tools run all of it in one worker-thread hop; async tools (the bridge's blocking ones) run the
+checks in one hop, await the handler on the event loop, then audit in a second hop.
+"""
+
+import json
+import logging
+import time
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from yuzu import rbac
+from yuzu.audit import audit
+from yuzu.errors import YuzuError
+from yuzu.metrics import (MCP_APPROVAL_BURNED, MCP_TOOL_ARGS_INVALID, MCP_TOOL_CALLS, MCP_TOOL_LATENCY,
+                          MCP_TOOL_SECURITY_MISCONFIG)
+from yuzu.models import OPERATIONS, SECURABLES
+from yuzu.policy import requires_approval, tier_allows
+
+from . import jsonrpc as rpc
+from .registry import ToolFailure, catalogue
+
+log = logging.getLogger("yuzu.mcp")
+TIER_REMEDIATION = "use a higher-tier MCP token, or the REST API / dashboard"
+
+# The approval gate is plugged in by the approvals app (AppConfig.ready); without one, gated calls
+# take the seed's degraded path: -32004 with no ticket.
+_approval_gate = None
+
+
+def hop(fn):
+    """One worker-thread hop with Django's connection hygiene; not pinned to a single thread, so
+    concurrent calls use concurrent database connections."""
+    return database_sync_to_async(fn, thread_sensitive=False)
+
+
+def set_approval_gate(gate):
+    global _approval_gate
+    _approval_gate = gate
+
+
+def approval_gate():
+    return _approval_gate
+
+
+# "integer" is strict: 1.0 is not an integer argument (a float where an id or a count belongs is a bug).
+StrictValidator = jsonschema.validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool)),
+)
+_validators = {}
+
+
+def validator_for(tool):
+    v = _validators.get((tool.catalogue, tool.name))
+    if v is None:
+        v = _validators[(tool.catalogue, tool.name)] = StrictValidator(tool.input_schema)
+    return v
+
+
+def a4(cid, retry_after_ms=None, remediation=None, **extra):
+    data = {"correlation_id": cid, "retry_after_ms": retry_after_ms, "remediation": remediation}
+    data.update(extra)
+    return data
+
+
+def _audit(ctx, result, detail=""):
+    parts = [p for p in [detail] + ctx.detail if p]
+    return audit(ctx.principal, f"mcp.{ctx.tool}", result, target_type="mcp_tool", target_id=ctx.tool,
+                 detail=" ".join(parts), correlation_id=ctx.cid)
+
+
+def _deny(ctx, code, message, result="denied", detail="", stamp_cid=False, **data):
+    _audit(ctx, result, detail + (f" correlation_id={ctx.cid}" if stamp_cid else ""))
+    MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
+    raise rpc.RpcError(code, message, a4(ctx.cid, **data))
+
+
+def schema_error_message(error):
+    path = "/" + "/".join(str(p) for p in error.absolute_path)
+    return f"arguments do not match the tool input schema at '{path}': {error.message}"
+
+
+def check_arguments(tool, arguments):
+    """Returns None or the first validation error, deterministic (by path)."""
+    errors = sorted(validator_for(tool).iter_errors(arguments), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    return errors[0] if errors else None
+
+
+def pre_checks(ctx, name, arguments):
+    """Everything up to and including RBAC. Returns (tool, handler_arguments)."""
+    cat = catalogue(ctx.catalogue)
+    tool = cat.tools.get(name) if isinstance(name, str) else None
+    ctx.tool = name if isinstance(name, str) and len(name) <= 128 else "unknown"
+    if tool is None:
+        _deny(ctx, rpc.INVALID_PARAMS, f"Unknown tool: {str(name)[:128]}", remediation="call tools/list for the served tools")
+    if tool.securable not in SECURABLES or tool.operation not in OPERATIONS:
+        MCP_TOOL_SECURITY_MISCONFIG.inc()
+        _deny(ctx, rpc.INTERNAL_ERROR, "tool is misconfigured (no security registration)", stamp_cid=True,
+              remediation="report this to the server operator")
+    if settings.YUZU_MCP_READ_ONLY and tool.is_write:
+        _deny(ctx, rpc.TIER_DENIED, "MCP is in read-only mode", remediation="the server operator has disabled write tools")
+    principal = ctx.principal
+    if principal.scope_service and tool.service_scope == "denied":
+        _deny(ctx, rpc.PERMISSION_DENIED, "service-scoped tokens may not call this tool", detail="service_scope=denied",
+              remediation="use a token without a service scope")
+    if not tier_allows(principal.tier, tool.securable, tool.operation):
+        _deny(ctx, rpc.TIER_DENIED, "MCP tier does not allow this operation", detail=f"tier={principal.tier}",
+              remediation=TIER_REMEDIATION)
+    if arguments is None:
+        arguments = {}
+    error = check_arguments(tool, arguments) if isinstance(arguments, dict) else None
+    if not isinstance(arguments, dict) or error is not None:
+        MCP_TOOL_ARGS_INVALID.labels(tool.name).inc()
+        message = schema_error_message(error) if error else "arguments must be an object"
+        _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
+              remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
+    args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
+    if requires_approval(principal.tier, tool.securable, tool.operation):
+        gate = approval_gate()
+        if gate is None:
+            _deny(ctx, rpc.TIER_DENIED, "this operation needs a human approval and this server has no approval store",
+                  remediation=TIER_REMEDIATION)
+        ctx.approval = gate(ctx, tool, args, arguments.get("approval_id"))  # raises RpcError on every refusal
+    if tool.rbac and not _rbac_allows(principal, tool, args):
+        perm = f"{tool.securable}:{tool.operation}"
+        if ctx.approval is not None:
+            MCP_APPROVAL_BURNED.labels(tool.name, "rbac_denied").inc()
+        _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
+              remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
+    return tool, args
+
+
+def _rbac_allows(principal, tool, args):
+    agent_id = args.get(tool.rbac_agent_arg) if tool.rbac_agent_arg else None
+    if agent_id:
+        from django.apps import apps
+
+        agent = apps.get_model("fleet", "Agent").objects.filter(pk=agent_id).first()
+        if agent is not None:
+            return rbac.may(principal, tool.securable, tool.operation, agent=agent)
+        # Unknown device: fall through to the any-scope gate; the handler answers "not found".
+    return rbac.has_any(principal, tool.securable, tool.operation)
+
+
+def tool_result(structured, is_error=False):
+    text = json.dumps(structured, ensure_ascii=False, default=str)
+    result = {"content": [{"type": "text", "text": text}], "structuredContent": structured}
+    if is_error:
+        result["isError"] = True
+    return result
+
+
+def finish(ctx, tool, outcome):
+    """Turn the handler's outcome (a dict, ToolFailure or YuzuError) into a result; write the audit row."""
+    if isinstance(outcome, ToolFailure):
+        if ctx.approval is not None:
+            MCP_APPROVAL_BURNED.labels(tool.name, "handler_reject").inc()
+        _audit(ctx, "failure", outcome.message[:200])
+        MCP_TOOL_CALLS.labels(tool.name, "failure").inc()
+        return tool_result({"error": {"message": outcome.message, **outcome.data}}, is_error=True)
+    if isinstance(outcome, YuzuError):
+        if ctx.approval is not None:
+            MCP_APPROVAL_BURNED.labels(tool.name, "handler_reject").inc()
+        _deny(ctx, outcome.rpc_code, outcome.message, result=outcome.audit_result,
+              retry_after_ms=outcome.retry_after_ms, remediation=outcome.remediation,
+              **({"permission": outcome.permission} if outcome.permission else {}), **outcome.extra)
+    result = "approved" if ctx.approval is not None else "success"
+    persisted = _audit(ctx, result)
+    MCP_TOOL_CALLS.labels(tool.name, result).inc()
+    if not persisted and isinstance(outcome, dict):
+        outcome = {**outcome, "audit_persisted": False}
+    return tool_result(outcome)
+
+
+def run_sync(ctx, name, arguments):
+    """Checks, handler and audit in one hop (sync tools)."""
+    start = time.perf_counter()
+    tool, args = pre_checks(ctx, name, arguments)
+    try:
+        outcome = tool.handler(ctx, args)
+    except (ToolFailure, YuzuError) as exc:
+        outcome = exc
+    except Exception:
+        outcome = internal_error(ctx)
+    try:
+        return finish(ctx, tool, outcome)
+    finally:
+        MCP_TOOL_LATENCY.labels(tool.name).observe(time.perf_counter() - start)
+
+
+def internal_error(ctx):
+    """A handler bug: logged with the correlation id, answered -32603 without a stack trace."""
+    log.exception("tool %s failed (%s)", ctx.tool, ctx.cid)
+    return YuzuError("internal error", status=500, rpc_code=rpc.INTERNAL_ERROR,
+                     remediation="retry; cite the correlation_id if it persists")

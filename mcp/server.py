@@ -1,0 +1,293 @@
+"""MCP request handling independent of the HTTP plumbing: authentication, sessions and the
+JSON-RPC methods. ``handle`` runs in one worker-thread hop; an async tool returns a continuation
+that the transport awaits on the event loop."""
+
+import base64
+import json
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from yuzu.audit import audit
+from yuzu.auth import AuthError, authenticate
+from yuzu.errors import correlation_id
+from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
+
+from . import jsonrpc as rpc
+from .context import ToolContext
+from .pipeline import a4, pre_checks, run_sync
+from .registry import catalogue
+from .sessions import SessionCapReached, store
+
+SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18")
+LATEST_VERSION = SUPPORTED_VERSIONS[0]
+PAGE_SIZE = 20
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+SERVER_VERSION = "0.1.0"
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: dict | None = None
+    headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Continuation:
+    """An async tool passed its checks; the transport awaits the handler, then ``finish``."""
+
+    ctx: ToolContext
+    tool: object
+    args: dict
+    req_id: object
+
+
+@dataclass
+class Request:
+    http_method: str
+    headers: dict  # lower-case names
+    cookies: dict
+    catalogue: str
+    msg: dict | None = None
+
+
+def streaming_on():
+    return not settings.YUZU_MCP_NO_STREAMING
+
+
+def unauthorized(message):
+    return Reply(401, {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"Unauthorized: {message}"}},
+                 {"WWW-Authenticate": 'Bearer realm="yuzu"'})
+
+
+def error_reply(req_id, err):
+    return Reply(err.http_status, rpc.error_response(req_id, err), dict(err.headers))
+
+
+def _principal(req):
+    cat = catalogue(req.catalogue)
+    try:
+        principal = authenticate(req.headers, req.cookies, audiences=cat.audiences)
+    except AuthError as exc:
+        return None, unauthorized(str(exc))
+    if principal is None:
+        anon = getattr(settings, "YUZU_MCP_TEST_ANONYMOUS_USER", "")
+        if anon:  # test profile only (conformance suite, which cannot send a token)
+            return _anonymous(anon), None
+        return None, unauthorized("send Authorization: Bearer yuzu_…")
+    return principal, None
+
+
+def _anonymous(username):
+    from django.contrib.auth import get_user_model
+
+    from yuzu.rbac import Principal
+
+    return Principal(user=get_user_model().objects.get(username=username), via="session")
+
+
+def session_reject(principal, reason, sid=""):
+    audit(principal, "mcp.session.reject", "denied", target_type="McpSession", target_id=sid[:8], detail=f"reason={reason}")
+
+
+def handle(req):
+    """One HTTP request → Reply | Continuation. Runs in a worker thread."""
+    principal, refusal = _principal(req)
+    if refusal is not None:
+        return refusal
+    sid = req.headers.get("mcp-session-id", "")
+    if req.http_method == "DELETE":
+        return _delete(principal, sid)
+    msg = req.msg
+    method = msg.get("method")
+    req_id = msg.get("id")
+    is_notification = method is not None and "id" not in msg
+    session = None
+    if streaming_on() and method != "initialize":
+        if not sid:
+            session_reject(principal, "missing_session_header")
+            return error_reply(req_id, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
+                                                    http_status=400))
+        session = store().validate(sid, principal.key)
+        if session is None:
+            session_reject(principal, "unknown_session", sid)
+            return error_reply(req_id, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found; re-initialize",
+                                                    a4(correlation_id(), remediation="send initialize without a session id"),
+                                                    http_status=404))
+    if method is None or is_notification:
+        MCP_REQUESTS.labels(method or "response", "accepted").inc()
+        return Reply(202)
+    ctx = ToolContext(principal=principal, cid=correlation_id(), catalogue=req.catalogue,
+                      session_id=session.id if session else None, request_id=req_id)
+    try:
+        result = _dispatch(ctx, req, method, msg.get("params") or {})
+    except rpc.RpcError as err:
+        MCP_REQUESTS.labels(method, "error").inc()
+        return error_reply(req_id, err)
+    if isinstance(result, Continuation):
+        result.req_id = req_id
+        return result
+    if isinstance(result, Reply):
+        return result
+    MCP_REQUESTS.labels(method, "ok").inc()
+    return Reply(200, rpc.result_response(req_id, result))
+
+
+def _delete(principal, sid):
+    if not sid:
+        return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400))
+    if not store().delete(sid, principal.key):
+        session_reject(principal, "unknown_session", sid)
+        return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found",
+                                              a4(correlation_id(), remediation="nothing to end"), http_status=404))
+    audit(principal, "mcp.session.close", "success", target_type="McpSession", target_id=sid[:8])
+    from .streams import close_session_streams
+
+    close_session_streams(principal.key, sid)
+    return Reply(200)
+
+
+def _dispatch(ctx, req, method, params):
+    handler = METHODS.get(method)
+    if handler is None:
+        raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method[:128]}")
+    return handler(ctx, req, params)
+
+
+def _initialize(ctx, req, params):
+    requested = params.get("protocolVersion")
+    version = requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+    MCP_INITIALIZE_PROTOCOL.labels(version).inc()
+    cat = catalogue(req.catalogue)
+    result = {
+        "protocolVersion": version,
+        "capabilities": {
+            "tools": {"listChanged": False},
+            "resources": {"subscribe": False, "listChanged": False},
+            "prompts": {"listChanged": False},
+            "logging": {},
+            "completions": {},
+        },
+        "serverInfo": {"name": cat.server_name, "title": "yuzu", "version": SERVER_VERSION},
+        "instructions": cat.instructions,
+    }
+    headers = {}
+    if streaming_on():
+        try:
+            session = store().create(ctx.principal.key, version)
+        except SessionCapReached as exc:
+            session_reject(ctx.principal, exc.reason)
+            raise rpc.RpcError(rpc.SESSION_CAP, "too many MCP sessions; end one (DELETE) or wait for idle expiry",
+                               a4(ctx.cid, remediation="close unused sessions"), http_status=429) from None
+        MCP_SESSIONS_OPENED.inc()
+        audit(ctx.principal, "mcp.session.open", "success", target_type="McpSession", target_id=session.id[:8],
+              detail=f"protocol={version}")
+        headers["Mcp-Session-Id"] = session.id
+    return Reply(200, rpc.result_response(ctx.request_id, result), headers)
+
+
+def _ping(ctx, req, params):
+    return {}
+
+
+def _page(items, params, key):
+    cursor = params.get("cursor")
+    start = 0
+    if cursor is not None:
+        try:
+            start = int(base64.urlsafe_b64decode(str(cursor).encode()).decode().removeprefix("o:"))
+            if start < 0 or start > len(items):
+                raise ValueError
+        except (ValueError, UnicodeDecodeError):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor") from None
+    page = {key: items[start:start + PAGE_SIZE]}
+    if start + PAGE_SIZE < len(items):
+        page["nextCursor"] = base64.urlsafe_b64encode(f"o:{start + PAGE_SIZE}".encode()).decode()
+    return page
+
+
+def _tools_list(ctx, req, params):
+    cat = catalogue(req.catalogue)
+    return _page([t.listing() for t in sorted(cat.tools.values(), key=lambda t: t.name)], params, "tools")
+
+
+def _tools_call(ctx, req, params):
+    name = params.get("name")
+    arguments = params.get("arguments")
+    meta = params.get("_meta") or {}
+    if isinstance(meta, dict):
+        token = meta.get("progressToken")
+        if (isinstance(token, str) and len(token.encode()) <= 512) or (isinstance(token, int) and not isinstance(token, bool)):
+            ctx.progress_token = token
+    tool = catalogue(req.catalogue).tools.get(name) if isinstance(name, str) else None
+    if tool is not None and tool.is_async:
+        t, args = pre_checks(ctx, name, arguments)
+        return Continuation(ctx, t, args, None)
+    return run_sync(ctx, name, arguments)
+
+
+def _resources_list(ctx, req, params):
+    cat = catalogue(req.catalogue)
+    return _page([r.listing() for r in sorted(cat.resources.values(), key=lambda r: r.uri)], params, "resources")
+
+
+def _templates_list(ctx, req, params):
+    return _page([], params, "resourceTemplates")
+
+
+def _resources_read(ctx, req, params):
+    from yuzu import rbac
+    from yuzu.policy import tier_allows
+
+    uri = params.get("uri")
+    res = catalogue(req.catalogue).resources.get(uri) if isinstance(uri, str) else None
+    if res is None:
+        raise rpc.RpcError(rpc.RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri if isinstance(uri, str) else None})
+    if not tier_allows(ctx.principal.tier, res.securable, res.operation):
+        raise rpc.RpcError(rpc.TIER_DENIED, "MCP tier does not allow this operation", a4(ctx.cid))
+    if not rbac.has_any(ctx.principal, res.securable, res.operation):
+        perm = f"{res.securable}:{res.operation}"
+        raise rpc.RpcError(rpc.PERMISSION_DENIED, f"permission denied: {perm}", a4(ctx.cid, permission=perm))
+    content = res.reader(ctx)
+    text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
+    return {"contents": [{"uri": uri, "mimeType": res.mime_type, "text": text}]}
+
+
+def _prompts_list(ctx, req, params):
+    cat = catalogue(req.catalogue)
+    return _page([p.listing() for p in sorted(cat.prompts.values(), key=lambda p: p.name)], params, "prompts")
+
+
+def _prompts_get(ctx, req, params):
+    from .prompts import render_prompt
+
+    return render_prompt(catalogue(req.catalogue), params)
+
+
+def _set_level(ctx, req, params):
+    level = params.get("level")
+    if level not in LOG_LEVELS:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
+    return {}
+
+
+def _complete(ctx, req, params):
+    from .prompts import complete
+
+    return complete(catalogue(req.catalogue), params)
+
+
+METHODS = {
+    "initialize": _initialize,
+    "ping": _ping,
+    "tools/list": _tools_list,
+    "tools/call": _tools_call,
+    "resources/list": _resources_list,
+    "resources/templates/list": _templates_list,
+    "resources/read": _resources_read,
+    "prompts/list": _prompts_list,
+    "prompts/get": _prompts_get,
+    "logging/setLevel": _set_level,
+    "completion/complete": _complete,
+}

@@ -1,0 +1,166 @@
+"""MCP sessions: minted on ``initialize``, bound to the principal, capped, with sliding idle expiry.
+
+Two stores behind one interface: in-process memory (embedded mode) and Redis (when YUZU_REDIS_URL is
+set) so a client may hit any daphne process. Every key includes the principal; another principal's
+session id reads exactly like an unknown one.
+"""
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+
+PER_PRINCIPAL_CAP = 8
+GLOBAL_CAP = 1024
+IDLE_TTL = 1800
+
+
+class SessionCapReached(Exception):
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason  # "per_principal_cap" | "global_cap"
+
+
+@dataclass
+class Session:
+    id: str
+    principal: str
+    protocol_version: str
+
+
+def new_session_id():
+    return secrets.token_hex(16)  # 128 bits, lowercase hex (visible ASCII)
+
+
+class MemorySessionStore:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sessions = {}  # sid -> (Session, expires_at)
+
+    def _gc(self, now):
+        for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
+            del self._sessions[sid]
+
+    def create(self, principal, protocol_version):
+        now = time.time()
+        with self._lock:
+            self._gc(now)
+            if len(self._sessions) >= GLOBAL_CAP:
+                raise SessionCapReached("global_cap")
+            if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
+                raise SessionCapReached("per_principal_cap")
+            session = Session(new_session_id(), principal, protocol_version)
+            self._sessions[session.id] = (session, now + IDLE_TTL)
+            return session
+
+    def validate(self, sid, principal):
+        now = time.time()
+        with self._lock:
+            entry = self._sessions.get(sid)
+            if entry is None or entry[1] <= now or entry[0].principal != principal:
+                return None
+            self._sessions[sid] = (entry[0], now + IDLE_TTL)
+            return entry[0]
+
+    def delete(self, sid, principal):
+        with self._lock:
+            entry = self._sessions.get(sid)
+            if entry is None or entry[0].principal != principal:
+                return False
+            del self._sessions[sid]
+            return True
+
+    def active(self):
+        with self._lock:
+            self._gc(time.time())
+            return len(self._sessions)
+
+    def clear(self):
+        with self._lock:
+            self._sessions.clear()
+
+
+_CREATE = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 'global_cap' end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'per_principal_cap' end
+local exp = now + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], exp, ARGV[5])
+redis.call('ZADD', KEYS[2], exp, ARGV[5])
+redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
+return 'ok'
+"""
+
+
+class RedisSessionStore:
+    prefix = "yuzu:mcp:"
+
+    def __init__(self, url):
+        import redis
+
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+        self._create = self.redis.register_script(_CREATE)
+
+    def _keys(self, principal, sid):
+        return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
+
+    def create(self, principal, protocol_version):
+        sid = new_session_id()
+        verdict = self._create(keys=self._keys(principal, sid),
+                               args=[time.time(), IDLE_TTL, GLOBAL_CAP, PER_PRINCIPAL_CAP, sid, principal,
+                                     protocol_version])
+        if verdict != "ok":
+            raise SessionCapReached(verdict)
+        return Session(sid, principal, protocol_version)
+
+    def validate(self, sid, principal):
+        all_key, p_key, s_key = self._keys(principal, sid)
+        data = self.redis.hgetall(s_key)
+        if not data or data.get("principal") != principal:
+            return None
+        exp = time.time() + IDLE_TTL
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.expire(s_key, IDLE_TTL)
+        pipe.zadd(all_key, {sid: exp})
+        pipe.zadd(p_key, {sid: exp})
+        pipe.execute()
+        return Session(sid, principal, data.get("version", ""))
+
+    def delete(self, sid, principal):
+        all_key, p_key, s_key = self._keys(principal, sid)
+        data = self.redis.hgetall(s_key)
+        if not data or data.get("principal") != principal:
+            return False
+        pipe = self.redis.pipeline()
+        pipe.delete(s_key)
+        pipe.zrem(all_key, sid)
+        pipe.zrem(p_key, sid)
+        pipe.execute()
+        return True
+
+    def active(self):
+        key = self.prefix + "sessions"
+        self.redis.zremrangebyscore(key, "-inf", time.time())
+        return self.redis.zcard(key)
+
+    def clear(self):
+        for key in self.redis.scan_iter(self.prefix + "*"):
+            self.redis.delete(key)
+
+
+_store = None
+_store_lock = threading.Lock()
+
+
+def store():
+    global _store
+    if _store is None:
+        with _store_lock:
+            if _store is None:
+                _store = RedisSessionStore(settings.REDIS_URL) if settings.REDIS_URL else MemorySessionStore()
+    return _store

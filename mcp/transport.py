@@ -1,0 +1,193 @@
+"""Streamable HTTP transport: a Channels HTTP consumer at /mcp/v1 and /mcp/v1/ (and the bridge's
+/mcp/bridge/). Guards that need no database run here, before any work: kill switch, body bounds,
+Host and Origin, protocol version, JSON framing. Everything else is one worker-thread hop
+(mcp.server.handle)."""
+
+import logging
+from urllib.parse import urlsplit
+
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+from django.http import parse_cookie
+from django.http.request import split_domain_port, validate_host
+
+from yuzu.errors import correlation_id
+from yuzu.metrics import MCP_BODY_TOO_LARGE
+
+from . import jsonrpc as rpc
+from yuzu.errors import YuzuError
+
+from .pipeline import finish, hop, internal_error
+from .registry import ToolFailure
+from .server import SUPPORTED_VERSIONS, Continuation, Reply, Request, handle, streaming_on
+
+log = logging.getLogger("yuzu.mcp")
+MAX_BODY = 4 * 1024 * 1024
+
+
+class StopEarly(Exception):
+    def __init__(self, reply):
+        self.reply = reply
+
+
+def _refuse(status, code, message, *, req_id=None, headers=None, data=None):
+    err = rpc.RpcError(code, message, data, http_status=status, headers=headers)
+    return Reply(status, rpc.error_response(req_id, err), dict(headers or {}))
+
+
+class McpConsumer(AsyncHttpConsumer):
+    catalogue = "v1"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.size = 0
+        self.refused = None
+
+    @property
+    def headers(self):
+        if not hasattr(self, "_headers"):
+            self._headers = {}
+            for k, v in self.scope.get("headers", []):
+                name = k.decode("latin-1").lower()
+                value = v.decode("latin-1")
+                self._headers[name] = f"{self._headers[name]}, {value}" if name in self._headers else value
+        return self._headers
+
+    async def http_request(self, message):
+        """Enforce the body bound while the body arrives, not after."""
+        if self.refused is None and not self.body:
+            self.refused = self.body_guard()
+        if self.refused is None:
+            self.size += len(message.get("body", b""))
+            if self.size > MAX_BODY:
+                MCP_BODY_TOO_LARGE.labels("too_large").inc()
+                self.refused = _refuse(413, rpc.INVALID_REQUEST, "request body exceeds 4 MiB")
+                self.body = []
+            else:
+                self.body.append(message.get("body", b""))
+        if not message.get("more_body"):
+            try:
+                if self.refused is not None:
+                    await self.reply(self.refused)
+                else:
+                    await self.handle(b"".join(self.body))
+            finally:
+                await self.disconnect()
+            from channels.exceptions import StopConsumer
+
+            raise StopConsumer()
+
+    def body_guard(self):
+        if self.scope["method"] not in ("POST", "PUT", "PATCH"):
+            return None
+        h = self.headers
+        if "transfer-encoding" in h or "content-length" not in h:
+            MCP_BODY_TOO_LARGE.labels("no_length").inc()
+            return _refuse(411, rpc.INVALID_REQUEST, "Content-Length required")
+        try:
+            length = int(h["content-length"])
+        except ValueError:
+            return _refuse(400, rpc.INVALID_REQUEST, "invalid Content-Length")
+        if length > MAX_BODY:
+            MCP_BODY_TOO_LARGE.labels("too_large").inc()
+            return _refuse(413, rpc.INVALID_REQUEST, "request body exceeds 4 MiB")
+        if h.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+            MCP_BODY_TOO_LARGE.labels("encoding").inc()
+            return _refuse(415, rpc.INVALID_REQUEST, "Content-Encoding must be identity")
+        return None
+
+    async def reply(self, reply):
+        headers = [(b"x-correlation-id", correlation_id().encode())]
+        body = b""
+        if reply.body is not None:
+            body = rpc.dumps(reply.body)
+            headers.append((b"content-type", b"application/json"))
+        for k, v in reply.headers.items():
+            headers.append((k.lower().encode(), str(v).encode("latin-1")))
+        await self.send_response(reply.status, body, headers=headers)
+
+    async def handle(self, body):
+        try:
+            reply = await self.process(body)
+        except StopEarly as stop:
+            reply = stop.reply
+        except Exception:
+            log.exception("MCP transport failure")
+            reply = _refuse(500, rpc.INTERNAL_ERROR, "internal error", data={"correlation_id": correlation_id()})
+        if reply is not None:
+            await self.reply(reply)
+
+    def precheck(self):
+        """Kill switch, method, Host and Origin: pre-auth, pre-parse."""
+        method = self.scope["method"]
+        if settings.YUZU_MCP_DISABLE:
+            return Reply(200, {"jsonrpc": "2.0", "id": None,
+                               "error": {"code": rpc.MCP_DISABLED, "message": "MCP is disabled on this server"}})
+        if method not in ("POST", "GET", "DELETE"):
+            return Reply(405, None, {"Allow": "GET, POST, DELETE"})
+        if method in ("GET", "DELETE") and not streaming_on():
+            return Reply(405, None, {"Allow": "POST"})
+        host = self.headers.get("host", "")
+        domain, _ = split_domain_port(host)
+        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+            return _refuse(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
+        origin = self.headers.get("origin")
+        if origin is not None and streaming_on() and not self.origin_allowed(origin, host):
+            return _refuse(403, rpc.ORIGIN_REJECTED, "Origin not allowed",
+                           data={"correlation_id": correlation_id(), "retry_after_ms": None})
+        return None
+
+    @staticmethod
+    def origin_allowed(origin, host):
+        if origin in settings.YUZU_ALLOWED_ORIGINS:
+            return True
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and parts.netloc == host
+
+    async def process(self, body):
+        early = self.precheck()
+        if early is not None:
+            return early
+        method = self.scope["method"]
+        msg = None
+        if method == "POST":
+            try:
+                msg = rpc.parse_message(body)
+            except rpc.RpcError as err:
+                return Reply(err.http_status, rpc.error_response(None, err))
+            if msg.get("method") == "server/discover":
+                # A 2026 client's probe: answer so it falls back to the initialize handshake.
+                return _refuse(400, rpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+        version = self.headers.get("mcp-protocol-version")
+        if version is not None and version not in SUPPORTED_VERSIONS and streaming_on():
+            return _refuse(400, rpc.BAD_PROTOCOL_VERSION, f"Unsupported MCP-Protocol-Version: {version[:40]}",
+                           req_id=(msg or {}).get("id"),
+                           data={"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]})
+        if method == "GET":
+            return await self.get_stream()
+        cookies = parse_cookie(self.headers.get("cookie", ""))
+        req = Request(http_method=method, headers=self.headers, cookies=cookies, catalogue=self.catalogue, msg=msg)
+        outcome = await hop(handle)(req)
+        if isinstance(outcome, Continuation):
+            return await self.run_async_tool(outcome)
+        return outcome
+
+    async def run_async_tool(self, cont):
+        try:
+            result = await cont.tool.handler(cont.ctx, cont.args)
+        except (ToolFailure, YuzuError) as exc:
+            result = exc
+        except Exception:
+            result = internal_error(cont.ctx)
+        try:
+            final = await hop(finish)(cont.ctx, cont.tool, result)
+        except rpc.RpcError as err:
+            return Reply(err.http_status, rpc.error_response(cont.req_id, err))
+        return Reply(200, rpc.result_response(cont.req_id, final))
+
+    async def get_stream(self):
+        return Reply(405, None, {"Allow": "POST, DELETE"})
+
+
+class BridgeConsumer(McpConsumer):
+    catalogue = "bridge"

@@ -1,0 +1,56 @@
+"""Account lockout after repeated failed logins, and the unlock capability."""
+
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
+from django.db import transaction
+from django.utils import timezone
+
+from .audit import audit
+from .errors import NotFound
+
+MAX_FAILURES = 5
+LOCK_FOR = timedelta(minutes=15)
+
+
+class LockingBackend(ModelBackend):
+    """ModelBackend that refuses a locked account."""
+
+    def user_can_authenticate(self, user):
+        if not super().user_can_authenticate(user):
+            return False
+        lock = getattr(user, "lockout", None)
+        return lock is None or not lock.is_locked()
+
+
+def record_failure(username):
+    from .models import AccountLockout
+
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        return
+    with transaction.atomic():
+        lock, _ = AccountLockout.objects.select_for_update().get_or_create(user=user)
+        lock.failed_attempts += 1
+        if lock.failed_attempts >= MAX_FAILURES:
+            lock.locked_until = timezone.now() + LOCK_FOR
+        lock.save()
+    if lock.locked_until:
+        audit(username, "account.locked", "denied", target_type="User", target_id=username,
+              detail=f"failed_attempts={lock.failed_attempts}")
+
+
+def unlock_account(principal, username, *, cid=""):
+    from .models import AccountLockout
+
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"user not found: {username}")
+    was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()
+    AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None)
+    audit(principal, "account.unlock", "success", target_type="User", target_id=username,
+          detail=f"was_locked={was_locked}", correlation_id=cid)
+    return {"username": username, "unlocked": True, "was_locked": was_locked}
+
+

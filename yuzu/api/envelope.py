@@ -1,0 +1,77 @@
+"""The REST envelope: ``{data, meta}`` on success, ``{error:{code, message, correlation_id,
+retry_after_ms, remediation, permission?}, meta}`` on failure, ``X-Correlation-Id`` on both."""
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig, ValidationError as DjangoValidationError
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from yuzu.errors import YuzuError, correlation_id
+
+log = logging.getLogger("yuzu.api")
+META = {"api_version": "v1"}
+
+
+def cid_of(request):
+    req = getattr(request, "_request", request)
+    cid = getattr(req, "correlation_id", None)
+    if cid is None:
+        cid = req.correlation_id = correlation_id()
+    return cid
+
+
+def ok(data, status=200, **meta):
+    return Response({"data": data, "meta": {**META, **meta}}, status=status)
+
+
+def error_body(status, message, cid, *, retry_after_ms=None, remediation=None, **extra):
+    err = {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": retry_after_ms,
+           "remediation": remediation}
+    err.update({k: v for k, v in extra.items() if v is not None})
+    return {"error": err, "meta": META}
+
+
+def _validation_message(detail):
+    if isinstance(detail, dict):
+        parts = []
+        for k, v in detail.items():
+            parts.append(f"{k}: {_validation_message(v)}" if k not in ("__all__", "non_field_errors") else _validation_message(v))
+        return "; ".join(parts)
+    if isinstance(detail, list):
+        return "; ".join(_validation_message(v) for v in detail)
+    return str(detail)
+
+
+def exception_handler(exc, context):
+    request = context.get("request")
+    cid = cid_of(request) if request is not None else correlation_id()
+    headers = {}
+    if isinstance(exc, YuzuError):
+        status, body = exc.status, error_body(exc.status, exc.message, cid, retry_after_ms=exc.retry_after_ms,
+                                              remediation=exc.remediation, permission=exc.permission, **exc.extra)
+    elif isinstance(exc, DjangoValidationError):
+        msg = _validation_message(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+        status, body = 400, error_body(400, msg, cid, remediation="correct the request and retry")
+    elif isinstance(exc, RequestDataTooBig):
+        status, body = 413, error_body(413, "request body exceeds 4 MiB", cid)
+    elif isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
+        status = 401
+        body = error_body(401, str(exc.detail), cid, remediation="send Authorization: Bearer yuzu_…")
+        headers["WWW-Authenticate"] = 'Bearer realm="yuzu"'
+    elif isinstance(exc, drf.ParseError):
+        status, body = 400, error_body(400, f"malformed JSON body: {exc.detail}", cid)
+    elif isinstance(exc, drf.ValidationError):
+        status, body = 400, error_body(400, _validation_message(exc.detail), cid, remediation="correct the request and retry")
+    elif isinstance(exc, drf.APIException):
+        status = exc.status_code
+        body = error_body(status, _validation_message(exc.detail), cid)
+        if isinstance(exc, drf.Throttled) and exc.wait:
+            body["error"]["retry_after_ms"] = int(exc.wait * 1000)
+    elif isinstance(exc, __import__("django").http.Http404):
+        status, body = 404, error_body(404, "not found", cid)
+    else:
+        log.exception("unhandled API error %s", cid)
+        status, body = 500, error_body(500, "internal error", cid, remediation="retry; cite the correlation_id if it persists")
+    response = Response(body, status=status, headers=headers)
+    return response

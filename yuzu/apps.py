@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class YuzuConfig(AppConfig):
+    name = "yuzu"
+    verbose_name = "yuzu: accounts, RBAC, tokens, audit"
+
+    def ready(self):
+        post_migrate.connect(_seed_roles, sender=self)
+
+
+def _seed_roles(sender, **kwargs):
+    from .rbac import seed_builtin_roles
+
+    seed_builtin_roles()

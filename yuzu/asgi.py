@@ -1,0 +1,25 @@
+"""ASGI entry point: MCP endpoints and the agent WebSocket on Channels, everything else on Django."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuzu.settings")
+django_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
+
+from fleet.routing import websocket_urlpatterns  # noqa: E402
+from mcp.transport import BridgeConsumer, McpConsumer  # noqa: E402
+
+application = ProtocolTypeRouter({
+    "http": URLRouter([
+        path("mcp/v1", McpConsumer.as_asgi()),
+        path("mcp/v1/", McpConsumer.as_asgi()),
+        path("mcp/bridge", BridgeConsumer.as_asgi()),
+        path("mcp/bridge/", BridgeConsumer.as_asgi()),
+        re_path(r"", django_app),
+    ]),
+    "websocket": URLRouter(websocket_urlpatterns),
+})

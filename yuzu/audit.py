@@ -1,0 +1,51 @@
+"""The audit log writer. Every security-relevant action calls ``audit``; secrets never enter a row."""
+
+import logging
+import re
+
+from .models import AuditEvent
+
+log = logging.getLogger("yuzu.audit")
+_SECRET_RE = re.compile(r"yuzu_[0-9a-fA-F]{16,}|(?i:(password|secret|token)=)\S+")
+
+
+def scrub(text):
+    return _SECRET_RE.sub(lambda m: (m.group(1) + "[redacted]") if m.group(1) else "yuzu_[redacted]", text)
+
+
+def audit(principal, action, result, *, target_type="", target_id="", detail="", correlation_id=""):
+    """Append one row. ``principal`` is a Principal, a user, or a name. Returns True when persisted."""
+    name = getattr(principal, "name", None) or (principal.get_username() if hasattr(principal, "get_username") else str(principal or ""))
+    try:
+        AuditEvent.objects.create(
+            principal=name[:150], action=action[:128], result=result, target_type=target_type[:64],
+            target_id=str(target_id)[:256], detail=scrub(detail)[:8192], correlation_id=correlation_id,
+        )
+        return True
+    except Exception:  # set-and-proceed: the caller reports audit_persisted:false
+        log.exception("audit write failed for %s", action)
+        return False
+
+
+def event_view(e):
+    return {"id": e.id, "timestamp": e.timestamp.isoformat(), "principal": e.principal, "action": e.action,
+            "target_type": e.target_type, "target_id": e.target_id, "detail": e.detail, "result": e.result,
+            "correlation_id": e.correlation_id or None}
+
+
+def query_audit(*, principal=None, action=None, target_type=None, since=None, until=None, limit=50):
+    """Newest first. ``since``/``until`` are epoch seconds; ``action`` matches a prefix."""
+    from datetime import datetime, timezone as tz
+
+    qs = AuditEvent.objects.all()
+    if principal:
+        qs = qs.filter(principal=principal)
+    if action:
+        qs = qs.filter(action__startswith=action)
+    if target_type:
+        qs = qs.filter(target_type=target_type)
+    if since is not None:
+        qs = qs.filter(timestamp__gte=datetime.fromtimestamp(since, tz.utc))
+    if until is not None:
+        qs = qs.filter(timestamp__lte=datetime.fromtimestamp(until, tz.utc))
+    return [event_view(e) for e in qs.order_by("-id")[: max(1, min(int(limit), 500))]]

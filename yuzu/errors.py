@@ -1,0 +1,81 @@
+"""Correlation ids, the named retry floors and the error type shared by the REST and MCP faces."""
+
+import itertools
+import threading
+import time
+
+# retry_after_ms floors (seed: "retry_after_ms floors"). Each is its own symbol even where values
+# coincide, so one can be re-tuned without dragging the others.
+#: a transient store/subsystem fault on an error-shaped response (REST 503 parity)
+STORE_FAULT_RETRY_MS = 5000
+#: the API-token rotation family (REST Retry-After: 2 parity)
+STORE_FAULT_SHORT_RETRY_MS = 2000
+#: a success-shaped "result not ready yet" poll: get_execution_status, query_responses, get_bundle_result.
+#: No dispatch-to-first-result histogram exists to derive it from; 2 s bounds poll amplification.
+RESULT_POLL_RETRY_MS = 2000
+#: an approval ticket poll (-32006): humans approve on minute timescales, so polling faster than
+#: every 30 s only amplifies load.
+APPROVAL_POLL_RETRY_MS = 30000
+#: a GET stream refused for capacity or a pending handover
+STREAM_CAP_RETRY_MS = 5000
+#: a streamed POST refused for capacity: its slot is held until the work finishes
+POST_STREAM_CAP_RETRY_MS = 30000
+
+_seq = itertools.count(1)
+_lock = threading.Lock()
+
+
+def correlation_id():
+    """``req-<hex epoch ms>-<hex seq>``, the format of the REST X-Correlation-Id header."""
+    with _lock:
+        n = next(_seq)
+    return f"req-{int(time.time() * 1000):x}-{n:x}"
+
+
+class YuzuError(Exception):
+    """A refusal with everything both faces need to render it.
+
+    ``status`` is the REST HTTP status; ``rpc_code`` the JSON-RPC code the MCP face uses."""
+
+    def __init__(self, message, *, status=400, rpc_code=-32602, retry_after_ms=None, remediation=None,
+                 permission=None, extra=None, audit_result="failure"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.rpc_code = rpc_code
+        self.retry_after_ms = retry_after_ms
+        self.remediation = remediation
+        self.permission = permission
+        self.extra = extra or {}
+        self.audit_result = audit_result
+
+    def envelope(self, cid):
+        data = {"correlation_id": cid, "retry_after_ms": self.retry_after_ms, "remediation": self.remediation}
+        if self.permission:
+            data["permission"] = self.permission
+        data.update(self.extra)
+        return data
+
+
+class NotFound(YuzuError):
+    def __init__(self, message, **kw):
+        kw.setdefault("status", 404)
+        kw.setdefault("rpc_code", -32602)
+        super().__init__(message, **kw)
+
+
+class PermissionDenied(YuzuError):
+    def __init__(self, permission, message=None, **kw):
+        kw.setdefault("status", 403)
+        kw.setdefault("rpc_code", -32003)
+        kw.setdefault("audit_result", "denied")
+        kw.setdefault("remediation", f"ask an administrator for a role that grants {permission}")
+        super().__init__(message or f"permission denied: {permission}", permission=permission, **kw)
+
+
+class StoreFault(YuzuError):
+    def __init__(self, message="store unavailable, retry shortly", **kw):
+        kw.setdefault("status", 503)
+        kw.setdefault("rpc_code", -32603)
+        kw.setdefault("retry_after_ms", STORE_FAULT_RETRY_MS)
+        super().__init__(message, **kw)

@@ -1,0 +1,75 @@
+"""Run everything `make run` needs in the foreground: daphne, the background workers and a local
+agent. Ctrl-C (or SIGTERM) stops everything it started."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Serve yuzu: daphne + workers (+ a local agent)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-agent", action="store_true", help="do not start the local agent")
+
+    def handle(self, *args, no_agent, **opts):
+        host, _, port = settings.YUZU_BIND.rpartition(":")
+        py = sys.executable
+        manage = str(Path(settings.BASE_DIR) / "manage.py")
+        procs = {"daphne": [py, "-m", "daphne", "-b", host.strip("[]") or "127.0.0.1", "-p", port,
+                            "--application-close-timeout", "35", "yuzu.asgi:application"]}
+        if settings.REDIS_URL:
+            procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
+            procs["celery-beat"] = [py, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
+                                    "-s", str(settings.VAR_DIR / "celerybeat-schedule")]
+        else:
+            procs["sweeper"] = [py, manage, "run_periodic"]
+        for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
+            procs[name] = argv
+        self.stdout.write(f"yuzu serving on http://{settings.YUZU_BIND}/ ({', '.join(procs)}); Ctrl-C stops it.")
+        running = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in procs.items()}
+        stop = {"now": False}
+
+        def on_signal(signum, frame):
+            stop["now"] = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        code = 0
+        try:
+            while not stop["now"]:
+                for name, p in running.items():
+                    if p.poll() is not None:
+                        self.stderr.write(f"{name} exited with {p.returncode}; stopping.")
+                        code = p.returncode or 1
+                        stop["now"] = True
+                        break
+                time.sleep(0.5)
+        finally:
+            for p in running.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            deadline = time.time() + 40
+            for p in running.values():
+                try:
+                    p.wait(max(0.1, deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+        sys.exit(code)
+
+    def extra_processes(self, no_agent, py, manage, host, port):
+        """The local agent and the bridge's status poller, where those features are installed."""
+        extra = {}
+        if not no_agent and (Path(settings.BASE_DIR) / "fleet" / "agent" / "__main__.py").exists():
+            extra["agent"] = [py, manage, "runagent", "--local", "--server", f"ws://{host or '127.0.0.1'}:{port}"]
+        if (Path(settings.BASE_DIR) / "bridge" / "management" / "commands" / "bridge_poller.py").exists():
+            extra["bridge-poller"] = [py, manage, "bridge_poller"]
+        return extra
+
+

@@ -1,0 +1,22 @@
+"""Prometheus metric families. Every family the product exports is declared here, in one place,
+so /metrics and docs/metrics.md agree."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+HTTP_REQUESTS = Counter("yuzu_http_requests_total", "HTTP requests served by Django views", ["method", "route", "status"])
+HTTP_LATENCY = Histogram("yuzu_http_request_duration_seconds", "Django view latency", ["method", "route"])
+
+MCP_REQUESTS = Counter("yuzu_mcp_requests_total", "MCP JSON-RPC requests", ["method", "outcome"])
+MCP_TOOL_CALLS = Counter("yuzu_mcp_tool_calls_total", "MCP tools/call by tool and audit result", ["tool", "result"])
+MCP_TOOL_LATENCY = Histogram("yuzu_mcp_tool_call_duration_seconds", "MCP tools/call latency", ["tool"])
+MCP_SESSIONS_ACTIVE = Gauge("yuzu_mcp_sessions_active", "Live MCP sessions in this process")
+MCP_SESSIONS_OPENED = Counter("yuzu_mcp_sessions_opened_total", "MCP sessions minted")
+MCP_INITIALIZE_PROTOCOL = Counter("yuzu_mcp_initialize_protocol_total", "initialize by negotiated revision", ["revision"])
+MCP_BODY_TOO_LARGE = Counter("yuzu_mcp_body_too_large_total", "MCP bodies refused by the body bound", ["reason"])
+MCP_TOOL_SECURITY_MISCONFIG = Counter("yuzu_mcp_tool_security_misconfig_total", "tools served without a security row")
+MCP_TOOL_ARGS_INVALID = Counter("yuzu_mcp_tool_args_invalid_total", "tools/call refused by input-schema validation", ["tool"])
+MCP_POLL = Counter("yuzu_mcp_poll_total", "result-poll tool verdicts", ["tool", "result"])
+MCP_APPROVAL_REFUSED = Counter("yuzu_mcp_approval_refused_total", "approval recalls refused")
+MCP_APPROVAL_MASKED = Counter("yuzu_mcp_approval_masked_denials_total", "consume refusals masked as 'already used'")
+MCP_APPROVAL_PRECONDITION = Counter("yuzu_mcp_approval_precondition_denied_total", "recalls refused by a pre-consume precondition")
+MCP_APPROVAL_BURNED = Counter("yuzu_mcp_approval_burned_total", "consumed tickets whose call was then refused", ["tool", "reason"])

@@ -1,0 +1,194 @@
+"""Cross-cutting models: RBAC (roles, permissions, assignments), API tokens and the audit log."""
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+# The fixed securable catalogue and operations (spec/yuzu-mcp.md §1.1).
+SECURABLES = (
+    "Infrastructure", "UserManagement", "InstructionDefinition", "InstructionSet", "Execution", "Schedule",
+    "Approval", "Tag", "AuditLog", "Response", "ManagementGroup", "ApiToken", "Security", "Policy",
+    "DeviceToken", "SoftwareDeployment", "License", "FileRetrieval", "GuaranteedState", "Inventory",
+    "AccessReview", "SoftwareLicensing", "EnginePrincipal", "PluginConfig", "PluginSecret", "UploadGrant",
+    "Bridge",
+)
+OPERATIONS = ("Read", "Write", "Execute", "Delete", "Approve", "Push", "Attest", "Rotate")
+MCP_TIERS = ("readonly", "operator", "supervised")
+MCP_TOKEN_MAX_DAYS = 90
+TOKEN_PREFIX = "yuzu_"
+
+
+def new_hex_id(nbytes=12):
+    return secrets.token_hex(nbytes)
+
+
+def hash_secret(raw):
+    """Tokens are stored only as their SHA-256: they are 256-bit random, so no slow hash is needed."""
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class Role(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    description = models.CharField(max_length=256, blank=True)
+    builtin = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class RolePermission(models.Model):
+    role = models.ForeignKey(Role, on_delete=models.CASCADE, related_name="permissions")
+    securable = models.CharField(max_length=64, choices=[(s, s) for s in SECURABLES])
+    operation = models.CharField(max_length=16, choices=[(o, o) for o in OPERATIONS])
+
+    class Meta:
+        unique_together = [("role", "securable", "operation")]
+        ordering = ["securable", "operation"]
+
+    def __str__(self):
+        return f"{self.role}: {self.securable}:{self.operation}"
+
+
+class RoleAssignment(models.Model):
+    """A user holds a role globally (group is null) or on one management group."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="role_assignments")
+    role = models.ForeignKey(Role, on_delete=models.CASCADE, related_name="assignments")
+    group = models.ForeignKey(
+        "fleet.ManagementGroup", null=True, blank=True, on_delete=models.CASCADE, related_name="role_assignments"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "role", "group"], name="uniq_role_assignment"),
+            models.UniqueConstraint(
+                fields=["user", "role"], condition=models.Q(group__isnull=True), name="uniq_global_role_assignment"
+            ),
+        ]
+
+    def __str__(self):
+        where = f"on {self.group}" if self.group_id else "globally"
+        return f"{self.user} is {self.role} {where}"
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def live(self, now=None):
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        ).filter(models.Q(retire_at__isnull=True) | models.Q(retire_at__gt=now))
+
+
+class ApiToken(models.Model):
+    AUDIENCE_API = "api"
+    AUDIENCE_BRIDGE = "bridge"
+
+    id = models.CharField(primary_key=True, max_length=24, default=new_hex_id, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=256)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=16, editable=False, help_text="First characters, for recognising a token")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    mcp_tier = models.CharField(max_length=16, blank=True, default="", choices=[("", "(not an MCP token)")] + [(t, t) for t in MCP_TIERS])
+    scope_service = models.CharField(max_length=256, blank=True, default="")
+    audience = models.CharField(
+        max_length=16, default=AUDIENCE_API, choices=[(AUDIENCE_API, "API and MCP"), (AUDIENCE_BRIDGE, "bridge worker only")]
+    )
+    rotated_from = models.OneToOneField("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="successor")
+    retire_at = models.DateTimeField(null=True, blank=True, help_text="End of a rotation overlap")
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    def clean(self):
+        validate_token_fields(self.mcp_tier, self.expires_at, self.created_at or timezone.now())
+
+    @classmethod
+    def mint(cls, owner, name, *, mcp_tier="", expires_at=None, scope_service="", audience=AUDIENCE_API, now=None):
+        """Create a token; returns (token, raw). The raw value is shown once and never stored."""
+        now = now or timezone.now()
+        validate_token_fields(mcp_tier, expires_at, now)
+        raw = TOKEN_PREFIX + secrets.token_hex(32)
+        token = cls.objects.create(
+            owner=owner, name=name, token_hash=hash_secret(raw), prefix=raw[:12], created_at=now,
+            expires_at=expires_at, mcp_tier=mcp_tier, scope_service=scope_service, audience=audience,
+        )
+        return token, raw
+
+    def is_live(self, now=None):
+        now = now or timezone.now()
+        if self.revoked_at is not None:
+            return False
+        if self.expires_at is not None and self.expires_at <= now:
+            return False
+        if self.retire_at is not None and self.retire_at <= now:
+            return False
+        return True
+
+
+def validate_token_fields(mcp_tier, expires_at, now):
+    if mcp_tier and mcp_tier not in MCP_TIERS:
+        raise ValidationError({"mcp_tier": f"mcp_tier must be one of {', '.join(MCP_TIERS)}"})
+    if expires_at is not None and expires_at <= now:
+        raise ValidationError({"expires_at": "expires_at must be in the future"})
+    if mcp_tier:
+        if expires_at is None:
+            raise ValidationError({"expires_at": "an MCP token must have an expiry"})
+        if expires_at > now + timedelta(days=MCP_TOKEN_MAX_DAYS, minutes=1):
+            raise ValidationError({"expires_at": f"an MCP token must expire within {MCP_TOKEN_MAX_DAYS} days"})
+
+
+class AuditEvent(models.Model):
+    """Append-only: rows are inserted, never updated or deleted through the ORM."""
+
+    RESULTS = ("success", "failure", "denied", "pending", "approved")
+
+    timestamp = models.DateTimeField(default=timezone.now, db_index=True)
+    principal = models.CharField(max_length=150, db_index=True)
+    action = models.CharField(max_length=128, db_index=True)
+    target_type = models.CharField(max_length=64, blank=True)
+    target_id = models.CharField(max_length=256, blank=True)
+    detail = models.TextField(blank=True)
+    result = models.CharField(max_length=16, choices=[(r, r) for r in RESULTS])
+    correlation_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["target_type", "target_id"])]
+
+    def __str__(self):
+        return f"{self.timestamp:%Y-%m-%d %H:%M:%S} {self.principal} {self.action} {self.result}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not self._state.adding:
+            raise ValidationError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValidationError("audit events are append-only")
+
+
+class AccountLockout(models.Model):
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="lockout")
+    failed_attempts = models.PositiveIntegerField(default=0)
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    def is_locked(self, now=None):
+        return self.locked_until is not None and self.locked_until > (now or timezone.now())

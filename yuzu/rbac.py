@@ -1,0 +1,174 @@
+"""RBAC: one service function answers "may principal P do Securable:Operation (on device D / group G)?".
+
+Permissions are ``Securable:Operation`` pairs held by roles; a user holds roles globally or on a
+management group. A token acts with its owner's RBAC; an MCP token's tier is an extra ceiling
+(yuzu.policy.tier_allows), applied by ``check``.
+"""
+
+from dataclasses import dataclass, field
+
+from django.db.models import Q
+
+from .errors import PermissionDenied
+from .models import OPERATIONS, SECURABLES, Role, RoleAssignment, RolePermission
+from .policy import requires_approval, tier_allows
+
+ALL = [(s, o) for s in SECURABLES for o in OPERATIONS]
+READS = [(s, "Read") for s in SECURABLES]
+
+BUILTIN_ROLES = {
+    "Administrator": ("Everything, on every device.", ALL),
+    "Operator": (
+        "Runs instructions, manages tags and reads everything.",
+        READS + [("Execution", "Execute"), ("Tag", "Write"), ("Tag", "Delete"), ("ApiToken", "Write"),
+                 ("ApiToken", "Delete"), ("ApiToken", "Rotate"), ("Response", "Write"), ("Bridge", "Write"),
+                 ("Bridge", "Execute")],
+    ),
+    "Viewer": ("Reads fleet state; changes nothing.", [p for p in READS if p[0] not in ("UserManagement",)]
+              + [("ApiToken", "Write"), ("ApiToken", "Delete"), ("ApiToken", "Rotate")]),
+    "Approver": ("Reviews approval tickets.", [("Approval", "Read"), ("Approval", "Approve"), ("AuditLog", "Read"),
+                                                ("Infrastructure", "Read"), ("ApiToken", "Read")]),
+    "ITServiceOwner": (
+        "Operates the devices of one management group (assign it on that group).",
+        [("Infrastructure", "Read"), ("Execution", "Execute"), ("Execution", "Read"), ("Response", "Read"),
+         ("Tag", "Read"), ("Tag", "Write"), ("Tag", "Delete"), ("ManagementGroup", "Read"),
+         ("ManagementGroup", "Write"), ("Security", "Execute"), ("Inventory", "Read")],
+    ),
+}
+
+
+def seed_builtin_roles():
+    """Idempotent: create or refresh the built-in roles and their permissions."""
+    for name, (description, perms) in BUILTIN_ROLES.items():
+        role, _ = Role.objects.update_or_create(name=name, defaults={"description": description, "builtin": True})
+        wanted = set(perms)
+        have = set(role.permissions.values_list("securable", "operation"))
+        RolePermission.objects.bulk_create(
+            [RolePermission(role=role, securable=s, operation=o) for s, o in wanted - have]
+        )
+        for s, o in have - wanted:
+            role.permissions.filter(securable=s, operation=o).delete()
+
+
+@dataclass
+class Principal:
+    """Who is calling: a user, through a token or an interactive session."""
+
+    user: object
+    token: object = None
+    via: str = "token"  # "token" | "session"
+    mfa_verified_at: float | None = None
+    _grants: dict | None = field(default=None, repr=False)
+
+    @property
+    def name(self):
+        return self.user.get_username()
+
+    @property
+    def tier(self):
+        return self.token.mcp_tier if self.token is not None else ""
+
+    @property
+    def scope_service(self):
+        return self.token.scope_service if self.token is not None else ""
+
+    @property
+    def key(self):
+        """Stable identity for keying per-principal state (sessions, streams)."""
+        return f"u{self.user.pk}" + (f".t{self.token.pk}" if self.token is not None else ".s")
+
+    def grants(self):
+        """{(securable, operation): set of group ids, or None for a global grant}, cached per request."""
+        if self._grants is None:
+            grants = {}
+            if self.user.is_superuser:
+                grants = {p: None for p in ALL}
+            else:
+                rows = RolePermission.objects.filter(role__assignments__user=self.user).values_list(
+                    "securable", "operation", "role__assignments__group_id"
+                )
+                for sec, op, group_id in rows:
+                    if group_id is None:
+                        grants[(sec, op)] = None
+                    elif (sec, op) not in grants or grants[(sec, op)] is not None:
+                        grants.setdefault((sec, op), set()).add(group_id)
+            self._grants = grants
+        return self._grants
+
+
+def may(principal, securable, operation, *, agent=None, group=None):
+    """RBAC alone (no tier): a global grant allows everything; a group grant allows the devices of that
+    group (``agent``) or the group itself (``group``)."""
+    scope = principal.grants().get((securable, operation), False)
+    if scope is None:
+        return True
+    if scope is False:
+        return False
+    if group is not None:
+        gid = getattr(group, "pk", group)
+        return gid in scope or _ancestor_granted(gid, scope)
+    if agent is not None:
+        from fleet.groups import agent_group_ids
+
+        return bool(agent_group_ids(agent) & scope)
+    return False
+
+
+def _ancestor_granted(group_id, scope):
+    from fleet.models import ManagementGroup
+
+    seen = set()
+    current = ManagementGroup.objects.filter(pk=group_id).values_list("parent_id", flat=True).first()
+    while current and current not in seen:
+        if current in scope:
+            return True
+        seen.add(current)
+        current = ManagementGroup.objects.filter(pk=current).values_list("parent_id", flat=True).first()
+    return False
+
+
+def group_scope(principal, securable, operation):
+    """None = every device; otherwise the set of group ids the grant is confined to (may be empty)."""
+    scope = principal.grants().get((securable, operation), False)
+    if scope is None:
+        return None
+    return set() if scope is False else set(scope)
+
+
+def has_any(principal, securable, operation):
+    """A global grant or a grant on at least one group (admit-then-filter reads)."""
+    scope = principal.grants().get((securable, operation), False)
+    return scope is None or bool(scope)
+
+
+def check(principal, securable, operation, *, agent=None, group=None, surface="rest", any_scope=False):
+    """The REST face's gate: tier ceiling first, then RBAC. On non-MCP surfaces an MCP token may not
+    perform an approval-gated operation (the ticket could otherwise be bypassed)."""
+    perm = f"{securable}:{operation}"
+    if not tier_allows(principal.tier, securable, operation):
+        raise PermissionDenied(perm, f"MCP tier '{principal.tier}' does not allow {perm}",
+                               remediation="use a token of a higher tier")
+    if surface != "mcp" and requires_approval(principal.tier, securable, operation):
+        raise PermissionDenied(perm, f"{perm} needs a human approval for an MCP token; call it through MCP",
+                               remediation="use the MCP tool, which mints an approval ticket")
+    allowed = has_any(principal, securable, operation) if any_scope else may(
+        principal, securable, operation, agent=agent, group=group)
+    if not allowed:
+        raise PermissionDenied(perm)
+
+
+def roles_with(securable, operation):
+    return list(Role.objects.filter(permissions__securable=securable, permissions__operation=operation)
+                .values_list("name", flat=True))
+
+
+def assign_role(user, role_name, group=None):
+    role = Role.objects.get(name=role_name)
+    return RoleAssignment.objects.get_or_create(user=user, role=role, group=group)[0]
+
+
+def user_assignments(user):
+    return RoleAssignment.objects.filter(user=user).select_related("role", "group")
+
+
+__all__ = ["Principal", "may", "check", "group_scope", "seed_builtin_roles", "assign_role", "Q"]

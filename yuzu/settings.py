@@ -1,0 +1,202 @@
+"""yuzu settings: everything comes from the environment.
+
+Embedded default (nothing set): SQLite in WAL mode under var/, the in-memory channel layer and Celery
+tasks run in-process. ``YUZU_DATABASE_URL=postgres://…`` switches to PostgreSQL (psycopg 3);
+``YUZU_REDIS_URL=redis://…`` switches to the channels-redis layer and Celery's Redis broker, with
+separate worker processes.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("YUZU_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def env_flag(name, default=False):
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _secret_key():
+    key = os.environ.get("YUZU_SECRET_KEY")
+    if key:
+        return key
+    # Embedded mode: a per-install random key kept under var/, never in the repository.
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        import secrets
+
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_flag("YUZU_DEBUG")
+YUZU_BIND = os.environ.get("YUZU_BIND", "127.0.0.1:8000")
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("YUZU_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
+# Origins a browser-based MCP client may send; empty Origin (CLI clients) is always fine.
+YUZU_ALLOWED_ORIGINS = [
+    o.strip()
+    for o in os.environ.get("YUZU_ALLOWED_ORIGINS", "").split(",")
+    if o.strip()
+]
+CSRF_TRUSTED_ORIGINS = YUZU_ALLOWED_ORIGINS
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "yuzu",
+    "mcp.apps.McpConfig",
+    "fleet",
+    "approvals",
+    "bridge",
+]
+
+MIDDLEWARE = [
+    "yuzu.middleware.CorrelationMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "yuzu.middleware.MetricsMiddleware",
+]
+
+ROOT_URLCONF = "yuzu.urls"
+ASGI_APPLICATION = "yuzu.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "approvals.context.pending_count",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = os.environ.get("YUZU_DATABASE_URL", "")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    if os.environ.get("YUZU_TEST_DATABASE_NAME"):
+        DATABASES["default"]["TEST"] = {"NAME": os.environ["YUZU_TEST_DATABASE_NAME"]}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("YUZU_SQLITE_PATH", str(VAR_DIR / "yuzu.sqlite3")),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            # A file, not :memory:, so server processes started by the tests share it.
+            "TEST": {"NAME": str(VAR_DIR / "test_yuzu.sqlite3")},
+        }
+    }
+DATABASE_IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+REDIS_URL = os.environ.get("YUZU_REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 60},
+        }
+    }
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_TASK_ALWAYS_EAGER = False
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CELERY_BROKER_URL = "memory://"
+    # Embedded mode: tasks run in-process, so nothing else must be installed.
+    CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE = {
+    "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+LOGIN_URL = "/admin/login/"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+OTP_TOTP_ISSUER = "yuzu"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["yuzu.api.auth.YuzuAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "yuzu.api.envelope.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "yuzu API",
+    "DESCRIPTION": "REST face of yuzu: tokens, RBAC, management groups, audit, fleet, approvals, bridge.",
+    "VERSION": "v1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# MCP kill switches and transport knobs (docs/mcp.md).
+YUZU_MCP_DISABLE = env_flag("YUZU_MCP_DISABLE")
+YUZU_MCP_READ_ONLY = env_flag("YUZU_MCP_READ_ONLY")
+YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
+YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
+# Test-only profile for the MCP conformance suite, whose CLI cannot send a token: a request with no
+# credentials at all acts as this (Viewer) user. Never set it on a real server.
+YUZU_MCP_TEST_ANONYMOUS_USER = os.environ.get("YUZU_MCP_TEST_ANONYMOUS_USER", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("YUZU_LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"}},
+}
+
+AUTHENTICATION_BACKENDS = ["yuzu.accounts.LockingBackend"]

@@ -1,0 +1,139 @@
+"""API-token service: one function per capability, shared by REST views and MCP tools."""
+
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from .audit import audit
+from .errors import NotFound, PermissionDenied, YuzuError
+from .models import ApiToken, MCP_TOKEN_MAX_DAYS
+from .rbac import may
+
+MAX_OVERLAP_SECS = 3650 * 86400
+
+
+def token_view(t):
+    return {
+        "id": t.id, "name": t.name, "prefix": t.prefix, "created_at": _iso(t.created_at),
+        "expires_at": _iso(t.expires_at), "last_used_at": _iso(t.last_used_at), "revoked": t.revoked_at is not None,
+        "retire_at": _iso(t.retire_at), "mcp_tier": t.mcp_tier or None, "scope_service": t.scope_service or None,
+        "rotated_from": t.rotated_from_id,
+    }
+
+
+def _iso(dt):
+    return dt.isoformat() if dt else None
+
+
+def parse_expiry(value, now=None):
+    """``expires_at`` as ISO-8601 or epoch seconds; ``None`` means no expiry."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool):
+        raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
+    if isinstance(value, (int, float)):
+        return timezone.datetime.fromtimestamp(value, tz=timezone.utc)
+    dt = parse_datetime(str(value)) if isinstance(value, str) else None
+    if dt is None:
+        raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
+    if timezone.is_naive(dt):
+        dt = timezone.make_aware(dt, timezone.utc)
+    return dt
+
+
+def list_tokens(principal):
+    return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user, audience=ApiToken.AUDIENCE_API)]
+
+
+def create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier="", cid=""):
+    if not name or len(name) > 256:
+        raise ValidationError({"name": "name is required, at most 256 characters"})
+    expires = parse_expiry(expires_at)
+    if scope_service:
+        _check_service_scope(principal, scope_service)
+    token, raw = ApiToken.mint(principal.user, name, mcp_tier=mcp_tier or "", expires_at=expires,
+                               scope_service=scope_service or "")
+    audit(principal, "api_token.create", "success", target_type="ApiToken", target_id=token.id,
+          detail=f"name={name} mcp_tier={mcp_tier or '-'}", correlation_id=cid)
+    return {**token_view(token), "token": raw}
+
+
+def _check_service_scope(principal, service):
+    from fleet.models import ManagementGroup
+
+    if may(principal, "ManagementGroup", "Write"):
+        return
+    group = ManagementGroup.objects.filter(name=f"Service: {service}").first()
+    if group is not None and principal.user.role_assignments.filter(role__name="ITServiceOwner", group=group).exists():
+        return
+    raise PermissionDenied("ManagementGroup:Write",
+                           "a service-scoped token needs ITServiceOwner on the 'Service: <name>' group or ManagementGroup:Write")
+
+
+def _own_token(principal, token_id, *, allow_admin=False):
+    token = ApiToken.objects.filter(pk=token_id, audience=ApiToken.AUDIENCE_API).first()
+    if token is None:
+        raise NotFound(f"token not found: {token_id}")
+    if token.owner_id != principal.user.pk:
+        if allow_admin and may(principal, "UserManagement", "Write"):
+            return token
+        # Not an oracle: another user's token reads as absent.
+        raise NotFound(f"token not found: {token_id}")
+    return token
+
+
+def revoke_token(principal, token_id, *, cid=""):
+    with transaction.atomic():
+        token = _own_token(principal, token_id, allow_admin=True)
+        if token.revoked_at is None:
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+    audit(principal, "api_token.revoke", "success", target_type="ApiToken", target_id=token.id, correlation_id=cid)
+    return {"id": token.id, "revoked": True}
+
+
+def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
+    """Mint a successor that inherits tier, scope and expires_at; the old one keeps working for the overlap."""
+    if isinstance(overlap_secs, bool) or not isinstance(overlap_secs, int) or not 0 <= overlap_secs <= MAX_OVERLAP_SECS:
+        raise ValidationError({"overlap_secs": f"overlap_secs must be an integer 0..{MAX_OVERLAP_SECS}"})
+    now = timezone.now()
+    with transaction.atomic():
+        token = _own_token(principal, token_id)
+        token = ApiToken.objects.select_for_update().get(pk=token.pk)
+        if not token.is_live(now):
+            raise YuzuError("token is expired or revoked; mint a new one instead", status=409, rpc_code=-32602)
+        if ApiToken.objects.filter(rotated_from=token).exists():
+            raise YuzuError("token already has a successor; confirm or revoke it first", status=409, rpc_code=-32602)
+        expires = token.expires_at
+        if token.mcp_tier and expires is None:
+            expires = now + timedelta(days=MCP_TOKEN_MAX_DAYS)
+        successor, raw = ApiToken.mint(principal.user, token.name, mcp_tier=token.mcp_tier, expires_at=expires,
+                                       scope_service=token.scope_service, now=now)
+        successor.rotated_from = token
+        successor.save(update_fields=["rotated_from"])
+        token.retire_at = now + timedelta(seconds=overlap_secs)
+        if token.expires_at and token.retire_at > token.expires_at:
+            token.retire_at = token.expires_at
+        token.save(update_fields=["retire_at"])
+    audit(principal, "api_token.rotate", "success", target_type="ApiToken", target_id=token.id,
+          detail=f"successor={successor.id} overlap_secs={overlap_secs}", correlation_id=cid)
+    return {**token_view(successor), "token": raw, "predecessor_retire_at": _iso(token.retire_at)}
+
+
+def confirm_rotation(principal, successor_id, *, cid=""):
+    """Retire the predecessor now that the successor is in use."""
+    with transaction.atomic():
+        successor = _own_token(principal, successor_id)
+        old = successor.rotated_from
+        if old is None:
+            raise YuzuError("token is not a rotation successor", status=409, rpc_code=-32602)
+        now = timezone.now()
+        if old.revoked_at is None:
+            old.revoked_at = now
+            old.save(update_fields=["revoked_at"])
+    audit(principal, "api_token.confirm_rotation", "success", target_type="ApiToken", target_id=successor.id,
+          detail=f"retired={old.id}", correlation_id=cid)
+    return {"id": successor.id, "retired": old.id}

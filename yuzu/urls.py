@@ -1,0 +1,42 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+
+from fleet import api as fleet_api
+
+from . import admin as yuzu_admin  # noqa: F401  (installs the OTP admin site)
+from . import views
+from .api import views as api
+
+api_v1 = [
+    path("tokens", api.tokens_view),
+    path("tokens/<str:token_id>", api.token_detail),
+    path("tokens/<str:token_id>/rotate", api.token_rotate),
+    path("tokens/<str:token_id>/confirm", api.token_confirm),
+    path("rbac/check", api.rbac_check),
+    path("rbac/roles", api.roles_view),
+    path("rbac/roles/<str:name>/permissions", api.role_permissions_view),
+    path("users/<str:username>/unlock", api.unlock_user),
+    path("audit", api.audit_view),
+    path("agents", fleet_api.agents_view),
+    path("agents/<str:agent_id>", fleet_api.agent_detail),
+    path("management-groups", fleet_api.groups_view),
+    path("management-groups/<str:group_id>", fleet_api.group_detail),
+    path("management-groups/<str:group_id>/members", fleet_api.group_members),
+    path("management-groups/<str:group_id>/roles", fleet_api.group_roles),
+    path("openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("docs", SpectacularRedocView.as_view(url_name="openapi"), name="api-docs"),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/v1/", include("approvals.urls")),
+    path("healthz", views.healthz),
+    path("readyz", views.readyz),
+    path("metrics", views.metrics),
+]
+
+handler404 = "yuzu.api.handlers.not_found"
+handler500 = "yuzu.api.handlers.server_error"
+handler400 = "yuzu.api.handlers.bad_request"
