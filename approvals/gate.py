@@ -1,0 +1,150 @@
+"""The approval gate: ticket-then-recall for every approval-gated MCP call (seed: "Supervised-tier /
+approval-gated operations"). The pipeline calls ``gate`` after schema validation and before RBAC.
+
+No approval_id → mint (or return the caller's identical pending ticket) → -32006.
+With approval_id → look up, match tool and arguments, check status and lifetime, run the tool's
+pre-consume precondition, then consume with one conditional UPDATE → the handler runs.
+"""
+
+import json
+
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from mcp import jsonrpc as rpc
+from mcp.pipeline import a4
+from yuzu.audit import audit
+from yuzu.errors import APPROVAL_POLL_RETRY_MS, STORE_FAULT_RETRY_MS
+from yuzu.metrics import MCP_APPROVAL_MASKED, MCP_APPROVAL_PRECONDITION, MCP_APPROVAL_REFUSED
+
+from .models import APPROVAL_LIFETIME, Approval
+
+PER_SUBMITTER_CAP = 25
+GLOBAL_CAP = 1000
+MISMATCH = "approval_id does not match this tool and arguments"
+ALREADY_USED = "approval already used (one-time ticket)"
+EXPIRED_APPROVED = "approval expired (past its 7-day lifetime)"
+PRECONDITION = "approval cannot be redeemed right now; the ticket is still valid — retry later"
+REMEDIATION = ("an admin must approve this approval_id (see status_url), then re-call this tool with the "
+               "approval_id argument to execute")
+
+
+def canonical_args(args):
+    """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it."""
+    return json.dumps({k: v for k, v in args.items() if k != "approval_id"}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def _record(ctx, result, detail):
+    audit(ctx.principal, f"mcp.{ctx.tool}", result, target_type="mcp_tool", target_id=ctx.tool,
+          detail=" ".join([detail] + ctx.detail), correlation_id=ctx.cid)
+
+
+def _refuse(ctx, code, message, detail, retry_after_ms=None, remediation=None):
+    MCP_APPROVAL_REFUSED.inc()
+    _record(ctx, "denied", detail)
+    raise rpc.RpcError(code, message, a4(ctx.cid, retry_after_ms, remediation))
+
+
+def _required(ctx, ticket, detail):
+    _record(ctx, "pending", detail)
+    raise rpc.RpcError(rpc.APPROVAL_REQUIRED, "approval required: a human must approve this call",
+                       a4(ctx.cid, APPROVAL_POLL_RETRY_MS, REMEDIATION, approval_id=ticket.id,
+                          status_url=f"/api/v1/approvals/{ticket.id}"))
+
+
+def expire_stale(now=None):
+    """Lazy 7-day expiry of pending and approved-but-unconsumed tickets."""
+    cutoff = (now or timezone.now()) - APPROVAL_LIFETIME
+    return Approval.objects.filter(status__in=(Approval.PENDING, Approval.APPROVED), consumed_at__isnull=True,
+                                   submitted_at__lte=cutoff).update(status=Approval.EXPIRED)
+
+
+def gate(ctx, tool, args, approval_id):
+    agent = f"agent_id={args['agent_id']} " if isinstance(args.get("agent_id"), str) else ""
+    canonical = canonical_args(args)
+    definition = f"mcp.{tool.name}"
+    if approval_id is None:
+        ticket, deduped = _mint(ctx, definition, canonical)
+        _required(ctx, ticket, f"{agent}approval_id={ticket.id}" + (" (deduped)" if deduped else ""))
+    return _recall(ctx, tool, args, definition, canonical, approval_id, agent)
+
+
+def _mint(ctx, definition, canonical):
+    from django.contrib.auth import get_user_model
+
+    name = ctx.principal.name
+    try:
+        with transaction.atomic():
+            # Serialise one submitter's mints: dedup and the per-submitter cap hold under concurrency.
+            get_user_model().objects.select_for_update().filter(pk=ctx.principal.user.pk).first()
+            expire_stale()
+            mine = Approval.objects.filter(status=Approval.PENDING, submitted_by=name)
+            same = mine.filter(definition_id=definition, scope_expression=canonical).order_by("-submitted_at").first()
+            if same is not None:
+                return same, True
+            if mine.count() >= PER_SUBMITTER_CAP:
+                refusal = ("cap", None)
+            elif Approval.objects.filter(status=Approval.PENDING).count() >= GLOBAL_CAP:
+                refusal = ("global", None)
+            else:
+                return Approval.objects.create(definition_id=definition, submitted_by=name,
+                                               scope_expression=canonical, origin=Approval.ORIGIN_MCP), False
+    except DatabaseError:
+        _refuse(ctx, rpc.INTERNAL_ERROR, "approval store unavailable", "approval_store_fault",
+                STORE_FAULT_RETRY_MS, "retry shortly")
+    if refusal[0] == "cap":
+        _refuse(ctx, rpc.TIER_DENIED, f"too many pending approvals (at most {PER_SUBMITTER_CAP} per submitter)",
+                "pending_cap", None, "wait for your pending tickets to be reviewed, or re-use one")
+    _refuse(ctx, rpc.INTERNAL_ERROR, "the approval queue is full; retry later", "global_pending_cap",
+            STORE_FAULT_RETRY_MS, "retry later")
+
+
+def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
+    now = timezone.now()
+    try:
+        ticket = Approval.objects.filter(pk=approval_id).first()
+    except DatabaseError:
+        _refuse(ctx, rpc.INTERNAL_ERROR, "approval store unavailable", f"approval_id={approval_id} store_fault",
+                STORE_FAULT_RETRY_MS, "retry shortly; the ticket is untouched")
+    detail = f"{agent}approval_id={approval_id}"
+    if ticket is None or ticket.definition_id != definition or ticket.scope_expression != canonical:
+        _refuse(ctx, rpc.PERMISSION_DENIED, MISMATCH, f"{detail} mismatch",
+                remediation="re-call with exactly the arguments the ticket was minted for")
+    if ticket.status in (Approval.PENDING, Approval.APPROVED) and ticket.consumed_at is None \
+            and ticket.is_past_lifetime(now):
+        was = ticket.status
+        Approval.objects.filter(pk=ticket.pk, status=was, consumed_at__isnull=True).update(status=Approval.EXPIRED)
+        ticket.status = Approval.EXPIRED
+        if was == Approval.APPROVED:
+            _refuse(ctx, rpc.PERMISSION_DENIED, EXPIRED_APPROVED, f"{detail} expired",
+                    remediation="call again without approval_id to request a new approval")
+    if ticket.status == Approval.PENDING:
+        _required(ctx, ticket, f"{detail} still pending")
+    if ticket.status in (Approval.REJECTED, Approval.EXPIRED):
+        _refuse(ctx, rpc.PERMISSION_DENIED, f"approval was {ticket.status}", f"{detail} {ticket.status}",
+                remediation="call again without approval_id to request a new approval")
+    if tool.precondition is not None and not tool.precondition(ctx, args):
+        MCP_APPROVAL_PRECONDITION.inc()
+        _refuse(ctx, rpc.PERMISSION_DENIED, PRECONDITION, f"{detail} precondition_failed",
+                remediation="retry later with the same approval_id")
+    consumed = Approval.objects.filter(
+        pk=ticket.pk, status=Approval.APPROVED, consumed_at__isnull=True, origin=Approval.ORIGIN_MCP,
+        submitted_by=ctx.principal.name,
+    ).update(consumed_at=now, consumed_by=ctx.principal.name)
+    if consumed != 1:
+        MCP_APPROVAL_MASKED.inc()
+        _refuse(ctx, rpc.PERMISSION_DENIED, ALREADY_USED, f"{detail} refused:{_real_reason(ticket, ctx)}",
+                remediation="call again without approval_id to request a new approval")
+    ctx.note(f"consumed approval_id={ticket.id}")
+    return ticket
+
+
+def _real_reason(ticket, ctx):
+    """For the audit detail only: the client always reads the same 'already used' message."""
+    fresh = Approval.objects.filter(pk=ticket.pk).values("consumed_at", "origin", "submitted_by").first() or {}
+    if fresh.get("origin") != Approval.ORIGIN_MCP:
+        return f"foreign_origin:{fresh.get('origin')}"
+    if fresh.get("submitted_by") != ctx.principal.name:
+        return "foreign_submitter"
+    return "replay" if fresh.get("consumed_at") else "lost_race"
