@@ -1,0 +1,275 @@
+"""Benchmark `tools/call list_agents` (50 agents) on yuzu's daphne against the official Python SDK's
+reference server (`MCPServer`, mcp 2.3.0) in the same run. See README.md beside this file.
+
+    .venv/bin/python bench/mcp_calls/run.py [--duration 8] [--agents 50] [--concurrency 1 16]
+
+Ours runs the real path: bearer-token auth, session check, the tools/call pipeline (tier, schema, RBAC),
+the ORM query, and one audit row per call. The reference serves the same 50 rows from memory. Both get
+byte-identical JSON-RPC bodies (only the id differs) over HTTP/1.1 keep-alive, one httpx client (one
+connection) per worker, each worker with its own session opened by an initialize handshake.
+
+The database is a fresh SQLite file under a temp dir (migrate + a bootstrap-like set-up), or the
+database named by YUZU_DATABASE_URL when that is set. Every loop is bounded by time and by count.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+MCP_PY = ROOT / ".venv-mcp" / "bin" / "python"
+PROTOCOL = "2025-11-25"
+ACCEPT = "application/json, text/event-stream"
+
+SETUP = r"""
+import json, sys
+from datetime import timedelta
+import django
+django.setup()
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from fleet.models import Agent
+from fleet.services import agent_view
+from yuzu.models import ApiToken
+from yuzu.rbac import assign_role, seed_builtin_roles
+
+n_agents, n_tokens = int(sys.argv[1]), int(sys.argv[2])
+seed_builtin_roles()
+User = get_user_model()
+user = User.objects.filter(username="bench-operator").first() or User.objects.create_user("bench-operator")
+assign_role(user, "Operator")
+oses = ["linux", "windows", "darwin"]
+for i in range(n_agents):
+    Agent.objects.update_or_create(agent_id=f"bench-agent-{i:03d}", defaults=dict(
+        hostname=f"bench-host-{i:03d}.example.test", os=oses[i % 3], arch="x86_64", agent_version="1.4.2",
+        connected=i % 4 != 0, last_seen=timezone.now(), quarantined=i % 17 == 0))
+tokens = [ApiToken.mint(user, f"bench-{i}", mcp_tier="operator", expires_at=timezone.now() + timedelta(days=1))[1]
+          for i in range(n_tokens)]
+agents = [agent_view(a) for a in Agent.objects.order_by("agent_id")]
+print(json.dumps({"tokens": tokens, "agents": agents, "total_agents": len(agents)}, default=str))
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call_body(n):
+    return (b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"list_agents","arguments":{}}}' % n)
+
+
+def headers(token=None, sid=None):
+    h = {"content-type": "application/json", "accept": ACCEPT}
+    if token:
+        h["authorization"] = f"Bearer {token}"
+    if sid:
+        h["mcp-session-id"] = sid
+        h["mcp-protocol-version"] = PROTOCOL
+    return h
+
+
+async def open_session(client, url, token):
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}
+    r = await client.post(url, json=init, headers=headers(token))
+    r.raise_for_status()
+    sid = r.headers["mcp-session-id"]
+    r = await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers(token, sid))
+    assert r.status_code == 202, r.status_code
+    return sid
+
+
+class Cell:
+    """One measurement: a server at a concurrency level."""
+
+    def __init__(self):
+        self.latencies = []
+        self.errors = 0
+        self.issued = 0
+        self.checked = None
+
+    def summary(self, elapsed):
+        lat = sorted(self.latencies)
+        q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
+        return {"requests": len(lat), "errors": self.errors, "seconds": round(elapsed, 3),
+                "rps": len(lat) / elapsed if elapsed else 0.0, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+                "agents_in_result": self.checked}
+
+
+async def worker(url, token, cell, deadline, max_requests, warmup_until, counter):
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        sid = await open_session(client, url, token)
+        h = headers(token, sid)
+        try:
+            while time.perf_counter() < deadline and cell.issued < max_requests:
+                counter[0] += 1
+                body = call_body(counter[0])
+                t0 = time.perf_counter()
+                r = await client.post(url, content=body, headers=h)
+                dt = time.perf_counter() - t0
+                ok = r.status_code == 200 and b'"result"' in r.content and b'"isError":true' not in r.content
+                if ok and cell.checked is None:
+                    cell.checked = len(r.json()["result"]["structuredContent"]["agents"])
+                if t0 < warmup_until:
+                    continue
+                cell.issued += 1
+                if ok:
+                    cell.latencies.append(dt)
+                else:
+                    cell.errors += 1
+        finally:
+            await client.delete(url, headers=h)
+
+
+async def measure(url, tokens, concurrency, duration, warmup, max_requests):
+    cell = Cell()
+    start = time.perf_counter()
+    warmup_until = start + warmup
+    deadline = warmup_until + duration
+    counter = [0]
+    await asyncio.gather(*(worker(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
+                           for i in range(concurrency)))
+    elapsed = min(time.perf_counter(), deadline) - warmup_until
+    return cell.summary(elapsed)
+
+
+def wait_ready(proc, probe, what, log, timeout=40):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited early:\n{Path(log).read_text()[-3000:]}")
+        try:
+            if probe():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not become ready in {timeout}s")
+
+
+def stop(proc):
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description="tools/call list_agents: yuzu vs the mcp 2.3.0 reference server")
+    ap.add_argument("--agents", type=int, default=50)
+    ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per cell (after warm-up)")
+    ap.add_argument("--warmup", type=float, default=1.5, help="seconds per cell not counted")
+    ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
+    a = ap.parse_args()
+    if not MCP_PY.exists():
+        raise SystemExit(f"{MCP_PY} is missing: run `make test-deps` (it builds .venv-mcp with mcp==2.3.0)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="yuzu-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(tmp), YUZU_LOG_LEVEL="WARNING",
+               PYTHONUNBUFFERED="1")
+    if not env.get("YUZU_DATABASE_URL"):
+        env["YUZU_SQLITE_PATH"] = str(tmp / "bench.sqlite3")
+    database = "PostgreSQL (YUZU_DATABASE_URL)" if env.get("YUZU_DATABASE_URL") else "SQLite (temp file, WAL)"
+    ours = ref = None
+    try:
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+        n_tokens = max(a.concurrency)
+        out = subprocess.run([sys.executable, "-c", SETUP, str(a.agents), str(n_tokens)], cwd=ROOT, env=env,
+                             check=True, capture_output=True, text=True).stdout
+        setup = json.loads(out.strip().splitlines()[-1])
+        tokens, agents = setup["tokens"], setup["agents"]
+        (tmp / "agents.json").write_text(json.dumps(agents))
+
+        p_ours, p_ref = free_port(), free_port()
+        ours_url = f"http://127.0.0.1:{p_ours}/mcp/v1/"
+        ref_url = f"http://127.0.0.1:{p_ref}/mcp"
+        log_ours, log_ref = tmp / "daphne.log", tmp / "reference.log"
+        ours = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(p_ours),
+                                 "yuzu.asgi:application"], cwd=ROOT, env=env, stdout=open(log_ours, "w"),
+                                stderr=subprocess.STDOUT)
+        ref_env = {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_"))}
+        ref = subprocess.Popen([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(p_ref), "--agents",
+                                str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
+                               stderr=subprocess.STDOUT)
+        wait_ready(ours, lambda: httpx.get(f"http://127.0.0.1:{p_ours}/healthz", timeout=1).status_code == 200,
+                   "daphne", log_ours)
+        wait_ready(ref, lambda: httpx.get(ref_url, timeout=1).status_code < 500, "reference server", log_ref)
+
+        results = {}
+        for c in a.concurrency:
+            for name, url in (("yuzu", ours_url), ("reference", ref_url)):
+                results[(name, c)] = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
+    finally:
+        stop(ours)
+        stop(ref)
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"tools/call list_agents — {setup['total_agents']} agents in the database ({database}); "
+          f"{a.duration:g}s per cell after {a.warmup:g}s warm-up")
+    print(f"machine: {machine()}")
+    print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} {'agents':>6}")
+    for (name, c), r in results.items():
+        print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
+              f"{r['errors']:>6} {r['agents_in_result']!s:>6}")
+    print("\nratio ours/reference (req/s: higher is better for us; latency: lower is better for us)")
+    ratios = {}
+    for c in a.concurrency:
+        o, r = results[("yuzu", c)], results[("reference", c)]
+        ratios[c] = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
+                     "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
+                     "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None}
+        print(f"  {c:>2} conn: req/s x{ratios[c]['rps']:.2f}   p50 x{ratios[c]['p50']:.2f}   p99 x{ratios[c]['p99']:.2f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
+                                            "results": {f"{n}@{c}": r for (n, c), r in results.items()},
+                                            "ratios": {str(c): v for c, v in ratios.items()}}, indent=2))
+    bad = [k for k, r in results.items() if r["errors"] or not r["requests"]]
+    if bad:
+        print(f"\nerrors in: {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
