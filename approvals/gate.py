@@ -113,12 +113,14 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
                 remediation="re-call with exactly the arguments the ticket was minted for")
     if ticket.status in (Approval.PENDING, Approval.APPROVED) and ticket.consumed_at is None \
             and ticket.is_past_lifetime(now):
-        was = ticket.status
-        Approval.objects.filter(pk=ticket.pk, status=was, consumed_at__isnull=True).update(status=Approval.EXPIRED)
+        Approval.objects.filter(pk=ticket.pk, status=ticket.status, consumed_at__isnull=True).update(
+            status=Approval.EXPIRED)
         ticket.status = Approval.EXPIRED
-        if was == Approval.APPROVED:
-            _refuse(ctx, rpc.PERMISSION_DENIED, EXPIRED_APPROVED, f"{detail} expired",
-                    remediation="call again without approval_id to request a new approval")
+    if ticket.status == Approval.EXPIRED and ticket.reviewed_at is not None:
+        # Approved, then expired — just now, on an earlier recall, or by the lazy sweep of a mint or review
+        # elsewhere: the same distinct message whichever flipped it (only approved tickets carry a review).
+        _refuse(ctx, rpc.PERMISSION_DENIED, EXPIRED_APPROVED, f"{detail} expired",
+                remediation="call again without approval_id to request a new approval")
     if ticket.status == Approval.PENDING:
         _required(ctx, ticket, f"{detail} still pending")
     if ticket.status in (Approval.REJECTED, Approval.EXPIRED):

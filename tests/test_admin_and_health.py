@@ -4,18 +4,13 @@ import time
 
 import pytest
 from django.test import Client
-from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from yuzu.auth import MFA_SESSION_KEY
 
+from .otp import code, next_code
+
 pytestmark = pytest.mark.django_db
-
-
-def code(device, offset=0):
-    t = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
-    t.time = time.time() + offset
-    return f"{t.token():0{device.digits}d}"
 
 
 @pytest.fixture
@@ -59,7 +54,7 @@ def test_stepup_refreshes_proof(staff):
     s.save()
     r = c.post("/admin/stepup/", {"otp_token": "123", "next": "/admin/"})
     assert r.status_code == 200 and c.session[MFA_SESSION_KEY] < time.time() - 3000
-    r = c.post("/admin/stepup/", {"otp_token": code(device, 30), "next": "/admin/"})
+    r = c.post("/admin/stepup/", {"otp_token": next_code(device), "next": "/admin/"})
     assert r.status_code == 302 and c.session[MFA_SESSION_KEY] > time.time() - 5
 
 

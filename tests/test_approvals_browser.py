@@ -1,0 +1,180 @@
+"""The approval surface in a real browser: Debian's chromium driven by Playwright against a real daphne.
+
+An MCP client (alice, operator tier) asks to delete a tag and gets a pending ticket (-32006). An approver
+(carol, Approver role, staff, TOTP device) logs in to the admin with password + TOTP, opens Approvals,
+sees the ticket, presses Approve with a stale MFA proof, is asked for a fresh code, lands back with the
+ticket approved; alice's recall (same tool + arguments + approval_id) then deletes the tag.
+
+Needs /usr/bin/chromium (`apt-get install -y chromium`; tests/system_deps.py installs it under `make test`)
+and the playwright package (requirements-test.txt). `playwright install` is never needed or used.
+"""
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from django.db import connections
+
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from approvals.models import Approval
+from fleet.models import Agent, Tag
+from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import AuditEvent
+
+from .otp import code, next_code
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+PASSWORD = "approver-password-1"
+ARGS = {"agent_id": "host-1", "key": "owner"}
+
+
+class McpHttp:
+    """Just enough of an MCP client over real HTTP: initialize, then tools/call."""
+
+    def __init__(self, server, token):
+        self.url = server.mcp
+        self.http = httpx.Client(timeout=30, headers={"authorization": f"Bearer {token}",
+                                                      "accept": "application/json, text/event-stream"})
+        r = self.http.post(self.url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                           "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                      "clientInfo": {"name": "browser-test", "version": "0"}}})
+        assert r.status_code == 200, r.text
+        self.http.headers.update({"mcp-session-id": r.headers["mcp-session-id"],
+                                  "mcp-protocol-version": "2025-11-25"})
+        self.next_id = 1
+
+    def call(self, name, arguments):
+        self.next_id += 1
+        r = self.http.post(self.url, json={"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+                                           "params": {"name": name, "arguments": arguments}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def off_thread(fn, *args):
+    """ORM work while the browser is open: the Playwright sync API keeps an event loop on this thread,
+    so run it on a plain worker thread (and close that thread's connection)."""
+
+    def run():
+        try:
+            return fn(*args)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def make_proof_stale(session_key):
+    session = SessionStore(session_key=session_key)
+    assert session.get(MFA_SESSION_KEY) is not None
+    session[MFA_SESSION_KEY] = time.time() - 3600
+    session.save()
+
+
+def ticket_status(approval_id):
+    return Approval.objects.get(pk=approval_id).status
+
+
+def require_browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium; "
+                    "`make test` does it through tests/system_deps.py). This test does not skip.")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the playwright package is missing: pip install -r requirements-test.txt")
+    return sync_playwright
+
+
+def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, tmp_path):
+    sync_playwright = require_browser()
+
+    agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
+    Tag.objects.create(agent=agent, key="owner", value="payments")
+    token = mint("alice", role="Operator", tier="operator")
+    carol = make_user("carol", "Approver", password=PASSWORD)
+    get_user_model().objects.filter(pk=carol.pk).update(is_staff=True)
+    device = TOTPDevice.objects.create(user=carol, name="phone", confirmed=True)
+
+    server = daphne()
+    alice = McpHttp(server, token)
+    err = alice.call("delete_tag", ARGS)["error"]
+    assert err["code"] == -32006, err
+    tid = err["data"]["approval_id"]
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=server.base)
+            page.set_default_timeout(15000)
+
+            # Password + TOTP login, as django-otp's admin form asks for it: the first submission
+            # identifies the user and lists their devices; the second picks the device and the code.
+            page.goto("/admin/login/?next=/admin/")
+            page.fill("#id_username", "carol")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit][value='Log in']")
+            page.wait_for_selector(f"#id_otp_device option[value='{device.persistent_id}']", state="attached")
+            page.select_option("#id_otp_device", device.persistent_id)
+            page.fill("#id_password", PASSWORD)
+            page.fill("#id_otp_token", code(device))
+            page.click("input[type=submit][value='Log in']")
+            page.wait_for_url(f"{server.base}/admin/")
+
+            # Deterministically stale: move this session's MFA proof an hour back in the session store.
+            sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")
+            off_thread(make_proof_stale, sid)
+
+            # The header shows the queue; the Approvals page lists the ticket.
+            page.click("#yuzu-pending-approvals a")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
+            row = page.locator("#result_list tbody tr", has_text=tid)
+            assert row.count() == 1
+            row_text = row.inner_text()
+            assert "delete_tag" in row_text and "alice" in row_text and "ago" in row_text
+            assert '"agent_id": "host-1"' in row.locator("pre.yuzu-arguments").inner_text()
+            page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
+
+            # Review → Approve with a comment → the step-up prompt.
+            row.locator("a", has_text="Review").click()
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
+            assert page.inner_text("#ticket-tool") == "delete_tag"
+            assert page.inner_text("#ticket-submitter") == "alice"
+            page.fill("#id_comment", "CHG-42: owner tag retired")
+            page.click("#approve-button")
+            page.wait_for_url("**/admin/stepup/**")
+            assert off_thread(ticket_status, tid) == "pending"
+
+            # A fresh code (a later time step than the login's) → back, and approved.
+            page.fill("#id_otp_token", off_thread(next_code, device))
+            page.click("#stepup-form input[type=submit]")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            assert f"Approved delete_tag ticket {tid}" in page.inner_text(".messagelist")
+            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (0 pending)"
+            page.screenshot(path=str(tmp_path / "approvals-after.png"), full_page=True)
+        finally:
+            browser.close()
+
+    ticket = Approval.objects.get(pk=tid)
+    assert (ticket.status, ticket.reviewed_by, ticket.review_comment) == ("approved", "carol",
+                                                                          "CHG-42: owner tag retired")
+    assert list(AuditEvent.objects.filter(action="approval.approve").order_by("id").values_list("result", flat=True)) \
+        == ["denied", "success"]  # the stale attempt, then the approval after step-up
+
+    # The recall runs the tool: the tag is gone.
+    done = alice.call("delete_tag", {**ARGS, "approval_id": tid})
+    assert "error" not in done, done
+    assert done["result"]["structuredContent"] == {"agent_id": "host-1", "key": "owner", "deleted": True}
+    assert not Tag.objects.filter(agent_id="host-1", key="owner").exists()
+    assert Approval.objects.get(pk=tid).consumed_by == "alice"
