@@ -1,0 +1,258 @@
+"""The agent's connection loop: enrol once, register on every connect, heartbeat, report inventory, and
+run the commands the server sends (docs/agent-protocol.md).
+
+Reconnects with exponential backoff and jitter. Plugins run in a thread pool so heartbeats keep
+flowing; a terminal response that could not be sent is kept and re-sent after the next register."""
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import random
+import socket
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import websockets
+from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from . import __version__
+from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
+
+log = logging.getLogger("yuzu.agent")
+
+WS_PATH = "/agent/v1/ws"
+MAX_OUTPUT = 1024 * 1024  # the server's per-frame output limit
+MAX_SEND = 1024 * 1024 - 1024  # daphne's default limit on an incoming message is 1 MiB
+MAX_ERROR = 64 * 1024
+MAX_FRAME = 8 * 1024 * 1024  # a command carries up to 32 parameters of 64 KiB
+TERMINAL = ("SUCCESS", "FAILURE", "TIMEOUT", "REJECTED")
+CLOSE_MALFORMED, CLOSE_REFUSED, CLOSE_SUPERSEDED = 4400, 4401, 4409
+BACKOFF_CAP_S = 60.0
+REPLY_TIMEOUT_S = 30.0
+OUTBOX_MAX = 1000
+
+
+class Refused(Exception):
+    """This agent has no usable identity (token or credential refused, or none given): retrying cannot help."""
+
+
+def default_state_dir():
+    if os.geteuid() == 0:
+        return "/var/lib/yuzu-agent"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "yuzu-agent")
+
+
+def load_config(path):
+    """The agent's config: a JSON file (optional), then environment overrides.
+
+    Keys: ``tags`` {key: value}, ``script_allow`` [[argv…]…], ``script_timeout_max`` s,
+    ``script_output_cap`` bytes, ``quarantine_enforce`` bool."""
+    config = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            config = json.load(f)
+    if os.environ.get("YUZU_AGENT_SCRIPT_ALLOW"):
+        config["script_allow"] = json.loads(os.environ["YUZU_AGENT_SCRIPT_ALLOW"])
+    if os.environ.get("YUZU_AGENT_QUARANTINE_ENFORCE"):
+        config["quarantine_enforce"] = os.environ["YUZU_AGENT_QUARANTINE_ENFORCE"].lower() in ("1", "true", "yes", "on")
+    if os.environ.get("YUZU_AGENT_TAGS"):
+        config["tags"] = dict(kv.split("=", 1) for kv in os.environ["YUZU_AGENT_TAGS"].split(",") if "=" in kv)
+    return config
+
+
+def ws_url(server):
+    server = server.rstrip("/")
+    return server if server.endswith(WS_PATH) else server + WS_PATH
+
+
+def clip(text, limit):
+    raw = (text or "").encode()
+    return text if len(raw) <= limit else raw[:limit].decode(errors="ignore")
+
+
+def encode(frame):
+    """JSON text of a frame, trimming a response's output until the whole frame fits MAX_SEND."""
+    text = json.dumps(frame, ensure_ascii=False)
+    while len(text.encode()) > MAX_SEND and frame.get("output"):
+        excess = len(text.encode()) - MAX_SEND
+        frame["output"] = clip(frame["output"], max(len(frame["output"].encode()) - excess, 0))
+        text = json.dumps(frame, ensure_ascii=False)
+    return text
+
+
+class AgentClient:
+    def __init__(self, server, token=None, state_dir=None, config=None, *, plugins=PLUGINS, hostname=None,
+                 attributes=None, inventory=None, pool=None):
+        self.url = ws_url(server)
+        self.token = token
+        self.state_dir = Path(state_dir or default_state_dir())
+        self.config = config if config is not None else load_config(self.state_dir / "config.json")
+        self.plugins = plugins
+        self.hostname = hostname or socket.gethostname()
+        self.attributes = attributes if attributes is not None else {
+            "kernel": platform.release(), "python": platform.python_version()}
+        self.inventory = inventory or os_facts
+        self.pool = pool or ThreadPoolExecutor(max_workers=4, thread_name_prefix="yuzu-plugin")
+        self.tags = {}
+        self.ws = None
+        self.registered = False
+        self.outbox = deque(maxlen=OUTBOX_MAX)
+        self.seen = deque(maxlen=4096)  # command ids already accepted: a redelivered command runs once
+        self.tasks = set()
+        self._send_lock = None
+
+    # --- identity ----------------------------------------------------------------------------
+
+    @property
+    def state_path(self):
+        return self.state_dir / "state.json"
+
+    def load_state(self):
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def save_state(self, state):
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.state_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, self.state_path)
+
+    # --- the connection loop -----------------------------------------------------------------
+
+    async def run(self):
+        """Connect forever; returns only by raising Refused (or being cancelled)."""
+        if not self.token and self.load_state() is None:
+            raise Refused(f"not enrolled ({self.state_path} missing) and no enrolment token given")
+        self._send_lock = asyncio.Lock()
+        attempt = 0
+        while True:
+            self.registered = False
+            try:
+                async with websockets.connect(self.url, max_size=MAX_FRAME, open_timeout=15) as ws:
+                    await self.session(ws)
+            except ConnectionClosed as exc:
+                code, reason = (exc.rcvd.code, exc.rcvd.reason) if exc.rcvd else (None, "")
+                if code == CLOSE_REFUSED:
+                    raise Refused(f"{reason or 'refused'} (state file {self.state_path})") from None
+                log.warning("%s: connection closed (%s %s)", self.hostname, code, reason)
+            except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+                log.warning("%s: cannot reach %s: %s", self.hostname, self.url, exc)
+            finally:
+                self.ws = None
+            attempt = 0 if self.registered else attempt + 1
+            await asyncio.sleep(random.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, 2.0 ** attempt))
+
+    async def session(self, ws):
+        self.ws = ws
+        state = self.load_state()
+        if state is None:
+            await self.send({"type": "enroll", "token": self.token, "hostname": self.hostname})
+            reply = await self.expect(ws, "enrolled", "agent_id", "credential")
+            state = {"agent_id": reply["agent_id"], "credential": reply["credential"], "server": self.url}
+            self.save_state(state)
+            log.info("%s: enrolled as %s", self.hostname, state["agent_id"])
+        await self.send({
+            "type": "register", "agent_id": state["agent_id"], "credential": state["credential"],
+            "hostname": self.hostname, "os": platform.system().lower(), "arch": platform.machine(),
+            "agent_version": __version__, "attributes": self.attributes, "tags": self.config.get("tags", {}),
+            "plugins": catalogue(self.plugins),
+        })
+        reply = await self.expect(ws, "registered")
+        self.registered = True
+        self.tags = reply.get("tags") or {}
+        log.info("%s: registered as %s with %s", self.hostname, state["agent_id"], self.url)
+        loop = asyncio.get_running_loop()
+        inventory = await loop.run_in_executor(self.pool, self.inventory)
+        await self.send({"type": "inventory", "plugin": "os", "data": inventory})
+        for frame in [self.outbox.popleft() for _ in range(len(self.outbox))]:
+            await self.send(frame, keep=True)
+        heartbeat = asyncio.create_task(self.heartbeat(float(reply.get("heartbeat_interval") or 30)))
+        try:
+            async for raw in ws:
+                self.handle(raw)
+        finally:
+            heartbeat.cancel()
+
+    async def expect(self, ws, kind, *fields):
+        raw = await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT_S)
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or reply.get("type") != kind or \
+                not all(isinstance(reply.get(f), str) for f in fields):
+            raise WebSocketException(f"expected '{kind}', got {str(raw)[:200]}")
+        return reply
+
+    async def heartbeat(self, interval):
+        while True:
+            await asyncio.sleep(interval)
+            await self.send({"type": "heartbeat"})
+
+    async def send(self, frame, keep=False):
+        """Send one frame; a ``keep`` frame that cannot be sent now waits in the outbox."""
+        try:
+            if self.ws is None:
+                raise ConnectionError("not connected")
+            async with self._send_lock:
+                await self.ws.send(encode(frame))
+        except (ConnectionClosed, ConnectionError):
+            if keep:
+                self.outbox.append(frame)
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def handle(self, raw):
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            log.warning("%s: ignoring a non-JSON frame", self.hostname)
+            return
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        if kind == "command":
+            task = asyncio.create_task(self.run_command(msg))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif kind == "tags" and isinstance(msg.get("tags"), dict):
+            self.tags = msg["tags"]
+            log.info("%s: tags now %s", self.hostname, self.tags)
+
+    async def run_command(self, msg):
+        cid = msg.get("command_id")
+        if not isinstance(cid, str) or not cid or cid in self.seen:
+            return
+        self.seen.append(cid)
+        plugin, action, params = msg.get("plugin"), msg.get("action"), msg.get("parameters") or {}
+        expires_at = msg.get("expires_at")
+        if not (isinstance(plugin, str) and isinstance(action, str) and isinstance(params, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in params.items())):
+            result = Result("REJECTED", error="malformed command: plugin, action and string parameters expected")
+        elif isinstance(expires_at, (int, float)) and time.time() > expires_at:
+            result = Result("TIMEOUT", error="the command expired before it started")
+        elif f"{plugin}.{action}" not in self.plugins:
+            result = Result("REJECTED", error=f"unknown plugin/action: {plugin}.{action}")
+        else:
+            await self.respond(cid, Result("RUNNING"))
+            loop = asyncio.get_running_loop()
+
+            def progress(output):
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.respond(cid, Result("RUNNING", output))))
+
+            ctx = Context(config={**self.config, "hostname": self.hostname}, server=self.url, progress=progress)
+            result = await loop.run_in_executor(self.pool, execute, self.plugins, plugin, action, params, ctx)
+        await self.respond(cid, result)
+
+    async def respond(self, cid, result):
+        await self.send({"type": "response", "command_id": cid, "status": result.status,
+                         "output": clip(result.output, MAX_OUTPUT), "exit_code": result.exit_code,
+                         "error": clip(result.error, MAX_ERROR) if result.error is not None else None},
+                        keep=result.status in TERMINAL)

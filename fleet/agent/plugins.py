@@ -1,0 +1,408 @@
+"""The agent's plugins. Each is written ``plugin.action``, declares a risk (read / write / destructive)
+and a JSON Schema for its parameters (all parameter values are strings on the wire), and returns a
+``Result``. ``execute`` is the one entry point: unknown actions and invalid parameters become a
+REJECTED result, and an exception inside a plugin becomes a FAILURE, never a crash.
+
+Plugins run in a worker thread; a long one may call ``ctx.progress(partial_output)``."""
+
+import hashlib
+import json
+import os
+import platform
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+from urllib.parse import urlsplit
+
+import psutil
+from jsonschema import Draft202012Validator
+
+READ, WRITE, DESTRUCTIVE = "read", "write", "destructive"
+DIGITS = {"type": "string", "pattern": r"^[0-9]{1,7}$"}
+SCRIPT_OUTPUT_CAP = 64 * 1024
+SCRIPT_TIMEOUT_MAX = 3600
+HASH_ALGORITHMS = ("sha256", "sha1", "sha512", "md5")
+QUARANTINE_TABLE = "yuzu_quarantine"
+
+
+@dataclass(frozen=True)
+class Result:
+    status: str  # SUCCESS | FAILURE | TIMEOUT | REJECTED
+    output: str = ""
+    exit_code: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class Context:
+    """What a plugin may use besides its parameters: the agent's config, the server URL, progress."""
+
+    config: dict = field(default_factory=dict)
+    server: str = ""
+    progress: Callable[[str], None] = lambda output: None
+
+
+@dataclass(frozen=True)
+class Plugin:
+    name: str
+    risk: str
+    params: dict
+    run: Callable[[dict, Context], Result]
+
+
+def ok(data):
+    return Result("SUCCESS", json.dumps(data, sort_keys=True), 0)
+
+
+def failed(error, data=None):
+    return Result("FAILURE", json.dumps(data, sort_keys=True) if data is not None else "", None, error)
+
+
+def schema(properties=None, required=()):
+    return {"type": "object", "properties": properties or {}, "required": list(required),
+            "additionalProperties": False}
+
+
+# --- read-only plugins -------------------------------------------------------------------------
+
+def os_facts():
+    """Also the agent's "os" inventory report."""
+    u = platform.uname()
+    try:
+        release = platform.freedesktop_os_release()
+    except OSError:
+        release = {}
+    return {
+        "hostname": socket.gethostname(), "system": u.system, "kernel": u.release, "kernel_version": u.version,
+        "machine": u.machine, "distribution": release.get("PRETTY_NAME", ""), "distribution_id": release.get("ID", ""),
+        "distribution_version": release.get("VERSION_ID", ""), "cpu_count": psutil.cpu_count(),
+        "memory_total": psutil.virtual_memory().total, "boot_time": int(psutil.boot_time()),
+        "python": platform.python_version(),
+    }
+
+
+def os_info(params, ctx):
+    return ok(os_facts())
+
+
+def system_uptime(params, ctx):
+    boot = psutil.boot_time()
+    return ok({"boot_time": int(boot), "uptime_seconds": int(time.time() - boot),
+               "load_average": [round(x, 2) for x in os.getloadavg()], "users": len(psutil.users())})
+
+
+def process_list(params, ctx):
+    name = params.get("name", "").lower()
+    limit = int(params.get("limit", "200"))
+    procs = []
+    for p in psutil.process_iter(["pid", "ppid", "name", "username", "status", "memory_info", "create_time"]):
+        info = p.info
+        if name and name not in (info["name"] or "").lower():
+            continue
+        mem = info["memory_info"]
+        procs.append({"pid": info["pid"], "ppid": info["ppid"], "name": info["name"], "username": info["username"],
+                      "status": info["status"], "rss": mem.rss if mem else None,
+                      "create_time": int(info["create_time"] or 0)})
+    procs.sort(key=lambda p: p["pid"])
+    return ok({"count": len(procs), "processes": procs[:limit]})
+
+
+def _usage(mountpoint, device="", fstype=""):
+    u = psutil.disk_usage(mountpoint)
+    return {"mountpoint": mountpoint, "device": device, "fstype": fstype, "total": u.total, "used": u.used,
+            "free": u.free, "percent": u.percent}
+
+
+def disk_usage(params, ctx):
+    if params.get("path"):
+        try:
+            return ok({"disks": [_usage(params["path"])]})
+        except OSError as exc:
+            return failed(f"cannot read disk usage of {params['path']}: {exc.strerror or exc}")
+    disks = []
+    for part in psutil.disk_partitions(all=False):
+        try:
+            disks.append(_usage(part.mountpoint, part.device, part.fstype))
+        except OSError:  # a mount we may not stat (permissions, stale network share)
+            continue
+    if not disks:
+        disks.append(_usage("/"))
+    return ok({"disks": disks})
+
+
+FAMILIES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6", psutil.AF_LINK: "mac"}
+
+
+def network_interfaces(params, ctx):
+    stats = psutil.net_if_stats()
+    out = []
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        st = stats.get(name)
+        out.append({
+            "name": name, "is_up": st.isup if st else None, "speed_mbps": st.speed if st else None,
+            "mtu": st.mtu if st else None,
+            "addresses": [{"family": FAMILIES.get(a.family, str(a.family)), "address": a.address,
+                           "netmask": a.netmask} for a in addrs],
+        })
+    return ok({"interfaces": out})
+
+
+def reboot_pending(params, ctx):
+    reasons = []
+    flag = "/var/run/reboot-required"
+    if os.path.exists(flag):
+        pkgs = ""
+        try:
+            with open(flag + ".pkgs") as f:
+                pkgs = ", ".join(line.strip() for line in f if line.strip())
+        except OSError:
+            pass
+        reasons.append(f"{flag} is present" + (f" (packages: {pkgs})" if pkgs else ""))
+    modules = "/lib/modules"
+    running = platform.release()
+    if os.path.isdir(modules) and os.listdir(modules) and running not in os.listdir(modules):
+        reasons.append(f"the running kernel {running} is no longer installed")
+    if shutil.which("needs-restarting"):
+        try:
+            if subprocess.run(["needs-restarting", "-r"], capture_output=True, timeout=60).returncode == 1:
+                reasons.append("needs-restarting -r reports a reboot is required")
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return ok({"reboot_pending": bool(reasons), "reasons": reasons})
+
+
+def file_hash(params, ctx):
+    path, algorithm = params["path"], params.get("algorithm", "sha256")
+    h = hashlib.new(algorithm)
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1024 * 1024):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        return failed(f"cannot read {path}: {exc.strerror or exc}", {"path": path, "algorithm": algorithm})
+    return ok({"path": path, "algorithm": algorithm, "hash": h.hexdigest(), "size": size})
+
+
+SERVICE_PROPERTIES = "Id,Description,LoadState,ActiveState,SubState,UnitFileState,MainPID,ActiveEnterTimestamp"
+
+
+def service_status(params, ctx):
+    name = params["name"]
+    # sd_booted(): systemd is the running init only if this directory exists.
+    if not (shutil.which("systemctl") and os.path.isdir("/run/systemd/system")):
+        return failed("unsupported: systemd is not the running init system on this host",
+                      {"service": name, "result": "unsupported"})
+    proc = subprocess.run(["systemctl", "show", "--no-pager", f"--property={SERVICE_PROPERTIES}", "--", name],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        return Result("FAILURE", proc.stdout, proc.returncode, proc.stderr.strip() or "systemctl show failed")
+    props = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    return ok({"service": name, "result": "ok", "properties": props})
+
+
+# --- script.run --------------------------------------------------------------------------------
+
+def allowed(argv, allow_list):
+    """An allow-list entry is an argv; "*" matches any one argument, a final "**" any remaining ones."""
+    for entry in allow_list:
+        head, rest = (entry[:-1], True) if entry and entry[-1] == "**" else (entry, False)
+        if (len(argv) >= len(head) if rest else len(argv) == len(head)) and \
+                all(p == "*" or p == a for p, a in zip(head, argv)):
+            return True
+    return False
+
+
+def parse_argv(text):
+    if text.lstrip().startswith("["):
+        argv = json.loads(text)
+        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise ValueError("argv must be a JSON array of strings")
+        return argv
+    return shlex.split(text)
+
+
+def run_argv(argv, timeout, cap, progress=lambda output: None):
+    """Run without a shell; returns (exit code or None on timeout, output bytes capped at ``cap``, truncated)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    buf, truncated, reported = bytearray(), False, 0
+    deadline, last_progress = time.monotonic() + timeout, time.monotonic()
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while (remaining := deadline - time.monotonic()) > 0:
+            if sel.select(min(remaining, 1.0)):
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                room = cap - len(buf)
+                buf += chunk[:max(room, 0)]
+                truncated |= len(chunk) > room  # keep draining so the child never blocks on a full pipe
+            if time.monotonic() - last_progress >= 1.0 and len(buf) != reported:
+                progress(buf.decode(errors="replace"))
+                last_progress, reported = time.monotonic(), len(buf)
+    proc.stdout.close()
+    try:
+        code = proc.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return code, bytes(buf), truncated
+
+
+def script_run(params, ctx):
+    try:
+        argv = parse_argv(params["argv"])
+    except ValueError as exc:
+        return Result("REJECTED", error=f"invalid argv: {exc}")
+    if not argv or not allowed(argv, ctx.config.get("script_allow", [])):
+        return Result("REJECTED", error="argv is not on this agent's script allow-list")
+    timeout = min(int(params.get("timeout", "30")), int(ctx.config.get("script_timeout_max", SCRIPT_TIMEOUT_MAX)))
+    cap = int(ctx.config.get("script_output_cap", SCRIPT_OUTPUT_CAP))
+    try:
+        code, out, truncated = run_argv(argv, max(timeout, 1), cap, ctx.progress)
+    except OSError as exc:
+        return failed(f"cannot execute {argv[0]}: {exc.strerror or exc}")
+    text = out.decode(errors="replace") + (f"\n[output truncated at {cap} bytes]" if truncated else "")
+    if code is None:
+        return Result("TIMEOUT", text, None, f"timed out after {timeout} s; process killed")
+    return Result("SUCCESS" if code == 0 else "FAILURE", text, code, None if code == 0 else f"exit code {code}")
+
+
+# --- quarantine --------------------------------------------------------------------------------
+
+def _server_addresses(server):
+    parts = urlsplit(server)
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    try:
+        addrs = sorted({ai[4][0] for ai in socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)})
+    except (OSError, TypeError):
+        addrs = []
+    return addrs, port
+
+
+def _resolvers():
+    try:
+        with open("/etc/resolv.conf") as f:
+            return [line.split()[1] for line in f if line.startswith("nameserver") and len(line.split()) > 1]
+    except OSError:
+        return []
+
+
+def quarantine_ruleset(server, extra):
+    addrs, port = _server_addresses(server)
+    keep = [(a, f"tcp dport {port}") for a in addrs] + [(a, "") for a in extra] + \
+           [(r, "meta l4proto { tcp, udp } th dport 53") for r in _resolvers()]
+    out_rules = [" ".join(filter(None, [f"{'ip6' if ':' in a else 'ip'} daddr {a}", match, "accept"]))
+                 for a, match in keep]
+    in_rules = [f"{'ip6' if ':' in a else 'ip'} saddr {a} accept" for a in extra]
+    ruleset = "\n".join([
+        f"table inet {QUARANTINE_TABLE} {{",
+        "  chain input { type filter hook input priority -10; policy drop;",
+        "    iif lo accept; ct state established,related accept;",
+        *[f"    {r};" for r in in_rules], "  }",
+        "  chain output { type filter hook output priority -10; policy drop;",
+        "    oif lo accept; ct state established,related accept;",
+        *[f"    {r};" for r in out_rules], "  }",
+        "}",
+    ])
+    changes = ["drop every inbound connection except loopback and replies",
+               "drop every outbound connection except loopback, replies, and: "
+               + (", ".join(f"{a} {m}".strip() for a, m in keep) or "nothing (server address unresolved)")]
+    return ruleset, changes, [a for a, _ in keep]
+
+
+def _nft(args, stdin=None):
+    if not shutil.which("nft"):
+        return failed("nft (nftables) is not installed; cannot enforce")
+    proc = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, timeout=30)
+    if proc.returncode:
+        return Result("FAILURE", proc.stdout, proc.returncode, proc.stderr.strip() or "nft failed")
+    return None
+
+
+def quarantine(params, ctx):
+    extra = [a.strip() for a in params.get("allow", "").split(",") if a.strip()]
+    ruleset, changes, keep = quarantine_ruleset(ctx.server, extra)
+    enforce = bool(ctx.config.get("quarantine_enforce"))
+    report = {"action": "quarantine", "enforced": enforce, "mode": "enforce" if enforce else "dry_run",
+              "backend": "nftables", "nft_available": bool(shutil.which("nft")), "keeps_reachable": keep,
+              "changes": changes, "ruleset": ruleset}
+    if enforce:
+        # "add table" + "delete table" first makes re-applying idempotent.
+        err = _nft(["-f", "-"], f"add table inet {QUARANTINE_TABLE}\ndelete table inet {QUARANTINE_TABLE}\n{ruleset}\n")
+        if err:
+            return err
+    return ok(report)
+
+
+def quarantine_release(params, ctx):
+    enforce = bool(ctx.config.get("quarantine_enforce"))
+    report = {"action": "release", "enforced": enforce, "mode": "enforce" if enforce else "dry_run",
+              "changes": [f"delete nftables table inet {QUARANTINE_TABLE}"]}
+    if enforce:
+        err = _nft(["-f", "-"], f"add table inet {QUARANTINE_TABLE}\ndelete table inet {QUARANTINE_TABLE}\n")
+        if err:
+            return err
+    return ok(report)
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+PLUGINS = {p.name: p for p in [
+    Plugin("os.info", READ, schema(), os_info),
+    Plugin("system.uptime", READ, schema(), system_uptime),
+    Plugin("process.list", READ, schema({"name": {"type": "string", "maxLength": 256}, "limit": DIGITS}), process_list),
+    Plugin("disk.usage", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096}}), disk_usage),
+    Plugin("network.interfaces", READ, schema(), network_interfaces),
+    Plugin("reboot.pending", READ, schema(), reboot_pending),
+    Plugin("file.hash", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                                      "algorithm": {"type": "string", "enum": list(HASH_ALGORITHMS)}}, ["path"]),
+           file_hash),
+    Plugin("service.status", READ, schema({"name": {"type": "string", "pattern": r"^[A-Za-z0-9@._:\\-]{1,256}$"}},
+                                          ["name"]), service_status),
+    Plugin("script.run", WRITE, schema({"argv": {"type": "string", "minLength": 1, "maxLength": 65536},
+                                        "timeout": DIGITS}, ["argv"]), script_run),
+    Plugin("quarantine.quarantine", DESTRUCTIVE,
+           schema({"allow": {"type": "string", "maxLength": 4096, "pattern": r"^[0-9A-Fa-f.:/, ]*$"}}), quarantine),
+    Plugin("quarantine.release", DESTRUCTIVE, schema(), quarantine_release),
+]}
+
+
+def catalogue(registry=PLUGINS):
+    """The ``plugins`` field of the register message."""
+    return {name: {"risk": p.risk, "params": p.params} for name, p in registry.items()}
+
+
+def execute(registry, plugin, action, params, ctx):
+    p = registry.get(f"{plugin}.{action}")
+    if p is None:
+        return Result("REJECTED", error=f"unknown plugin/action: {plugin}.{action}")
+    error = next(iter(Draft202012Validator(p.params).iter_errors(params)), None)
+    if error is not None:
+        where = "/".join(str(x) for x in error.absolute_path) or "parameters"
+        return Result("REJECTED", error=f"invalid parameters at '{where}': {error.message}")
+    try:
+        return p.run(params, ctx)
+    except Exception as exc:  # a plugin bug is a FAILURE of this command, never a crash of the agent
+        return failed(f"{type(exc).__name__}: {exc}")
+
+
+def simulated(registry=PLUGINS):
+    """The same catalogue with instant synthetic results, for agent_swarm's simulated agents."""
+    def fake(name):
+        return lambda params, ctx: ok({"simulated": True, "plugin": name, "params": params,
+                                       "hostname": ctx.config.get("hostname", "")})
+    return {name: Plugin(name, p.risk, p.params, fake(name)) for name, p in registry.items()}

@@ -1,0 +1,299 @@
+"""The server end of the agent protocol: one WebSocket per agent at ``/agent/v1/ws`` (docs/agent-protocol.md).
+
+Every inbound message is validated before it touches the database; anything malformed closes the
+socket with 4400 and a reason (what was stored before stays stored). A refused identity closes with
+4401. Each message costs one database hop: a sync service function below, run through
+``database_sync_to_async``. Commands and pushes reach the socket only through the channel layer group
+``agent_group(agent_id)``, so any server process can address any agent."""
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+from datetime import timedelta
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from yuzu.audit import audit
+from yuzu.models import hash_secret, new_hex_id
+
+from .executions import STATUS_CODES, record_response
+from .models import Agent, AgentInventory, DeviceToken, Tag, normalise_tag
+from .push import agent_group
+
+log = logging.getLogger("yuzu.fleet.agents")
+
+CLOSE_MALFORMED, CLOSE_REFUSED, CLOSE_HELLO_TIMEOUT, CLOSE_SUPERSEDED = 4400, 4401, 4408, 4409
+MAX_FRAME_CHARS = 4 * 1024 * 1024
+MAX_OUTPUT_BYTES = 1024 * 1024
+MAX_ERROR_BYTES = 64 * 1024
+MAX_ID_BYTES = 160
+MAX_ATTRIBUTES = 64
+MAX_TAGS = 64
+MAX_CATALOGUE_BYTES = 256 * 1024
+HELLO_TIMEOUT_S = 30
+PLUGINS_INVENTORY = "agent.plugins"  # the AgentInventory row holding the agent's plugin catalogue
+_DUMMY_HASH = hash_secret("no such agent")
+
+
+def heartbeat_interval():
+    return int(getattr(settings, "YUZU_AGENT_HEARTBEAT_S", 30))
+
+
+class Malformed(Exception):
+    """Close 4400: the message breaks the protocol."""
+
+
+class Refused(Exception):
+    """Close 4401: the token or credential is not accepted."""
+
+
+# --- validation (pure) -------------------------------------------------------------------------
+
+def _text(msg, key, limit, *, optional=False):
+    value = msg.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value.encode()) > limit or (not optional and not value):
+        raise Malformed(f"'{key}' must be a {'' if optional else 'non-empty '}string of at most {limit} bytes")
+    return value
+
+
+def _object(msg, key, max_keys):
+    value = msg.get(key, {})
+    if not isinstance(value, dict) or len(value) > max_keys:
+        raise Malformed(f"'{key}' must be an object of at most {max_keys} keys")
+    return value
+
+
+def _attributes(msg):
+    attrs = _object(msg, "attributes", MAX_ATTRIBUTES)
+    for k, v in attrs.items():
+        scalar = v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 1024)
+        if len(k) > 64 or not scalar:
+            raise Malformed(f"attribute '{k[:64]}' must have a key of at most 64 characters and a scalar value")
+    return attrs
+
+
+def _tags(msg):
+    try:
+        return dict(normalise_tag(k, v) for k, v in _object(msg, "tags", MAX_TAGS).items())
+    except ValidationError as exc:
+        raise Malformed(f"invalid tag: {exc.messages[0]}") from None
+
+
+def _plugins(msg):
+    plugins = _object(msg, "plugins", 1024)
+    if len(json.dumps(plugins)) > MAX_CATALOGUE_BYTES:
+        raise Malformed(f"'plugins' exceeds {MAX_CATALOGUE_BYTES} bytes")
+    return plugins
+
+
+def _response(msg):
+    frame = {"command_id": _text(msg, "command_id", MAX_ID_BYTES), "status": msg.get("status"),
+             "output": _text(msg, "output", MAX_OUTPUT_BYTES, optional=True) or "",
+             "error": _text(msg, "error", MAX_ERROR_BYTES, optional=True), "exit_code": msg.get("exit_code")}
+    if frame["status"] not in STATUS_CODES:
+        raise Malformed(f"'status' must be one of {', '.join(STATUS_CODES)}")
+    code = frame["exit_code"]
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not -2**31 <= code < 2**31):
+        raise Malformed("'exit_code' must be a 32-bit integer or null")
+    return frame
+
+
+# --- services: one database hop per message ----------------------------------------------------
+
+def enroll(token, hostname):
+    """Trade a device enrolment token for a new agent identity: returns (agent_id, credential)."""
+    now = timezone.now()
+    dt = DeviceToken.objects.filter(token_hash=hash_secret(token)).first()
+    agent_id, credential = new_hex_id(16), "yza_" + secrets.token_hex(32)
+    with transaction.atomic():
+        # One conditional UPDATE claims a use, so concurrent enrolments cannot exceed max_uses.
+        claimed = dt is not None and DeviceToken.objects.filter(
+            Q(pk=dt.pk, revoked_at__isnull=True), Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+            Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses")),
+        ).update(uses=F("uses") + 1)
+        if claimed:
+            Agent.objects.create(agent_id=agent_id, hostname=hostname, credential_hash=hash_secret(credential),
+                                 enrolled_at=now)
+    who = f"device_token:{dt.name}" if dt else "device_token:unknown"
+    if not claimed:
+        reason = ("unknown token" if dt is None else "revoked" if dt.revoked_at else
+                  "expired" if dt.expires_at and dt.expires_at <= now else "no uses left")
+        audit(who, "agent.enroll", "failure", target_type="DeviceToken", target_id=dt.id if dt else "",
+              detail=f"hostname={hostname} reason={reason}")
+        raise Refused("enrolment refused: the device token is not valid")
+    audit(who, "agent.enroll", "success", target_type="Agent", target_id=agent_id,
+          detail=f"hostname={hostname} device_token={dt.id}")
+    return agent_id, credential
+
+
+def register(agent_id, credential, fields, tags, plugins):
+    """Verify the credential (constant time), refresh what the agent reports, mark it connected.
+    Returns the agent's current tags."""
+    agent = Agent.objects.filter(pk=agent_id).first()
+    stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
+    if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
+        audit(f"agent:{agent_id}", "agent.register", "failure", target_type="Agent", target_id=agent_id,
+              detail="invalid credential")
+        raise Refused("invalid agent credential")
+    now = timezone.now()
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent_id).update(connected=True, last_seen=now,
+                                                 simulated=bool(fields["attributes"].get("simulated")), **fields)
+        for key, value in tags.items():
+            Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
+        AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=PLUGINS_INVENTORY,
+                                                defaults={"data": plugins, "collected_at": now})
+    return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value"))
+
+
+def seen(agent_id):
+    Agent.objects.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
+
+
+def store_inventory(agent_id, plugin, data):
+    AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=plugin,
+                                            defaults={"data": data, "collected_at": timezone.now()})
+
+
+def disconnected(agent_id):
+    Agent.objects.filter(pk=agent_id).update(connected=False, last_seen=timezone.now())
+
+
+def mark_silent_disconnected(now=None):
+    """Agents silent for three heartbeat intervals are not connected, whatever the flag says (their
+    server process died without closing their sockets). Run by the sweep."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=3 * heartbeat_interval())
+    return Agent.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False)
+
+
+# --- the consumer ------------------------------------------------------------------------------
+
+class AgentConsumer(AsyncJsonWebsocketConsumer):
+    TYPES = ("enroll", "register", "heartbeat", "inventory", "response")  # handled by on_<type>
+
+    async def connect(self):
+        self.agent_id = None  # set once registered
+        self.group = None
+        self.enrolled = False
+        self.closing = False
+        self.superseded = False
+        self.held = []  # group messages that arrive while the credential is being checked
+        await self.accept()
+        self.hello_timer = asyncio.get_running_loop().call_later(
+            HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self.refuse(CLOSE_HELLO_TIMEOUT, "register timeout")))
+
+    async def disconnect(self, code):
+        self.hello_timer.cancel()
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.agent_id and not self.superseded:
+            await database_sync_to_async(disconnected)(self.agent_id)
+
+    async def refuse(self, code, reason):
+        if not self.closing:
+            self.closing = True
+            log.info("closing agent socket %s (%s): %s", self.agent_id or "-", code, reason)
+            await self.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.closing:
+            return
+        try:
+            if text_data is None:
+                raise Malformed("binary frames are not part of the protocol")
+            if len(text_data) > MAX_FRAME_CHARS:
+                raise Malformed("frame too large")
+            try:
+                msg = json.loads(text_data)
+            except ValueError:
+                raise Malformed("frame is not JSON") from None
+            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+                raise Malformed("a JSON object with a string 'type' is expected")
+            if msg["type"] not in self.TYPES:
+                raise Malformed(f"unknown message type '{msg['type'][:40]}'")
+            if (self.agent_id is None) != (msg["type"] in ("enroll", "register")):
+                raise Malformed(f"'{msg['type']}' is not allowed " + ("before register" if self.agent_id is None
+                                                                      else "after register"))
+            await getattr(self, "on_" + msg["type"])(msg)
+        except Malformed as exc:
+            await self.refuse(CLOSE_MALFORMED, str(exc))
+        except Refused as exc:
+            await self.refuse(CLOSE_REFUSED, str(exc))
+
+    async def on_enroll(self, msg):
+        if self.enrolled:
+            raise Malformed("already enrolled on this connection; send register")
+        token, hostname = _text(msg, "token", 256), _text(msg, "hostname", 255)
+        agent_id, credential = await database_sync_to_async(enroll)(token, hostname)
+        self.enrolled = True
+        await self.send_json({"type": "enrolled", "agent_id": agent_id, "credential": credential})
+
+    async def on_register(self, msg):
+        agent_id, credential = _text(msg, "agent_id", 128), _text(msg, "credential", 256)
+        fields = {"hostname": _text(msg, "hostname", 255), "os": _text(msg, "os", 64, optional=True) or "",
+                  "arch": _text(msg, "arch", 32, optional=True) or "",
+                  "agent_version": _text(msg, "agent_version", 32, optional=True) or "",
+                  "attributes": _attributes(msg)}
+        tags, plugins = _tags(msg), _plugins(msg)
+        group = agent_group(agent_id)
+        # Join before marking the agent connected so no command sent after that is missed; hold
+        # what arrives until the credential is verified.
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.group = group
+        try:
+            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins)
+        except Refused:
+            await self.channel_layer.group_discard(group, self.channel_name)
+            self.group, self.held = None, []
+            raise
+        self.agent_id = agent_id
+        self.hello_timer.cancel()
+        await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name})
+        await self.send_json({"type": "registered", "agent_id": agent_id, "heartbeat_interval": heartbeat_interval(),
+                              "tags": current})
+        for payload in self.held:
+            await self.send_json(payload)
+        self.held = []
+
+    async def on_heartbeat(self, msg):
+        await database_sync_to_async(seen)(self.agent_id)
+
+    async def on_inventory(self, msg):
+        plugin = _text(msg, "plugin", 128)
+        data = msg.get("data")
+        if not isinstance(data, dict):
+            raise Malformed("'data' must be an object")
+        await database_sync_to_async(store_inventory)(self.agent_id, plugin, data)
+
+    async def on_response(self, msg):
+        await database_sync_to_async(record_response)(self.agent_id, _response(msg))
+
+    # --- channel-layer handlers --------------------------------------------------------------
+
+    async def relay(self, event):
+        if self.closing:
+            return
+        if self.agent_id is None:
+            if len(self.held) < 1000:
+                self.held.append(event["payload"])
+            return
+        await self.send_json(event["payload"])
+
+    agent_command = relay
+    agent_push = relay
+
+    async def agent_superseded(self, event):
+        """Another connection registered as this agent: the newest one wins."""
+        if event["channel"] != self.channel_name and self.agent_id:
+            self.superseded = True
+            await self.refuse(CLOSE_SUPERSEDED, "superseded by a newer connection of this agent")

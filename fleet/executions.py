@@ -1,0 +1,437 @@
+"""Executions: send one ``(plugin, action, parameters)`` command to a set of agents, collect their
+responses, and read both back (spec/yuzu-mcp.md §2.4 and §6). The MCP tools and the REST views call
+these functions; callers have passed the capability's generic RBAC gate.
+
+Lifecycle: ``start_execution`` validates, resolves targets, creates the Execution row and one
+AgentExecStatus row per target (pending) BEFORE anything is sent, then enqueues the Celery task
+``fleet.tasks.dispatch_execution``. The agent's WebSocket consumer hands every response frame to
+``record_response``; ``expire_overdue`` (Celery beat) turns silence past ``expires_at`` into TIMEOUT.
+Every change publishes an event on the execution's channel-layer group (fleet.events).
+
+Cancelling stops dispatch: agents still ``pending`` are never sent the command (their row keeps
+status ``pending`` with ``error_detail`` "cancelled before dispatch" and is not counted); agents
+already sent it keep running, and their responses are still recorded (and timed out if silent).
+"""
+
+import json
+import logging
+import re
+import secrets
+from datetime import timedelta
+from functools import partial
+
+from django.db import transaction
+from django.db.models import Case, Count, DateTimeField, F, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from yuzu import rbac
+from yuzu.audit import audit
+from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
+
+from . import events
+from .models import AgentExecStatus, Execution, Response
+from .services import visible_agents
+
+log = logging.getLogger("yuzu.fleet")
+
+MAX_NAME_BYTES = 128
+MAX_SCOPE_BYTES = 8192
+MAX_AGENT_IDS = 10000
+MAX_AGENT_ID_BYTES = 128
+MAX_PARAMS = 32
+MAX_PARAM_KEY_BYTES = 256
+MAX_PARAM_VALUE_BYTES = 64 * 1024
+MAX_BUNDLE_STEPS = 32
+MAX_EXPIRES_IN = 86400
+SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
+SENSITIVE_KEY_RE = re.compile(r"password|passwd|secret|token|key|credential", re.IGNORECASE)
+REDACTED = "[redacted]"
+STATUS_CODES = {name: code for code, name in Response.STATUS_NAMES.items()}
+AGENT_STATE = {Response.RUNNING: "running", Response.SUCCESS: "success", Response.FAILURE: "failure",
+               Response.TIMEOUT: "timeout", Response.REJECTED: "rejected"}
+GROUP_BY = ("status", "agent_id", "exit_code", "output")
+
+
+def invalid(message, remediation=None, **extra):
+    return YuzuError(message, status=400, rpc_code=-32602, remediation=remediation, extra=extra or None)
+
+
+def _nbytes(text):
+    return len(text.encode())
+
+
+# --- validation (spec §2.4) --------------------------------------------------------------------
+
+def _command(plugin, action, params):
+    """Validate one command; returns (plugin, action, params as {str: str})."""
+    names = []
+    for field, value in (("plugin", plugin), ("action", action)):
+        if not isinstance(value, str) or not value.strip():
+            raise invalid(f"{field} is required", f"pass {field} as a non-empty string")
+        if _nbytes(value) > MAX_NAME_BYTES:
+            raise invalid(f"{field} exceeds {MAX_NAME_BYTES} bytes")
+        names.append(value.lower())
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise invalid("params must be an object")
+    if len(params) > MAX_PARAMS:
+        raise invalid(f"params has {len(params)} keys; at most {MAX_PARAMS} are allowed")
+    out = {}
+    for key, value in params.items():
+        if not isinstance(key, str) or not key or _nbytes(key) > MAX_PARAM_KEY_BYTES:
+            raise invalid(f"params key '{str(key)[:64]}' must be 1-{MAX_PARAM_KEY_BYTES} bytes")
+        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+        if _nbytes(text) > MAX_PARAM_VALUE_BYTES:
+            raise invalid(f"params value of '{key[:64]}' exceeds {MAX_PARAM_VALUE_BYTES} bytes")
+        out[key] = text
+    return names[0], names[1], out
+
+
+def _target(scope, agent_ids):
+    if scope is not None and agent_ids is not None:
+        raise invalid("scope and agent_ids are mutually exclusive", "pass either scope or agent_ids, not both")
+    if scope is not None:
+        if not isinstance(scope, str):
+            raise invalid("scope must be a string")
+        if not scope.strip():
+            raise invalid("scope is empty", "omit scope (and agent_ids) to target all agents")
+        if _nbytes(scope) > MAX_SCOPE_BYTES:
+            raise invalid(f"scope exceeds {MAX_SCOPE_BYTES} bytes")
+        from .scope import ScopeError, parse
+
+        try:
+            parse(scope)
+        except ScopeError as exc:
+            raise invalid(f"invalid scope expression: {exc}", "see discover_scope_kinds for the grammar",
+                          position=exc.position) from None
+    if agent_ids is not None:
+        if not isinstance(agent_ids, list):
+            raise invalid("agent_ids must be an array of strings")
+        if not agent_ids:
+            raise invalid("agent_ids is empty", "omit agent_ids (and scope) to target all agents")
+        if len(agent_ids) > MAX_AGENT_IDS:
+            raise invalid(f"agent_ids has {len(agent_ids)} entries; at most {MAX_AGENT_IDS} are allowed")
+        for a in agent_ids:
+            if not isinstance(a, str):
+                raise invalid("agent_ids entries must be strings")
+            if not a or _nbytes(a) > MAX_AGENT_ID_BYTES:
+                raise invalid(f"an agent_ids entry must be 1-{MAX_AGENT_ID_BYTES} bytes")
+
+
+def _targets(principal, scope, agent_ids):
+    """Connected, unquarantined agents the caller may execute on, matched by scope or listed in agent_ids."""
+    qs = visible_agents(principal, "Execution", "Execute").filter(connected=True, quarantined=False)
+    if scope is not None:
+        from .scope import ScopeError, to_q
+
+        try:
+            qs = qs.filter(to_q(scope))
+        except ScopeError as exc:
+            raise invalid(f"invalid scope expression: {exc}", position=exc.position) from None
+    elif agent_ids is not None:
+        qs = qs.filter(pk__in=agent_ids)
+    return sorted(set(qs.values_list("agent_id", flat=True)))
+
+
+# --- start / dispatch --------------------------------------------------------------------------
+
+def start_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, cid="",
+                    definition_id="", bundle_id="", bundle_step=None, expires_in=300):
+    plugin, action, params = _command(plugin, action, params)
+    _target(scope, agent_ids)
+    if not isinstance(expires_in, int) or isinstance(expires_in, bool) or not 1 <= expires_in <= MAX_EXPIRES_IN:
+        raise invalid(f"expires_in must be an integer of 1-{MAX_EXPIRES_IN} seconds")
+    targets = _targets(principal, scope, agent_ids)
+    return _launch(principal, plugin, action, params, targets, scope=scope or "", cid=cid, definition_id=definition_id,
+                   bundle_id=bundle_id, bundle_step=bundle_step, expires_in=expires_in)
+
+
+def _launch(principal, plugin, action, params, targets, *, scope, cid, definition_id, bundle_id, bundle_step,
+            expires_in):
+    """Create the rows, then enqueue dispatch. Sensitive parameter values are stored redacted and reach
+    the dispatch task only through its message."""
+    sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
+    now = timezone.now()
+    with transaction.atomic():
+        ex = Execution.objects.create(
+            definition_id=definition_id, plugin=plugin, action=action,
+            command_id=f"{plugin}-{secrets.token_hex(8)}",
+            status=Execution.RUNNING if targets else Execution.CANCELLED, scope_expression=scope,
+            parameter_values={k: REDACTED if k in sensitive else v for k, v in params.items()},
+            dispatched_by=principal.name, dispatched_at=now, expires_at=now + timedelta(seconds=expires_in),
+            completed_at=None if targets else now, agents_targeted=len(targets), bundle_id=bundle_id,
+            bundle_step=bundle_step, last_error_detail="" if targets else "no agents reached",
+        )
+        AgentExecStatus.objects.bulk_create([AgentExecStatus(execution=ex, agent_id=a) for a in targets],
+                                            batch_size=1000)
+    detail = f"command_id={ex.command_id} execution_id={ex.id} plugin={plugin} action={action} agents={len(targets)}"
+    base = {"execution_id": ex.id, "command_id": ex.command_id, "plugin": plugin, "action": action,
+            "agents_reached": len(targets)}
+    events.publish(ex)  # 0/N, before any response can move it
+    if not targets:
+        audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id,
+              detail=detail + " no_agents_reached", correlation_id=cid)
+        return {**base, "status": "no_agents_reached",
+                "message": "No connected, unquarantined agent you may execute on matched the target; nothing was sent."}
+    try:
+        # Runs now, or when the caller's own transaction commits (then a failure surfaces there,
+        # the execution already cancelled by _enqueue).
+        transaction.on_commit(partial(_enqueue, ex.id, sensitive))
+    except Exception:
+        audit(principal, "execution.start", "failure", target_type="Execution", target_id=ex.id,
+              detail=detail + " dispatch_failed", correlation_id=cid)
+        raise YuzuError("dispatch failed; the execution was cancelled", status=500, rpc_code=-32603,
+                        retry_after_ms=STORE_FAULT_RETRY_MS, remediation="retry shortly",
+                        extra={"execution_id": ex.id}) from None
+    audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id, detail=detail,
+          correlation_id=cid)
+    return {**base, "status": "running"}
+
+
+def _enqueue(execution_id, sensitive):
+    from .tasks import dispatch_execution
+
+    try:
+        dispatch_execution.delay(execution_id, sensitive or None)
+    except Exception as exc:
+        log.exception("dispatch of execution %s failed", execution_id)
+        Execution.objects.filter(pk=execution_id).update(status=Execution.CANCELLED, completed_at=timezone.now(),
+                                                         last_error_detail=f"dispatch failed: {exc}"[:2000])
+        events.publish(Execution.objects.get(pk=execution_id))
+        raise
+
+
+def cancel_execution(principal, execution_id, cid=""):
+    ex = _execution(execution_id)
+    if not _may_manage(principal, ex, "Execute"):
+        raise NotFound(f"Execution not found: {execution_id}")
+    now = timezone.now()
+    with transaction.atomic():
+        cancelled = Execution.objects.filter(pk=ex.pk, status=Execution.RUNNING).update(
+            status=Execution.CANCELLED, completed_at=now, last_error_detail=f"cancelled by {principal.name}")
+        withheld = AgentExecStatus.objects.filter(execution_id=ex.pk, status="pending").update(
+            error_detail="cancelled before dispatch") if cancelled else 0
+    ex.refresh_from_db()
+    audit(principal, "execution.cancel", "success" if cancelled else "failure", target_type="Execution",
+          target_id=ex.id, detail=f"command_id={ex.command_id} status={ex.status} withheld={withheld}",
+          correlation_id=cid)
+    if cancelled:
+        events.publish(ex)
+    return {"execution_id": ex.id, "status": ex.status, "cancelled": bool(cancelled), "agents_withheld": withheld}
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+def record_response(agent_id, frame):
+    """Store one validated response frame from ``agent_id`` (see fleet.consumers) and publish the change."""
+    ex = _apply(agent_id, frame["command_id"], STATUS_CODES[frame["status"]], frame.get("output") or "",
+                frame.get("exit_code"), frame.get("error") or "")
+    if ex is not None:
+        events.publish(ex)
+
+
+def _apply(agent_id, command_id, code, output, exit_code, error):
+    """One atomic step: the per-agent row moves first (a terminal state is reached once, ever), then the
+    Response row, then the counters with F() expressions. ``output=None`` keeps the stored output.
+    Returns the updated execution, or None when the frame changed nothing (unknown command, an agent
+    that was not targeted, or a frame after the agent's terminal one)."""
+    now = timezone.now()
+    terminal = code != Response.RUNNING
+    with transaction.atomic():
+        ex = Execution.objects.filter(command_id=command_id).values("id", "plugin").first()
+        if ex is None:
+            log.info("response for unknown command %s from %s ignored", command_id, agent_id)
+            return None
+        moved = AgentExecStatus.objects.filter(execution_id=ex["id"], agent_id=agent_id).exclude(
+            status__in=AgentExecStatus.TERMINAL).update(
+            status=AGENT_STATE[code], exit_code=exit_code, error_detail=error, completed_at=now if terminal else None,
+            first_response_at=Coalesce(F("first_response_at"), Value(now), output_field=DateTimeField()))
+        if not moved:
+            return None
+        fields = {"instruction_id": command_id, "status": code, "exit_code": exit_code, "error_detail": error,
+                  "timestamp": now, "plugin": ex["plugin"]}
+        if output is not None:
+            fields["output"] = output
+        Response.objects.update_or_create(execution_id=ex["id"], agent_id=agent_id, defaults=fields)
+        if terminal:
+            success = int(code == Response.SUCCESS)
+            Execution.objects.filter(pk=ex["id"]).update(
+                agents_responded=F("agents_responded") + 1, agents_success=F("agents_success") + success,
+                agents_failure=F("agents_failure") + (1 - success))
+            Execution.objects.filter(pk=ex["id"], status=Execution.RUNNING,
+                                     agents_responded__gte=F("agents_targeted")).update(
+                status=Case(When(agents_failure=0, then=Value(Execution.SUCCEEDED)),
+                            default=Value(Execution.COMPLETED)), completed_at=now)
+    return Execution.objects.get(pk=ex["id"])
+
+
+def expire_overdue(now=None, limit=5000):
+    """Mark agents that gave no terminal response before their command expired as TIMEOUT (a stored
+    TIMEOUT Response that keeps any partial output, counted like any other). Returns how many."""
+    cutoff = (now or timezone.now()) - SWEEP_GRACE
+    rows = list(AgentExecStatus.objects.filter(execution__expires_at__lt=cutoff)
+                .exclude(status__in=AgentExecStatus.TERMINAL)
+                .exclude(execution__status=Execution.CANCELLED, status="pending")
+                .values_list("agent_id", "execution__command_id")[:limit])
+    changed, timed_out = {}, 0
+    for agent_id, command_id in rows:
+        ex = _apply(agent_id, command_id, Response.TIMEOUT, None, None,
+                    "no terminal response before the command expired")
+        if ex is not None:
+            changed[ex.id], timed_out = ex, timed_out + 1
+    for ex in changed.values():
+        events.publish(ex)
+    return timed_out
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+def _execution(execution_id):
+    ex = Execution.objects.filter(pk=execution_id).first() if isinstance(execution_id, str) else None
+    if ex is None:
+        raise NotFound(f"Execution not found: {execution_id}")
+    return ex
+
+
+def _may_manage(principal, ex, operation):
+    """The dispatcher, or a holder of a fleet-wide Execution grant."""
+    return ex.dispatched_by == principal.name or rbac.group_scope(principal, "Execution", operation) is None
+
+
+def _iso(dt):
+    return dt.isoformat() if dt else None
+
+
+def execution_view(ex):
+    return {
+        "id": ex.id, "definition_id": ex.definition_id, "plugin": ex.plugin, "action": ex.action,
+        "command_id": ex.command_id, "status": ex.status, "scope_expression": ex.scope_expression,
+        "dispatched_by": ex.dispatched_by, "dispatched_at": _iso(ex.dispatched_at), "expires_at": _iso(ex.expires_at),
+        "completed_at": _iso(ex.completed_at), "agents_targeted": ex.agents_targeted,
+        "agents_responded": ex.agents_responded, "agents_success": ex.agents_success,
+        "agents_failure": ex.agents_failure, "progress_pct": ex.progress_pct,
+        "retry_after_ms": None if ex.is_terminal else RESULT_POLL_RETRY_MS, "bundle_id": ex.bundle_id or None,
+    }
+
+
+def execution_status(principal, execution_id):
+    return execution_view(_execution(execution_id))
+
+
+def list_executions(principal, *, definition_id=None, status=None, limit=50):
+    qs = Execution.objects.all()
+    if definition_id is not None:
+        qs = qs.filter(definition_id=definition_id)
+    if status is not None:
+        qs = qs.filter(status=status)
+    rows = [execution_view(ex) for ex in qs.order_by("-dispatched_at", "-id")[: max(1, min(int(limit), 500))]]
+    return {"executions": rows, "count": len(rows)}
+
+
+def _status_code(status):
+    if isinstance(status, int) and status in Response.STATUS_NAMES:
+        return status
+    if isinstance(status, str) and status.upper() in STATUS_CODES:
+        return STATUS_CODES[status.upper()]
+    raise invalid(f"status must be one of {', '.join(STATUS_CODES)}")
+
+
+def _responses(principal, execution_id, instruction_id):
+    """(execution or None, Response queryset). The execution's status is read before any row, so a
+    terminal status seen by the caller implies every row it then reads is final."""
+    ex = None
+    qs = Response.objects.all()
+    if execution_id:
+        ex = _execution(execution_id)
+        qs = qs.filter(execution_id=ex.id)
+    elif instruction_id:
+        qs = qs.filter(instruction_id=instruction_id)
+    if rbac.group_scope(principal, "Response", "Read") is not None:
+        qs = qs.filter(agent_id__in=visible_agents(principal, "Response", "Read").values("agent_id"))
+    return ex, qs
+
+
+def _poll_fields(ex):
+    return {"execution_status": ex.status if ex else None,
+            "retry_after_ms": RESULT_POLL_RETRY_MS if ex is not None and not ex.is_terminal else None}
+
+
+def query_responses(principal, *, execution_id=None, instruction_id=None, agent_id=None, status=None, limit=100):
+    limit = max(1, min(int(limit), 1000))
+    ex, qs = _responses(principal, execution_id, instruction_id)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if status is not None:
+        qs = qs.filter(status=_status_code(status))
+    rows = list(qs.order_by("timestamp", "id")[: limit + 1])
+    responses = [{"agent_id": r.agent_id, "execution_id": r.execution_id, "status": Response.STATUS_NAMES[r.status],
+                  "output": r.output, "exit_code": r.exit_code, "error": r.error_detail or None,
+                  "timestamp": _iso(r.timestamp)} for r in rows[:limit]]
+    return {"responses": responses, "count": len(responses), "result_truncated_by_cap": len(rows) > limit,
+            **_poll_fields(ex)}
+
+
+def aggregate_responses(principal, *, execution_id=None, instruction_id=None, group_by="status", aggregate="count"):
+    if group_by not in GROUP_BY:
+        raise invalid(f"group_by must be one of {', '.join(GROUP_BY)}")
+    if aggregate != "count":
+        raise invalid("aggregate must be 'count'")
+    if not execution_id and not instruction_id:
+        raise invalid("execution_id or instruction_id is required")
+    ex, qs = _responses(principal, execution_id, instruction_id)
+    rows = qs.order_by().values(group_by).annotate(count=Count("id")).order_by("-count", group_by)[:1000]
+    groups = [{"key": Response.STATUS_NAMES.get(r[group_by]) if group_by == "status" else r[group_by],
+               "count": r["count"]} for r in rows]
+    return {"group_by": group_by, "aggregate": aggregate, "groups": groups,
+            "total": sum(g["count"] for g in groups), **_poll_fields(ex)}
+
+
+# --- bundles: several steps on one device ------------------------------------------------------
+
+def start_bundle(principal, *, agent_id, steps, cid=""):
+    if not isinstance(agent_id, str) or not agent_id or _nbytes(agent_id) > MAX_AGENT_ID_BYTES:
+        raise invalid(f"agent_id is required (1-{MAX_AGENT_ID_BYTES} bytes)")
+    if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_BUNDLE_STEPS:
+        raise invalid(f"steps must be an array of 1-{MAX_BUNDLE_STEPS} steps")
+    commands = []
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            raise invalid(f"steps[{i}] must be an object with plugin, action and optional params")
+        try:
+            commands.append(_command(step.get("plugin"), step.get("action"), step.get("params")))
+        except YuzuError as exc:
+            raise invalid(f"steps[{i}]: {exc.message}", exc.remediation) from None
+    if not visible_agents(principal, "Execution", "Execute").filter(pk=agent_id).exists():
+        raise NotFound(f"Agent not found: {agent_id}")
+    targets = _targets(principal, None, [agent_id])
+    bundle_id = f"bundle-{secrets.token_hex(8)}"
+    started = [_launch(principal, plugin, action, params, targets, scope="", cid=cid, definition_id="",
+                       bundle_id=bundle_id, bundle_step=i, expires_in=300)
+               for i, (plugin, action, params) in enumerate(commands)]
+    audit(principal, "bundle.start", "success", target_type="Agent", target_id=agent_id,
+          detail=f"bundle_id={bundle_id} steps={len(steps)} reached={bool(targets)}", correlation_id=cid)
+    return {"bundle_id": bundle_id, "agent_id": agent_id, "expected": len(steps),
+            "execution_ids": [s["execution_id"] for s in started],
+            "status": "running" if targets else "no_agents_reached"}
+
+
+def bundle_result(principal, bundle_id):
+    exs = list(Execution.objects.filter(bundle_id=bundle_id).order_by("bundle_step")) if bundle_id else []
+    if not exs or not _may_manage(principal, exs[0], "Read"):
+        raise NotFound(f"Bundle not found: {bundle_id}")
+    responses = {r.execution_id: r for r in Response.objects.filter(execution__in=exs)}
+    agent = AgentExecStatus.objects.filter(execution__in=exs).values_list("agent_id", flat=True).first()
+    steps = []
+    for ex in exs:
+        r = responses.get(ex.id)
+        steps.append({"step": ex.bundle_step, "execution_id": ex.id, "plugin": ex.plugin, "action": ex.action,
+                      "state": ex.status, "status": Response.STATUS_NAMES[r.status] if r else None,
+                      "output": r.output if r else "", "exit_code": r.exit_code if r else None,
+                      "error": (r.error_detail or None) if r else None})
+    complete = all(ex.is_terminal for ex in exs)
+    return {"bundle_id": bundle_id, "agent_id": agent, "complete": complete,
+            "received": sum(1 for s in steps if s["status"] not in (None, "RUNNING")),
+            "succeeded": sum(1 for s in steps if s["status"] == "SUCCESS"), "expected": len(exs), "steps": steps,
+            "retry_after_ms": None if complete else RESULT_POLL_RETRY_MS}

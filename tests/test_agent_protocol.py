@@ -1,0 +1,306 @@
+"""The agent WebSocket protocol against the real consumer (Channels' WebsocketCommunicator over the
+project's channel layer): enrolment, register, heartbeat, inventory, commands and response frames,
+and the 4400 / 4401 / 4408 / 4409 closes."""
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.core.management import call_command
+from django.utils import timezone
+
+from fleet import consumers
+from fleet.agent.plugins import catalogue
+from fleet.executions import start_execution
+from fleet.models import Agent, AgentExecStatus, AgentInventory, DeviceToken, Execution, Response, Tag
+from fleet.push import push_tags
+from fleet.routing import websocket_urlpatterns
+from yuzu.models import AuditEvent, hash_secret
+
+pytestmark = pytest.mark.django_db(transaction=True)
+db = database_sync_to_async
+
+
+@pytest.fixture(autouse=True)
+def eager_celery():
+    from yuzu.celery import app
+
+    old = app.conf.task_always_eager
+    app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    app.conf.CELERY_TASK_ALWAYS_EAGER = old
+
+
+def mint_device_token(*args):
+    out = io.StringIO()
+    call_command("mint_device_token", "--name", "lab", *args, stdout=out)
+    return out.getvalue().strip()
+
+
+def register_msg(agent_id, credential, **extra):
+    return {"type": "register", "agent_id": agent_id, "credential": credential, "hostname": "web-1", "os": "linux",
+            "arch": "x86_64", "agent_version": "0.1.0", "attributes": {"kernel": "6.1"}, "tags": {},
+            "plugins": catalogue(), **extra}
+
+
+async def connect():
+    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/agent/v1/ws")
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+async def send(comm, msg):
+    await comm.send_json_to(msg)
+    return await comm.receive_json_from(timeout=5)
+
+
+async def enrolled_agent(token, **register_extra):
+    """A connection that enrolled and registered; returns (communicator, agent_id, credential, registered)."""
+    comm = await connect()
+    reply = await send(comm, {"type": "enroll", "token": token, "hostname": "web-1"})
+    assert reply["type"] == "enrolled"
+    registered = await send(comm, register_msg(reply["agent_id"], reply["credential"], **register_extra))
+    assert registered["type"] == "registered"
+    return comm, reply["agent_id"], reply["credential"], registered
+
+
+async def closed_with(comm, code):
+    out = await comm.receive_output(timeout=5)
+    assert out["type"] == "websocket.close" and out["code"] == code, out
+    await comm.disconnect(code)
+    return out.get("reason", "")
+
+
+async def until(check, timeout=5.0):
+    import asyncio
+
+    for _ in range(int(timeout / 0.05)):
+        if await db(check)():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+# --- enrolment and register --------------------------------------------------------------------
+
+def test_enrol_register_heartbeat_inventory_and_reconnect():
+    token = mint_device_token("--max-uses", "2")
+    assert token.startswith("yzd_") and len(token) == 4 + 64
+    assert DeviceToken.objects.get().token_hash == hash_secret(token)
+
+    async def scenario():
+        comm = await connect()
+        reply = await send(comm, {"type": "enroll", "token": token, "hostname": "web-1"})
+        agent_id, credential = reply["agent_id"], reply["credential"]
+        agent = await db(Agent.objects.get)(pk=agent_id)
+        assert agent.credential_hash == hash_secret(credential) and credential not in agent.credential_hash
+        await db(Tag.objects.create)(agent=agent, key="owner", value="ops")  # set on the server
+        registered = await send(comm, register_msg(agent_id, credential, tags={"Role": "Web", "rack": "r1"},
+                                                   attributes={"kernel": "6.1", "simulated": False}))
+        assert registered == {"type": "registered", "agent_id": agent_id, "heartbeat_interval": 30,
+                              "tags": {"owner": "ops", "role": "web", "rack": "r1"}}
+        await comm.send_json_to({"type": "inventory", "plugin": "os", "data": {"distribution": "Debian"}})
+        await db(Agent.objects.filter(pk=agent_id).update)(last_seen=timezone.now() - timedelta(hours=1))
+        await comm.send_json_to({"type": "heartbeat"})
+        await until(lambda: Agent.objects.get(pk=agent_id).last_seen > timezone.now() - timedelta(minutes=1))
+        await until(lambda: AgentInventory.objects.filter(agent_id=agent_id, plugin="os").exists())
+        await comm.disconnect()
+        return agent_id, credential
+
+    agent_id, credential = async_to_sync(scenario)()
+    agent = Agent.objects.get(pk=agent_id)
+    assert (agent.hostname, agent.os, agent.arch, agent.agent_version) == ("web-1", "linux", "x86_64", "0.1.0")
+    assert agent.attributes == {"kernel": "6.1", "simulated": False} and agent.connected is False
+    assert AgentInventory.objects.get(agent=agent, plugin="os").data == {"distribution": "Debian"}
+    assert AgentInventory.objects.get(agent=agent, plugin="agent.plugins").data["file.hash"]["risk"] == "read"
+    assert DeviceToken.objects.get().uses == 1
+    assert AuditEvent.objects.filter(action="agent.enroll", result="success", target_id=agent_id).exists()
+
+    async def reconnect():  # later runs register with the saved credential, no token needed
+        comm = await connect()
+        registered = await send(comm, register_msg(agent_id, credential))
+        assert registered["type"] == "registered"
+        assert (await db(Agent.objects.get)(pk=agent_id)).connected
+        await comm.disconnect()
+
+    async_to_sync(reconnect)()
+    assert DeviceToken.objects.get().uses == 1
+
+
+@pytest.mark.parametrize("case", ["revoked", "expired", "used_up", "unknown"])
+def test_refused_device_token_closes_4401_and_creates_nothing(case):
+    token = mint_device_token("--max-uses", "1")
+    dt = DeviceToken.objects.get()
+    if case == "revoked":
+        dt.revoked_at = timezone.now()
+    elif case == "expired":
+        dt.expires_at = timezone.now() - timedelta(seconds=1)
+    elif case == "used_up":
+        dt.uses = 1
+    elif case == "unknown":
+        token = "yzd_" + "0" * 64
+    dt.save()
+
+    async def scenario():
+        comm = await connect()
+        await comm.send_json_to({"type": "enroll", "token": token, "hostname": "web-1"})
+        return await closed_with(comm, 4401)
+
+    assert "enrolment refused" in async_to_sync(scenario)()
+    assert not Agent.objects.exists()
+    assert AuditEvent.objects.filter(action="agent.enroll", result="failure").exists()
+
+
+def test_wrong_credential_closes_4401():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.disconnect()
+        comm = await connect()
+        await comm.send_json_to(register_msg(agent_id, "yza_" + "f" * 64))
+        assert "invalid agent credential" in await closed_with(comm, 4401)
+        comm = await connect()
+        await comm.send_json_to(register_msg("no-such-agent", "yza_" + "f" * 64))
+        await closed_with(comm, 4401)
+
+    async_to_sync(scenario)()
+    assert not Agent.objects.get().connected
+
+
+def test_a_silent_connection_is_closed_4408(monkeypatch):
+    monkeypatch.setattr(consumers, "HELLO_TIMEOUT_S", 0.2)
+
+    async def scenario():
+        assert await closed_with(await connect(), 4408) == "register timeout"
+
+    async_to_sync(scenario)()
+
+
+# --- malformed input ---------------------------------------------------------------------------
+
+BAD_FRAMES = {
+    "not json": "{nope",
+    "not an object": "[1, 2]",
+    "no type": json.dumps({"command_id": "x"}),
+    "unknown type": json.dumps({"type": "launch"}),
+    "enrol after register": json.dumps({"type": "enroll", "token": "t", "hostname": "h"}),
+    "command_id not a string": json.dumps({"type": "response", "command_id": 7, "status": "SUCCESS"}),
+    "command_id too long": json.dumps({"type": "response", "command_id": "c" * 161, "status": "SUCCESS"}),
+    "unknown status": json.dumps({"type": "response", "command_id": "c", "status": "DONE"}),
+    "exit_code bool": json.dumps({"type": "response", "command_id": "c", "status": "SUCCESS", "exit_code": True}),
+    "output over 1 MiB": json.dumps({"type": "response", "command_id": "c", "status": "SUCCESS",
+                                     "output": "x" * (1024 * 1024 + 1)}),
+    "inventory data not an object": json.dumps({"type": "inventory", "plugin": "os", "data": [1]}),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FRAMES))
+def test_malformed_input_closes_4400_and_keeps_what_was_stored(name):
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token, tags={"role": "web"})
+        await comm.send_json_to({"type": "inventory", "plugin": "os", "data": {"kernel": "6.1"}})
+        await comm.send_to(text_data=BAD_FRAMES[name])
+        reason = await closed_with(comm, 4400)
+        assert reason
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    agent = Agent.objects.get(pk=agent_id)
+    assert agent.connected is False and agent.hostname == "web-1"
+    assert AgentInventory.objects.get(agent=agent, plugin="os").data == {"kernel": "6.1"}
+    assert Tag.objects.get(agent=agent).value == "web"
+
+
+@pytest.mark.parametrize("frame,why", [
+    ({"type": "heartbeat"}, "before register"),
+    ({"type": "enroll", "token": 5, "hostname": "h"}, "'token'"),
+    ({"type": "register", "agent_id": "a", "credential": "c", "hostname": "h", "tags": {"role": "Not Valid!"}},
+     "invalid tag"),
+    ({"type": "register", "agent_id": "a", "credential": "c", "hostname": "h", "attributes": {"k": [1]}}, "attribute"),
+])
+def test_malformed_before_register_closes_4400(frame, why):
+    async def scenario():
+        comm = await connect()
+        await comm.send_json_to(frame)
+        return await closed_with(comm, 4400)
+
+    assert why in async_to_sync(scenario)()
+
+
+# --- commands and responses --------------------------------------------------------------------
+
+def test_commands_reach_the_agent_and_response_frames_update_rows_and_counters(principal):
+    token = mint_device_token()
+    op = principal("olive", "Operator")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        out = await db(start_execution)(op, plugin="os", action="info", params={"verbose": "1"},
+                                        agent_ids=[agent_id])
+        assert out["status"] == "running" and out["agents_reached"] == 1
+        command = await comm.receive_json_from(timeout=5)
+        assert command["type"] == "command" and command["command_id"] == out["command_id"]
+        assert (command["plugin"], command["action"], command["parameters"]) == ("os", "info", {"verbose": "1"})
+        assert command["expires_at"] > timezone.now().timestamp()
+        cid, eid = out["command_id"], out["execution_id"]
+
+        def frame(status, output, exit_code=None):
+            return {"type": "response", "command_id": cid, "status": status, "output": output,
+                    "exit_code": exit_code, "error": None}
+
+        await comm.send_json_to(frame("RUNNING", "par"))
+        await until(lambda: Response.objects.filter(execution_id=eid, status=Response.RUNNING).exists())
+        assert (await db(AgentExecStatus.objects.get)(execution_id=eid)).status == "running"
+        await comm.send_json_to(frame("SUCCESS", "partial then full", 0))
+        await until(lambda: Execution.objects.get(pk=eid).status == "succeeded")
+        await comm.send_json_to(frame("SUCCESS", "duplicate", 0))
+        await comm.send_json_to({"type": "heartbeat"})  # processed after the duplicate
+        await until(lambda: Agent.objects.get(pk=agent_id).last_seen is not None)
+        await comm.disconnect()
+        return agent_id, eid
+
+    agent_id, eid = async_to_sync(scenario)()
+    ex = Execution.objects.get(pk=eid)
+    assert (ex.agents_targeted, ex.agents_responded, ex.agents_success, ex.agents_failure) == (1, 1, 1, 0)
+    r = Response.objects.get(execution_id=eid)
+    assert (r.agent_id, r.status, r.output, r.exit_code) == (agent_id, Response.SUCCESS, "partial then full", 0)
+
+
+def test_tag_pushes_reach_the_agent_and_a_newer_connection_supersedes():
+    token = mint_device_token()
+
+    async def scenario():
+        first, agent_id, credential, _ = await enrolled_agent(token)
+        await db(Tag.objects.create)(agent_id=agent_id, key="role", value="db")
+        await db(push_tags)(agent_id)
+        assert await first.receive_json_from(timeout=5) == {"type": "tags", "tags": {"role": "db"}}
+        second = await connect()
+        assert (await send(second, register_msg(agent_id, credential)))["type"] == "registered"
+        assert "superseded" in await closed_with(first, 4409)
+        assert (await db(Agent.objects.get)(pk=agent_id)).connected  # the old socket's close changed nothing
+        await db(push_tags)(agent_id)
+        assert (await second.receive_json_from(timeout=5))["type"] == "tags"
+        await second.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_runagent_local_enrols_once_and_again_after_a_database_reset(tmp_path):
+    from fleet.management.commands.runagent import Command
+
+    token = Command().local_token(tmp_path)
+    assert token.startswith("yzd_") and DeviceToken.objects.get().max_uses == 1
+    (tmp_path / "state.json").write_text(json.dumps({"agent_id": "local-1", "credential": "yza_x"}))
+    Agent.objects.create(agent_id="local-1")
+    assert Command().local_token(tmp_path) is None  # known identity: no new token
+    Agent.objects.all().delete()
+    assert Command().local_token(tmp_path).startswith("yzd_") and not (tmp_path / "state.json").exists()
