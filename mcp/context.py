@@ -16,5 +16,17 @@ class ToolContext:
     detail: list = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
     extra: dict = field(default_factory=dict)  # transport-provided extras (e.g. a progress sink)
 
+    following: object = None  # a mcp.progress.FollowSpec set by follow()
+
     def note(self, text):
         self.detail.append(text)
+
+    def follow(self, group, *, snapshot, final, meta=None, message=""):
+        """Report progress of the work this call started: ``group`` is the channel-layer group announcing
+        changes; ``snapshot()`` → (progress, total, terminal); ``final()`` → the structured result sent
+        last on a streamed POST. A no-op unless the caller sent a progressToken on a session."""
+        if self.progress_token is None or self.session_id is None:
+            return
+        from .progress import FollowSpec
+
+        self.following = FollowSpec(group=group, snapshot=snapshot, final=final, meta=meta or {}, message=message)

@@ -53,6 +53,7 @@ class Tool:
     catalogue: str = DEFAULT_CATALOGUE
     poll: bool = False
     precondition: object = None
+    progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
     module: str = ""
 
     @property
@@ -155,14 +156,14 @@ def _cat(name):
 
 def tool(*, name, title, description, securable, operation, input_schema, output_schema=None, effect=None,
          idempotent=None, service_scope="denied", rbac=True, rbac_agent_arg=None, catalogue=DEFAULT_CATALOGUE,
-         poll=False, precondition=None):
+         poll=False, precondition=None, progress=False):
     def register(fn):
         eff = effect or ("read" if operation == "Read" else "destructive")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
                  idempotent=(operation == "Read") if idempotent is None else idempotent,
                  service_scope=service_scope, rbac=rbac, rbac_agent_arg=rbac_agent_arg, catalogue=catalogue,
-                 poll=poll, precondition=precondition, module=fn.__module__)
+                 poll=poll, precondition=precondition, progress=progress, module=fn.__module__)
         cat = _cat(catalogue)
         if name in cat.tools and cat.tools[name].module != t.module:
             cat.duplicates.append(name)

@@ -24,6 +24,9 @@ LATEST_VERSION = SUPPORTED_VERSIONS[0]
 PAGE_SIZE = 20
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 SERVER_VERSION = "0.1.0"
+POST_PER_PRINCIPAL = 4
+POST_GLOBAL = 1024
+PIN_SLOTS_PER_SESSION = 4
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Reply:
     status: int = 200
     body: dict | None = None
     headers: dict = field(default_factory=dict)
+    ctx: object = None  # the tool call's context, when progress may follow
 
 
 @dataclass
@@ -50,6 +54,26 @@ class Request:
     cookies: dict
     catalogue: str
     msg: dict | None = None
+    progress_mode: str | None = None  # "post" (SSE on this response) | "get" (progress on the GET channel)
+
+
+@dataclass
+class Attach:
+    """A GET that passed auth and the session check: the transport opens the stream."""
+
+    principal: object
+    session: object
+
+
+def _session_refusal(principal, sid, req_id):
+    if not sid:
+        session_reject(principal, "missing_session_header")
+        return error_reply(req_id, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
+                                                http_status=400))
+    session_reject(principal, "unknown_session", sid)
+    return error_reply(req_id, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found; re-initialize",
+                                            a4(correlation_id(), remediation="send initialize without a session id"),
+                                            http_status=404))
 
 
 def streaming_on():
@@ -72,7 +96,7 @@ def _principal(req):
     except AuthError as exc:
         return None, unauthorized(str(exc))
     if principal is None:
-        anon = getattr(settings, "YUZU_MCP_TEST_ANONYMOUS_USER", "")
+        anon = settings.YUZU_MCP_TEST_ANONYMOUS_USER
         if anon:  # test profile only (conformance suite, which cannot send a token)
             return _anonymous(anon), None
         return None, unauthorized("send Authorization: Bearer yuzu_…")
@@ -99,27 +123,27 @@ def handle(req):
     sid = req.headers.get("mcp-session-id", "")
     if req.http_method == "DELETE":
         return _delete(principal, sid)
+    if req.http_method == "GET":
+        session = store().validate(sid, principal.key) if sid else None
+        return Attach(principal, session) if session else _session_refusal(principal, sid, None)
     msg = req.msg
     method = msg.get("method")
     req_id = msg.get("id")
     is_notification = method is not None and "id" not in msg
     session = None
     if streaming_on() and method != "initialize":
-        if not sid:
-            session_reject(principal, "missing_session_header")
-            return error_reply(req_id, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
-                                                    http_status=400))
-        session = store().validate(sid, principal.key)
+        session = store().validate(sid, principal.key) if sid else None
         if session is None:
-            session_reject(principal, "unknown_session", sid)
-            return error_reply(req_id, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found; re-initialize",
-                                                    a4(correlation_id(), remediation="send initialize without a session id"),
-                                                    http_status=404))
+            return _session_refusal(principal, sid, req_id)
     if method is None or is_notification:
+        if method == "notifications/cancelled" and session is not None:
+            _cancelled(principal, session, msg.get("params") or {})
         MCP_REQUESTS.labels(method or "response", "accepted").inc()
         return Reply(202)
     ctx = ToolContext(principal=principal, cid=correlation_id(), catalogue=req.catalogue,
                       session_id=session.id if session else None, request_id=req_id)
+    ctx.extra["protocol_version"] = session.protocol_version if session else LATEST_VERSION
+    ctx.extra["progress_mode"] = req.progress_mode
     try:
         result = _dispatch(ctx, req, method, msg.get("params") or {})
     except rpc.RpcError as err:
@@ -131,7 +155,24 @@ def handle(req):
     if isinstance(result, Reply):
         return result
     MCP_REQUESTS.labels(method, "ok").inc()
-    return Reply(200, rpc.result_response(req_id, result))
+    return Reply(200, rpc.result_response(req_id, result), ctx=ctx)
+
+
+def _cancelled(principal, session, params):
+    """Detach the stream of the named request (in whichever process holds it); never cancel work."""
+    from .progress import detach
+    from .streams import CANCELS, ring_key, wake
+
+    rid = params.get("requestId")
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        CANCELS.labels("noop").inc()
+        return
+    key = ring_key(principal.key, session.id)
+    if detach(key, rid):
+        CANCELS.labels("detached").inc()
+    else:
+        wake(key, {"type": "mcp.cancel", "request_id": rid})
+        CANCELS.labels("accepted").inc()
 
 
 def _delete(principal, sid):
@@ -224,7 +265,58 @@ def _tools_call(ctx, req, params):
     if tool is not None and tool.is_async:
         t, args = pre_checks(ctx, name, arguments)
         return Continuation(ctx, t, args, None)
+    if req.progress_mode == "post" and ctx.progress_token is not None:
+        _admit_streamed_post(ctx)  # every refusal happens before the tool creates anything
     return run_sync(ctx, name, arguments)
+
+
+def _admit_streamed_post(ctx):
+    """The seed's admission table for a streamed POST: answered, never degraded."""
+    from yuzu.errors import POST_STREAM_CAP_RETRY_MS
+
+    from . import progress
+    from .streams import post_budget, ring_key
+
+    key = ring_key(ctx.principal.key, ctx.session_id)
+    reason = post_budget.acquire(ctx.principal.key, POST_PER_PRINCIPAL, POST_GLOBAL)
+    if reason is not None:
+        reason = "post_" + reason
+    else:
+        reason = progress.admit_record(key, ctx.request_id)
+        if reason is None:
+            reason = _claim_pin_slot(key)
+            if reason is not None:
+                progress.release_record(key, ctx.request_id)
+        if reason is not None:
+            post_budget.release(ctx.principal.key)
+    if reason is None:
+        ctx.extra["admitted"] = key
+        return
+    progress.reject(reason)
+    if reason == "duplicate_request_id":
+        raise rpc.RpcError(rpc.INVALID_REQUEST, "a request with this id is already in flight on this session",
+                           a4(ctx.cid, remediation="use a fresh request id"), http_status=409)
+    raise rpc.RpcError(rpc.STREAM_CAP, f"streamed call refused ({reason})",
+                       a4(ctx.cid, POST_STREAM_CAP_RETRY_MS,
+                          "retry later, or retry without an SSE Accept for a plain response"),
+                       http_status=429, headers={"Retry-After": str(POST_STREAM_CAP_RETRY_MS // 1000)})
+
+
+def _claim_pin_slot(key):
+    """A session holds at most 4 streamed calls: live ones plus undelivered pinned finals. Admission first
+    reclaims the oldest undelivered final (it stays in the ring, unpinned, and fetchable by id)."""
+    from . import progress
+    from .streams import PIN_DISPLACED, rings
+
+    live = progress.inflight(key) - 1  # not counting this request's own record
+    pinned = rings().pinned(key)
+    if live + len(pinned) < PIN_SLOTS_PER_SESSION:
+        return None
+    if pinned and live < PIN_SLOTS_PER_SESSION:
+        rings().unpin(key, pinned[0])
+        PIN_DISPLACED.inc()
+        return None
+    return "post_pin_slots"
 
 
 def _resources_list(ctx, req, params):

@@ -1,6 +1,292 @@
-"""Server→client streams. Until the streaming issue lands, GET answers 405 and sessions hold no
-live streams; ending a session has nothing to close."""
+"""Server→client streams: per-session replay rings, stream admission, and the wake-up groups.
+
+A ring holds a session's SSE frames with per-session event ids (monotonic from 1), bounded to 500
+frames and 64 KiB; a pinned frame (a streamed call's final result) is exempt from eviction so a
+client that reconnects with Last-Event-ID still collects it. Rings live in process memory in
+embedded mode and in Redis when YUZU_REDIS_URL is set, so a client may POST to one daphne process
+and resume its GET on another. Every ring is keyed by principal + session.
+"""
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from prometheus_client import Counter, Gauge
+
+RING_FRAMES = 500
+RING_BYTES = 64 * 1024
+FRAME_CAP = 16 * 1024
+PIN_SLOTS = 4
+RING_TTL = 1800 + 300  # outlives the session's idle expiry
+
+EVICTIONS = Counter("yuzu_mcp_stream_replay_ring_evictions_total", "frames evicted from replay rings")
+TOO_LARGE = Counter("yuzu_mcp_stream_frames_too_large_total", "frames truncated to the per-frame cap")
+DROPPED = Counter("yuzu_mcp_stream_frames_dropped_total", "frames that could not reach a connection")
+STREAMS_ACTIVE = Gauge("yuzu_mcp_streams_active", "held-open GET streams in this process")
+POST_STREAMS_ACTIVE = Gauge("yuzu_mcp_post_streams_active", "held-open streamed POST responses in this process")
+REJECTS = Counter("yuzu_mcp_stream_rejects_total", "stream admissions refused", ["reason"])
+CLOSES = Counter("yuzu_mcp_stream_closes_total", "streams closed, by reason", ["reason"])
+PIN_DISPLACED = Counter("yuzu_mcp_bridge_pin_displaced_for_admission_total",
+                        "undelivered pinned finals released to admit a new streamed call")
+RECORDS_ACTIVE = Gauge("yuzu_mcp_bridge_records_active", "progress records (followers) alive in this process")
+PROGRESS_SUPPRESSED = Counter("yuzu_mcp_bridge_progress_suppressed_total", "progress snapshots that did not advance")
+CANCELS = Counter("yuzu_mcp_cancel_notifications_total", "notifications/cancelled by outcome", ["outcome"])
+
+
+def ring_key(principal_key, session_id):
+    return hashlib.sha256(f"{principal_key}\x00{session_id}".encode()).hexdigest()[:32]
+
+
+def wake_group(key):
+    return f"mcp.stream.{key}"
+
+
+def encode(frame):
+    data = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    if len(data.encode()) > FRAME_CAP:
+        TOO_LARGE.inc()
+        params = frame.get("params") or {}
+        short = {"jsonrpc": "2.0", "method": frame.get("method", "notifications/message"),
+                 "params": {"truncated": True, **{k: params[k] for k in ("progressToken", "progress", "total")
+                                                  if k in params}}}
+        if "id" in frame:
+            short = {"jsonrpc": "2.0", "id": frame["id"],
+                     "error": {"code": -32014, "message": "result too large for the stream; fetch by execution_id",
+                               "data": {"truncated": True}}}
+        data = json.dumps(short, separators=(",", ":"))
+    return data
+
+
+class MemoryRing:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._rings = {}
+
+    def _ring(self, key):
+        ring = self._rings.get(key)
+        if ring is None:
+            ring = self._rings[key] = {"next": 1, "frames": OrderedDict(), "bytes": 0, "pinned": set(),
+                                       "touched": time.time(), "oldest": 1}
+        ring["touched"] = time.time()
+        return ring
+
+    def append(self, key, frame, stream="get", pin=False):
+        data = encode(frame)
+        with self._lock:
+            ring = self._ring(key)
+            eid = ring["next"]
+            ring["next"] += 1
+            ring["frames"][eid] = (stream, data)
+            ring["bytes"] += len(data)
+            if pin:
+                ring["pinned"].add(eid)
+                while len(ring["pinned"]) > PIN_SLOTS:
+                    ring["pinned"].discard(min(ring["pinned"]))
+            self._evict(ring)
+            return eid
+
+    def _evict(self, ring):
+        frames = ring["frames"]
+        for eid in list(frames):
+            if len(frames) <= RING_FRAMES and ring["bytes"] <= RING_BYTES:
+                break
+            if eid in ring["pinned"] or eid == next(reversed(frames)):
+                continue
+            ring["bytes"] -= len(frames.pop(eid)[1])
+            ring["oldest"] = max(ring["oldest"], eid + 1)
+            EVICTIONS.inc()
+
+    def read(self, key, after, stream=None):
+        """Frames after ``after`` → (list of (id, stream, data), gap). A cursor the ring no longer covers
+        (or never issued) is a gap, never a silently short replay."""
+        with self._lock:
+            ring = self._ring(key)
+            if after >= ring["next"] or (after and after + 1 < ring["oldest"]):
+                return [], True
+            out = [(eid, s, d) for eid, (s, d) in ring["frames"].items()
+                   if eid > after and (stream is None or s == stream)]
+            return out, False
+
+    def stream_of(self, key, eid):
+        with self._lock:
+            entry = self._ring(key)["frames"].get(eid)
+            return entry[0] if entry else None
+
+    def unpin(self, key, eid):
+        with self._lock:
+            self._ring(key)["pinned"].discard(eid)
+
+    def pinned(self, key):
+        with self._lock:
+            return sorted(self._ring(key)["pinned"])
+
+    def drop(self, key):
+        with self._lock:
+            self._rings.pop(key, None)
+
+    def clear(self):
+        with self._lock:
+            self._rings.clear()
+
+
+_APPEND = """
+local eid = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], eid, ARGV[1])
+redis.call('RPUSH', KEYS[3], eid)
+local bytes = redis.call('INCRBY', KEYS[4], string.len(ARGV[1]))
+if ARGV[2] == '1' then
+  redis.call('ZADD', KEYS[5], eid, eid)
+  while redis.call('ZCARD', KEYS[5]) > tonumber(ARGV[6]) do redis.call('ZPOPMIN', KEYS[5]) end
+end
+local evicted = 0
+local n = redis.call('LLEN', KEYS[3])
+local scanned = 0
+while (n > tonumber(ARGV[3]) or bytes > tonumber(ARGV[4])) and scanned < n - 1 do
+  local victim = redis.call('LINDEX', KEYS[3], scanned)
+  if redis.call('ZSCORE', KEYS[5], victim) then
+    scanned = scanned + 1
+  else
+    redis.call('LREM', KEYS[3], 1, victim)
+    local v = redis.call('HGET', KEYS[2], victim)
+    if v then bytes = redis.call('INCRBY', KEYS[4], -string.len(v)) end
+    redis.call('HDEL', KEYS[2], victim)
+    redis.call('SET', KEYS[6], tonumber(victim) + 1)
+    evicted = evicted + 1
+    n = n - 1
+  end
+end
+for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
+return {eid, evicted}
+"""
+
+
+class RedisRing:
+    prefix = "yuzu:mcp:ring:"
+
+    def __init__(self, url):
+        import redis
+
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+        self._append = self.redis.register_script(_APPEND)
+
+    def _keys(self, key):
+        p = self.prefix + key
+        return [p + ":seq", p + ":frames", p + ":ids", p + ":bytes", p + ":pins", p + ":oldest"]
+
+    def append(self, key, frame, stream="get", pin=False):
+        payload = json.dumps([stream, encode(frame)], separators=(",", ":"))
+        eid, evicted = self._append(keys=self._keys(key), args=[payload, "1" if pin else "0", RING_FRAMES,
+                                                                 RING_BYTES, RING_TTL, PIN_SLOTS])
+        if evicted:
+            EVICTIONS.inc(evicted)
+        return int(eid)
+
+    def read(self, key, after, stream=None):
+        seq, frames, ids, _, _, oldest = self._keys(key)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(seq)
+        pipe.get(oldest)
+        pipe.lrange(ids, 0, -1)
+        pipe.hgetall(frames)
+        last, first, order, data = pipe.execute()
+        nxt = int(last or 0) + 1
+        first = int(first or 1)
+        if after >= nxt or (after and after + 1 < first):
+            return [], True
+        out = []
+        for eid in sorted(int(i) for i in order):
+            if eid <= after or str(eid) not in data:
+                continue
+            s, d = json.loads(data[str(eid)])
+            if stream is None or s == stream:
+                out.append((eid, s, d))
+        return out, False
+
+    def stream_of(self, key, eid):
+        raw = self.redis.hget(self._keys(key)[1], eid)
+        return json.loads(raw)[0] if raw else None
+
+    def unpin(self, key, eid):
+        self.redis.zrem(self._keys(key)[4], eid)
+
+    def pinned(self, key):
+        return sorted(int(x) for x in self.redis.zrange(self._keys(key)[4], 0, -1))
+
+    def drop(self, key):
+        self.redis.delete(*self._keys(key))
+
+    def clear(self):
+        for k in self.redis.scan_iter(self.prefix + "*"):
+            self.redis.delete(k)
+
+
+_ring = None
+_ring_lock = threading.Lock()
+
+
+def rings():
+    global _ring
+    if _ring is None:
+        with _ring_lock:
+            if _ring is None:
+                _ring = RedisRing(settings.REDIS_URL) if settings.REDIS_URL else MemoryRing()
+    return _ring
+
+
+def wake(key, message=None):
+    """Tell the session's live stream (in any process) to read its ring."""
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(wake_group(key), message or {"type": "mcp.wake"})
+
+
+async def awake(key, message=None):
+    layer = get_channel_layer()
+    if layer is not None:
+        await layer.group_send(wake_group(key), message or {"type": "mcp.wake"})
 
 
 def close_session_streams(principal_key, session_id):
-    return 0
+    """A session ended: its live stream closes with session_terminated; its ring is dropped."""
+    key = ring_key(principal_key, session_id)
+    try:
+        wake(key, {"type": "mcp.close", "reason": "session_terminated"})
+    finally:
+        rings().drop(key)
+
+
+class Budget:
+    """Held-open stream admission for this process: reject, never evict."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.total = 0
+        self.per_principal = {}
+
+    def acquire(self, principal_key, per_principal_cap, global_cap):
+        with self._lock:
+            if self.total >= global_cap:
+                return "global_cap"
+            if self.per_principal.get(principal_key, 0) >= per_principal_cap:
+                return "per_principal_cap"
+            self.total += 1
+            self.per_principal[principal_key] = self.per_principal.get(principal_key, 0) + 1
+            return None
+
+    def release(self, principal_key):
+        with self._lock:
+            self.total -= 1
+            left = self.per_principal.get(principal_key, 1) - 1
+            if left:
+                self.per_principal[principal_key] = left
+            else:
+                self.per_principal.pop(principal_key, None)
+
+
+get_budget = Budget()
+post_budget = Budget()

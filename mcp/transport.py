@@ -6,6 +6,7 @@ Host and Origin, protocol version, JSON framing. Everything else is one worker-t
 import logging
 from urllib.parse import urlsplit
 
+from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 from django.http import parse_cookie
@@ -19,7 +20,9 @@ from yuzu.errors import YuzuError
 
 from .pipeline import finish, hop, internal_error
 from .registry import ToolFailure
-from .server import SUPPORTED_VERSIONS, Continuation, Reply, Request, handle, streaming_on
+from . import sse
+from .registry import catalogue
+from .server import SUPPORTED_VERSIONS, Attach, Continuation, Reply, Request, handle, streaming_on
 
 log = logging.getLogger("yuzu.mcp")
 MAX_BODY = 4 * 1024 * 1024
@@ -42,6 +45,15 @@ class McpConsumer(AsyncHttpConsumer):
         super().__init__(*args, **kwargs)
         self.size = 0
         self.refused = None
+        self.stream = None  # a live GET stream (mcp.sse.GetStream) keeps the consumer open
+
+    async def dispatch(self, message):
+        """Route by message type without Channels' per-message connection sweep: every database hop this
+        consumer makes (mcp.pipeline.hop) already does that hygiene in its own worker thread."""
+        handler = getattr(self, message["type"].replace(".", "_"), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     @property
     def headers(self):
@@ -72,10 +84,10 @@ class McpConsumer(AsyncHttpConsumer):
                 else:
                     await self.handle(b"".join(self.body))
             finally:
-                await self.disconnect()
-            from channels.exceptions import StopConsumer
-
-            raise StopConsumer()
+                if self.stream is None:
+                    await self.disconnect()
+            if self.stream is None:
+                raise StopConsumer()
 
     def body_guard(self):
         if self.scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -163,14 +175,64 @@ class McpConsumer(AsyncHttpConsumer):
             return _refuse(400, rpc.BAD_PROTOCOL_VERSION, f"Unsupported MCP-Protocol-Version: {version[:40]}",
                            req_id=(msg or {}).get("id"),
                            data={"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]})
-        if method == "GET":
-            return await self.get_stream()
         cookies = parse_cookie(self.headers.get("cookie", ""))
-        req = Request(http_method=method, headers=self.headers, cookies=cookies, catalogue=self.catalogue, msg=msg)
+        req = Request(http_method=method, headers=self.headers, cookies=cookies, catalogue=self.catalogue, msg=msg,
+                      progress_mode=self.progress_mode(msg))
         outcome = await hop(handle)(req)
         if isinstance(outcome, Continuation):
             return await self.run_async_tool(outcome)
+        if isinstance(outcome, Attach):
+            return await self.attach(outcome)
+        if isinstance(outcome, Reply) and outcome.ctx is not None and "admitted" in outcome.ctx.extra:
+            return await sse.streamed_post(self, outcome)
+        if isinstance(outcome, Reply) and outcome.ctx is not None and outcome.ctx.following is not None:
+            sse.follow_on_get_channel(outcome)
         return outcome
+
+    def progress_mode(self, msg):
+        """The seed's opt-in table: a progressToken is the opt-in; an SSE-capable Accept (even ;q=0) picks
+        the streamed POST, otherwise progress goes to the session's GET channel."""
+        if not msg or msg.get("method") != "tools/call" or not streaming_on() or "mcp-session-id" not in self.headers:
+            return None
+        params = msg.get("params") or {}
+        tool = catalogue(self.catalogue).tools.get(params.get("name"))
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        if tool is None or not tool.progress or "progressToken" not in meta:
+            return None
+        if settings.YUZU_MCP_STREAMED_POST and "text/event-stream" in self.headers.get("accept", ""):
+            return "post"
+        return "get"
+
+    async def attach(self, attach):
+        return await sse.attach_get(self, attach)
+
+    async def mcp_wake(self, message):
+        if self.stream is not None:
+            await self.stream.on_wake()
+
+    async def mcp_close(self, message):
+        if self.stream is not None:
+            await self.stream.close(message.get("reason", "session_terminated"))
+
+    async def mcp_superseded(self, message):
+        if self.stream is not None and message.get("stream") != self.stream.id:
+            await self.stream.close("superseded")
+
+    async def mcp_tick(self, message):
+        if self.stream is not None:
+            await self.stream.on_tick()
+
+    async def mcp_stopped(self, message):
+        if self.stream is None:
+            raise StopConsumer()
+
+    async def mcp_cancel(self, message):
+        return None  # addressed to streamed POST followers, which listen on their own channels
+
+    async def http_disconnect(self, message):
+        if self.stream is not None:
+            await self.stream.gone()
+        await super().http_disconnect(message)
 
     async def run_async_tool(self, cont):
         try:
@@ -185,8 +247,6 @@ class McpConsumer(AsyncHttpConsumer):
             return Reply(err.http_status, rpc.error_response(cont.req_id, err))
         return Reply(200, rpc.result_response(cont.req_id, final))
 
-    async def get_stream(self):
-        return Reply(405, None, {"Allow": "POST, DELETE"})
 
 
 class BridgeConsumer(McpConsumer):

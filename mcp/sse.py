@@ -1,0 +1,322 @@
+"""SSE plumbing for the transport: the session's GET channel (replay, resume, takeover, heartbeats,
+credential re-validation, close frames) and the streamed POST response."""
+
+import asyncio
+import logging
+import secrets
+import time
+
+from channels.db import database_sync_to_async
+
+from yuzu.audit import audit
+from yuzu.errors import STREAM_CAP_RETRY_MS, correlation_id
+
+from . import jsonrpc as rpc
+from .pipeline import tool_result
+from .progress import Follower, admit_record, release_record
+from .server import Reply, error_reply
+from .sessions import store
+from .streams import (CLOSES, DROPPED, POST_STREAMS_ACTIVE, REJECTS, STREAMS_ACTIVE, get_budget, post_budget,
+                      ring_key, rings, wake_group)
+
+log = logging.getLogger("yuzu.mcp")
+TICK_SECONDS = 3.0
+AUTH_GRACE_SECONDS = 60
+GET_PER_PRINCIPAL = 4
+GET_GLOBAL = 1024
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no"), (b"x-content-type-options", b"nosniff")]
+CLOSE_ADVICE = {
+    "superseded": (None, "another GET took over this session's stream"),
+    "session_terminated": (None, "re-initialize"),
+    "credential_revoked": (None, "re-authenticate"),
+    "auth_unavailable": (STREAM_CAP_RETRY_MS, "retry"),
+    "internal_error": (None, "fetch results by execution_id"),
+    "cancelled": (None, "fetch by execution_id if you still want it"),
+    "cap_expired": (None, "the work continues; fetch by execution_id"),
+}
+_live = {}  # ring key -> GetStream in this process
+_draining = set()  # ring keys whose superseded stream is still closing
+_tasks = set()  # background followers (kept referenced until done)
+
+
+def hop(fn):
+    return database_sync_to_async(fn, thread_sensitive=False)
+
+
+def event(eid, frame_json):
+    head = f"id: {eid}\n" if eid is not None else ""
+    return f"{head}event: message\ndata: {frame_json}\n\n".encode()
+
+
+def close_frame(reason, **extra):
+    retry, remediation = CLOSE_ADVICE.get(reason, (None, None))
+    params = {"reason": reason, "correlation_id": correlation_id(), "retry_after_ms": retry,
+              "remediation": remediation, **extra}
+    return rpc.dumps({"jsonrpc": "2.0", "method": "notifications/yuzu.stream_closed", "params": params}).decode()
+
+
+def _accepts_sse(headers):
+    ranges = [part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")]
+    return "text/event-stream" in ranges
+
+
+def _last_event_id(headers):
+    try:
+        return max(0, int(headers.get("last-event-id", "0")))
+    except ValueError:
+        return 0
+
+
+async def attach_get(consumer, attach):
+    """Open the session's server→client stream (the checks in the seed's order after auth/session)."""
+    principal, session = attach.principal, attach.session
+    headers = consumer.headers
+    if not _accepts_sse(headers):
+        return Reply(406, rpc.error_response(None, rpc.RpcError(
+            rpc.NOT_ACCEPTABLE, "Not Acceptable: Accept must list text/event-stream")))
+    key = ring_key(principal.key, session.id)
+    cursor = _last_event_id(headers)
+    if key in _draining:
+        REJECTS.labels("stream_handover_pending").inc()
+        return _cap_reply("stream_handover_pending")
+    refusal = get_budget.acquire(principal.key, GET_PER_PRINCIPAL, GET_GLOBAL)
+    if refusal is not None:
+        REJECTS.labels(refusal).inc()
+        return _cap_reply(refusal)
+    try:
+        stream_tag = await hop(rings().stream_of)(key, cursor) if cursor else "get"
+        frames, gap = await hop(rings().read)(key, cursor, stream_tag or "get")
+    except Exception:
+        get_budget.release(principal.key)
+        raise
+    if gap:
+        get_budget.release(principal.key)
+        await hop(_terminate)(principal, session, key)
+        return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Replay window exceeded", {
+            "correlation_id": correlation_id(), "retry_after_ms": None,
+            "remediation": "re-initialize, then fetch results by execution_id"}, http_status=404))
+    stream = GetStream(consumer, principal, session, key)
+    if key in _live:
+        _draining.add(key)  # cleared when the superseded stream has closed
+    await consumer.channel_layer.group_send(wake_group(key), {"type": "mcp.superseded", "stream": stream.id})
+    await stream.start(frames, cursor, priming=session.protocol_version >= "2025-11-25")
+    return None
+
+
+def _cap_reply(reason):
+    return Reply(429, rpc.error_response(None, rpc.RpcError(
+        rpc.STREAM_CAP, f"stream refused ({reason})",
+        {"correlation_id": correlation_id(), "retry_after_ms": STREAM_CAP_RETRY_MS,
+         "remediation": "close another stream of this principal, or retry later"})),
+        {"Retry-After": str(STREAM_CAP_RETRY_MS // 1000)})
+
+
+def _terminate(principal, session, key):
+    store().delete(session.id, principal.key)
+    rings().drop(key)
+    audit(principal, "mcp.session.close", "success", target_type="McpSession", target_id=session.id[:8],
+          detail="reason=replay_window_exceeded")
+
+
+class GetStream:
+    def __init__(self, consumer, principal, session, key):
+        self.consumer, self.principal, self.session, self.key = consumer, principal, session, key
+        self.id = secrets.token_hex(8)
+        self.last_get = 0  # newest "get" frame id delivered
+        self.closed = False
+        self.wrote_since_tick = False
+        self.auth_failing_since = None
+        self.ticker = None
+        self.budget_held = True
+
+    async def start(self, replay, cursor, priming):
+        c = self.consumer
+        c.stream = self
+        _live[self.key] = self  # a superseded stream still draining deregisters itself only if it is current
+        STREAMS_ACTIVE.inc()
+        await c.channel_layer.group_add(wake_group(self.key), c.channel_name)
+        await c.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
+        self.last_get = max([cursor] + [eid for eid, _, _ in replay])
+        if priming:  # the position before the replay, so a resume from it loses nothing
+            await self.write(f"id: {cursor}\ndata: \n\n".encode())
+        for eid, _stream, data in replay:
+            await self.write(event(eid, data))
+        await hop(audit)(self.principal, "mcp.stream.attach", "success", target_type="McpSession",
+                         target_id=self.session.id[:8])
+        self.ticker = asyncio.ensure_future(self._tick_loop())
+        await self.on_wake()
+
+    async def _tick_loop(self):
+        try:
+            while not self.closed:
+                await asyncio.sleep(TICK_SECONDS)
+                await self.consumer.channel_layer.send(self.consumer.channel_name, {"type": "mcp.tick"})
+        except asyncio.CancelledError:
+            pass
+
+    async def write(self, data):
+        try:
+            await self.consumer.send_body(data, more_body=True)
+            self.wrote_since_tick = True
+            return True
+        except Exception:
+            DROPPED.inc()
+            return False
+
+    async def on_wake(self):
+        if self.closed:
+            return
+        frames, gap = await hop(rings().read)(self.key, self.last_get, "get")
+        for eid, _stream, data in frames:
+            await self.write(event(eid, data))
+            self.last_get = eid
+
+    async def on_tick(self):
+        if self.closed:
+            return
+        verdict = await hop(self._revalidate)()
+        if verdict == "ok":
+            self.auth_failing_since = None
+        elif verdict == "indeterminate":
+            self.auth_failing_since = self.auth_failing_since or time.monotonic()
+            if time.monotonic() - self.auth_failing_since >= AUTH_GRACE_SECONDS:
+                return await self.close("auth_unavailable")
+        else:
+            return await self.close(verdict)
+        if not self.wrote_since_tick:
+            await self.write(b": heartbeat\n\n")
+        self.wrote_since_tick = False
+
+    def _revalidate(self):
+        """Once a tick: the credential still valid (revoked → close; backend unreachable → indeterminate),
+        and the session still alive (this also slides its idle expiry)."""
+        from django.core.exceptions import ObjectDoesNotExist
+        from django.db import DatabaseError
+
+        try:
+            token = self.principal.token
+            if token is not None:
+                token.refresh_from_db(fields=["revoked_at", "expires_at", "retire_at"])
+                if not token.is_live():
+                    return "credential_revoked"
+            user = self.principal.user
+            user.refresh_from_db(fields=["is_active"])
+            if not user.is_active:
+                return "credential_revoked"
+            if store().validate(self.session.id, self.principal.key) is None:
+                return "session_terminated"
+            return "ok"
+        except ObjectDoesNotExist:
+            return "credential_revoked"
+        except (DatabaseError, OSError):
+            return "indeterminate"
+
+    async def close(self, reason):
+        if self.closed:
+            return
+        self.closed = True
+        CLOSES.labels(reason).inc()
+        await self.write(event(None, close_frame(reason)))
+        try:
+            await self.consumer.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        await self._release()
+        self.consumer.stream = None
+        # End the consumer from its own dispatch loop (this may run on another consumer's takeover).
+        await self.consumer.channel_layer.send(self.consumer.channel_name, {"type": "mcp.stopped"})
+
+    async def gone(self):
+        if not self.closed:
+            self.closed = True
+            CLOSES.labels("client_disconnect").inc()
+            await self._release()
+            self.consumer.stream = None
+
+    async def _release(self):
+        if self.ticker is not None:
+            self.ticker.cancel()
+        if self.budget_held:
+            self.budget_held = False
+            get_budget.release(self.principal.key)
+            STREAMS_ACTIVE.dec()
+        if _live.get(self.key) is self:
+            del _live[self.key]
+        _draining.discard(self.key)
+        try:
+            await self.consumer.channel_layer.group_discard(wake_group(self.key), self.consumer.channel_name)
+        except Exception:
+            pass
+        await hop(audit)(self.principal, "mcp.stream.close", "success", target_type="McpSession",
+                         target_id=self.session.id[:8])
+
+
+async def streamed_post(consumer, reply):
+    """The POST response is the SSE stream: progress frames, then the JSON-RPC result, then EOF."""
+    ctx = reply.ctx
+    key = ctx.extra["admitted"]
+    try:
+        if ctx.following is None or "error" in (reply.body or {}):
+            return reply  # nothing to follow (e.g. no agents reached): the plain response
+        POST_STREAMS_ACTIVE.inc()
+        try:
+            await consumer.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", ctx.cid.encode())])
+            if ctx.extra.get("protocol_version", "") >= "2025-11-25":
+                await consumer.send_body(b"id: 0\ndata: \n\n", more_body=True)
+        except Exception:
+            return None
+        wire = {"open": True}
+
+        async def writer(eid, frame):
+            if not wire["open"]:
+                return False
+            try:
+                await consumer.send_body(event(eid, rpc.dumps(frame).decode()), more_body=True)
+                return True
+            except Exception:
+                wire["open"] = False
+                DROPPED.inc()
+                return False
+
+        follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+                            mode="post", stream_tag=f"post:{ctx.request_id}", tool_result=tool_result, writer=writer)
+        try:
+            reason = await follower.run()
+        except Exception:
+            log.exception("streamed POST failed after dispatch (%s)", ctx.cid)
+            reason = "internal_error"
+        CLOSES.labels(reason).inc()
+        if reason != "completed" and wire["open"]:
+            extra = {k: v for k, v in ctx.following.meta.items() if k == "yuzu.execution_id"}
+            extra = {"execution_id": extra["yuzu.execution_id"], "partial": True} if extra else {}
+            try:
+                await consumer.send_body(event(None, close_frame(reason, **extra)), more_body=True)
+            except Exception:
+                pass
+        try:
+            await consumer.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        POST_STREAMS_ACTIVE.dec()
+        return None
+    finally:
+        release_record(key, ctx.request_id)
+        post_budget.release(ctx.principal.key)
+
+
+def follow_on_get_channel(reply):
+    """Token without an SSE Accept: the plain response now, progress frames on the session's GET channel."""
+    ctx = reply.ctx
+    key = ring_key(ctx.principal.key, ctx.session_id)
+    if admit_record(key, ctx.request_id) is not None:
+        from .streams import REJECTS as _r
+
+        _r.labels("get_progress_degraded").inc()
+        return
+    follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+                        mode="get", stream_tag="get", tool_result=tool_result)
+    task = asyncio.ensure_future(follower.run())
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
