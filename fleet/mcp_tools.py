@@ -1,10 +1,14 @@
 """Fleet MCP tools: agents, tags, management groups and the orientation reads. Each is a thin
 handler over the same fleet.services function its REST twin uses."""
 
+from functools import partial
+
 from mcp.registry import tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
+from yuzu.metrics import MCP_POLL
 
-from . import orientation, services
+from . import events, executions, inventory, orientation, services
+from .models import Execution
 
 AGENT = obj({
     "agent_id": string(128), "hostname": string(255), "os": string(64), "arch": string(32),
@@ -212,3 +216,255 @@ def summarize_working_set(ctx, args):
                                              additional=True)), "count": integer(0)}, ["routes", "count"]))
 def discover_routes(ctx, args):
     return orientation.routes()
+
+
+# --- executions -----------------------------------------------------------------------------
+
+
+PARAM_VALUE = {"type": ["string", "number", "integer", "boolean", "null"], "maxLength": 65536}
+EXECUTION = obj({"id": string(32), "status": enum(["running", "succeeded", "completed", "cancelled"]),
+                 "agents_targeted": integer(0), "agents_responded": integer(0), "agents_success": integer(0),
+                 "agents_failure": integer(0), "progress_pct": {"type": "number"},
+                 "retry_after_ms": nullable(integer(0))}, ["id", "status"], additional=True)
+EXECUTION_ID = string(32, "The execution_id execute_instruction returned", minLength=1)
+RESPONSE = obj({"agent_id": string(128), "status": string(16), "output": string(1 << 20),
+                "exit_code": nullable(integer()), "error": nullable(string(8192)), "timestamp": nullable(string(64))},
+               ["agent_id", "status"], additional=True)
+
+
+def _progress(execution_id):
+    ex = Execution.objects.filter(pk=execution_id).values("agents_responded", "agents_targeted", "status").first()
+    return ex["agents_responded"], ex["agents_targeted"], ex["status"] in Execution.TERMINAL
+
+
+def _final(execution_id, receipt):
+    view = executions.execution_status(None, execution_id)
+    return {**receipt, "status": view["status"], "agents_responded": view["agents_responded"],
+            "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
+
+
+@tool(name="execute_instruction", title="Execute an instruction", securable="Execution", operation="Execute",
+      effect="destructive", idempotent=False, service_scope="confined", progress=True,
+      description="Dispatches plugin.action (e.g. os.info) with params to agents: by `scope` expression XOR "
+                  "`agent_ids`; omit both for all agents you may execute on. Returns at once with execution_id; "
+                  "poll get_execution_status (honour retry_after_ms) and read query_responses. "
+                  "status:no_agents_reached means nothing was sent. With _meta.progressToken you get "
+                  "notifications/progress (agents responded / targeted). Approval-gated on the supervised tier.",
+      input_schema=obj({
+          "plugin": string(128, minLength=1), "action": string(128, minLength=1),
+          "params": {"type": "object", "maxProperties": 32, "additionalProperties": PARAM_VALUE,
+                     "propertyNames": {"maxLength": 256}},
+          "scope": string(8192, "Scope expression, e.g. ostype == linux AND tag:env == prod"),
+          "agent_ids": array(string(128), max_items=10000),
+          "approval_id": APPROVAL_ID}, ["plugin", "action"]),
+      output_schema=obj({"execution_id": string(32), "command_id": string(160), "agents_reached": integer(0),
+                         "plugin": string(128), "action": string(128), "status": string(32)},
+                        ["execution_id", "status"], additional=True))
+def execute_instruction(ctx, args):
+    receipt = executions.start_execution(ctx.principal, plugin=args["plugin"], action=args["action"],
+                                         params=args.get("params"), scope=args.get("scope"),
+                                         agent_ids=args.get("agent_ids"), cid=ctx.cid)
+    ctx.note(f"command_id={receipt['command_id']} execution_id={receipt['execution_id']}")
+    if receipt.get("status") != "no_agents_reached":
+        eid = receipt["execution_id"]
+        ctx.follow(events.execution_group(eid), snapshot=partial(_progress, eid), final=partial(_final, eid, receipt),
+                   meta={"yuzu.execution_id": eid})
+    return receipt
+
+
+def _poll(tool_name, ready):
+    MCP_POLL.labels(tool_name, "ready" if ready else "not_ready").inc()
+
+
+@tool(name="get_execution_status", title="Execution status", securable="Execution", operation="Read", poll=True,
+      description="One execution: status (running | succeeded | completed | cancelled), counts and progress_pct. "
+                  "retry_after_ms is set only while it is still running: wait that long before polling again. "
+                  "completed means some agents failed or timed out.",
+      input_schema=obj({"execution_id": EXECUTION_ID}, ["execution_id"]), output_schema=EXECUTION)
+def get_execution_status(ctx, args):
+    view = executions.execution_status(ctx.principal, args["execution_id"])
+    _poll("get_execution_status", view["retry_after_ms"] is None)
+    return view
+
+
+@tool(name="list_executions", title="List executions", securable="Execution", operation="Read",
+      description="Recent executions, newest first. An empty list means none matched.",
+      input_schema=obj({"definition_id": string(128), "status": enum(["running", "succeeded", "completed", "cancelled"]),
+                        "limit": integer(1, 500)}),
+      output_schema=obj({"executions": array(EXECUTION), "count": integer(0)}, ["executions", "count"]))
+def list_executions(ctx, args):
+    return executions.list_executions(ctx.principal, definition_id=args.get("definition_id"),
+                                      status=args.get("status"), limit=args.get("limit", 50))
+
+
+@tool(name="query_responses", title="Query responses", securable="Response", operation="Read", poll=True,
+      description="Agents' responses for one execution_id (or one instruction/command id). Empty is not done: "
+                  "while execution_status is running, retry_after_ms says when to look again; "
+                  "result_truncated_by_cap:true means more rows exist than `limit`.",
+      input_schema=obj({"execution_id": EXECUTION_ID, "instruction_id": string(160), "agent_id": string(128),
+                        "status": enum(["RUNNING", "SUCCESS", "FAILURE", "TIMEOUT", "REJECTED"]),
+                        "limit": integer(1, 1000)}, anyOf=[{"required": ["execution_id"]},
+                                                           {"required": ["instruction_id"]}]),
+      output_schema=obj({"responses": array(RESPONSE), "count": integer(0), "result_truncated_by_cap": boolean(),
+                         "execution_status": nullable(string(16)), "retry_after_ms": nullable(integer(0))},
+                        ["responses", "count", "result_truncated_by_cap"]))
+def query_responses(ctx, args):
+    out = executions.query_responses(ctx.principal, execution_id=args.get("execution_id"),
+                                     instruction_id=args.get("instruction_id"), agent_id=args.get("agent_id"),
+                                     status=args.get("status"), limit=args.get("limit", 100))
+    if args.get("execution_id"):
+        _poll("query_responses", out["retry_after_ms"] is None)
+    return out
+
+
+@tool(name="aggregate_responses", title="Aggregate responses", securable="Response", operation="Read",
+      description="COUNT of responses grouped by status, agent_id, exit_code or output, for one execution_id "
+                  "or instruction_id.",
+      input_schema=obj({"execution_id": EXECUTION_ID, "instruction_id": string(160),
+                        "group_by": enum(["status", "agent_id", "exit_code", "output"]), "aggregate": enum(["count"])},
+                       ["group_by"]),
+      output_schema=obj({"group_by": string(16), "groups": array(obj({"key": {}, "count": integer(0)})),
+                         "total": integer(0)}, ["groups", "total"], additional=True))
+def aggregate_responses(ctx, args):
+    return executions.aggregate_responses(ctx.principal, execution_id=args.get("execution_id"),
+                                          instruction_id=args.get("instruction_id"), group_by=args["group_by"],
+                                          aggregate=args.get("aggregate", "count"))
+
+
+STEP = obj({"plugin": string(128, minLength=1), "action": string(128, minLength=1),
+            "params": {"type": "object", "maxProperties": 32, "additionalProperties": PARAM_VALUE}},
+           ["plugin", "action"])
+
+
+@tool(name="execute_bundle", title="Execute a bundle", securable="Execution", operation="Execute",
+      effect="destructive", idempotent=False, service_scope="confined", rbac_agent_arg="agent_id",
+      description="Runs 1-32 steps (plugin, action, params) on ONE agent; returns bundle_id. Collect with "
+                  "get_bundle_result. Approval-gated on the supervised tier.",
+      input_schema=obj({"agent_id": AGENT_ID, "steps": array(STEP, max_items=32, min_items=1),
+                        "approval_id": APPROVAL_ID}, ["agent_id", "steps"]),
+      output_schema=obj({"bundle_id": string(64), "agent_id": string(128), "expected": integer(0)},
+                        ["bundle_id", "expected"], additional=True))
+def execute_bundle(ctx, args):
+    out = executions.start_bundle(ctx.principal, agent_id=args["agent_id"], steps=args["steps"], cid=ctx.cid)
+    ctx.note(f"bundle_id={out['bundle_id']}")
+    return out
+
+
+@tool(name="get_bundle_result", title="Bundle result", securable="Response", operation="Read", poll=True,
+      description="Collates a bundle's steps {plugin, action, state, status, output}; complete:false with "
+                  "retry_after_ms while steps are still running. Only the dispatcher (or a fleet-wide reader) "
+                  "may read it.",
+      input_schema=obj({"bundle_id": string(64, minLength=1)}, ["bundle_id"]),
+      output_schema=obj({"bundle_id": string(64), "complete": boolean(), "received": integer(0),
+                         "succeeded": integer(0), "expected": integer(0), "steps": array({"type": "object"}),
+                         "retry_after_ms": nullable(integer(0))}, ["bundle_id", "complete", "steps"], additional=True))
+def get_bundle_result(ctx, args):
+    out = executions.bundle_result(ctx.principal, args["bundle_id"])
+    _poll("get_bundle_result", out["complete"])
+    return out
+
+
+@tool(name="query_inventory", title="Query inventory", securable="Infrastructure", operation="Read",
+      description="Per-plugin inventory blobs agents reported (os, …), filtered by agent_id and/or plugin. "
+                  "Empty means nothing reported yet.",
+      input_schema=obj({"agent_id": string(128), "plugin": string(128), "limit": integer(1, 1000)}),
+      output_schema=obj({"rows": array({"type": "object"}), "count": integer(0),
+                         "result_truncated_by_cap": boolean()}, ["rows", "count"]))
+def query_inventory(ctx, args):
+    return inventory.query_inventory(ctx.principal, agent_id=args.get("agent_id"), plugin=args.get("plugin"),
+                                     limit=args.get("limit", 100))
+
+
+@tool(name="list_inventory_tables", title="Inventory tables", securable="Infrastructure", operation="Read",
+      description="Inventory plugins with how many agents reported each. Empty means no agent reported inventory.",
+      input_schema=obj(), output_schema=obj({"tables": array(obj({"plugin": string(128), "agents": integer(0)}))},
+                                            ["tables"]))
+def list_inventory_tables(ctx, args):
+    return inventory.list_inventory_tables(ctx.principal)
+
+
+@tool(name="get_agent_inventory", title="Agent inventory", securable="Infrastructure", operation="Read",
+      rbac_agent_arg="agent_id",
+      description="All inventory one agent reported, by plugin. Unknown agent → -32602.",
+      input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
+      output_schema=obj({"agent_id": string(128), "inventory": {"type": "object"}, "result_truncated_by_cap": boolean()},
+                        ["agent_id", "inventory"]))
+def get_agent_inventory(ctx, args):
+    return inventory.agent_inventory(ctx.principal, args["agent_id"])
+
+
+@tool(name="discover_plugins", title="Discover plugins", securable="Infrastructure", operation="Read",
+      description="The plugin.action catalogue connected agents support, with risk (read/write/destructive) and "
+                  "how many agents have it; parameter schemas too with InstructionDefinition:Read.",
+      input_schema=obj(), output_schema=obj({"plugins": array({"type": "object"}), "schemas_included": boolean()},
+                                            ["plugins"]))
+def discover_plugins(ctx, args):
+    return inventory.discover_plugins(ctx.principal)
+
+
+@tool(name="discover_instructions", title="Discover instructions", securable="InstructionDefinition",
+      operation="Read", description="Enabled instruction definitions with their parameter schemas. Empty means "
+                                    "none are defined: use execute_instruction with plugin/action directly.",
+      input_schema=obj(), output_schema=obj({"instructions": array({"type": "object"}), "count": integer(0)},
+                                            ["instructions", "count"]))
+def discover_instructions(ctx, args):
+    return inventory.discover_instructions(ctx.principal)
+
+
+@tool(name="list_definitions", title="List definitions", securable="InstructionDefinition", operation="Read",
+      description="Instruction definitions, filtered by plugin, type (question|action) or enabled.",
+      input_schema=obj({"plugin": string(128), "type": enum(["question", "action"]), "enabled": boolean()}),
+      output_schema=obj({"definitions": array({"type": "object"}), "count": integer(0)}, ["definitions", "count"]))
+def list_definitions(ctx, args):
+    return inventory.list_definitions(ctx.principal, plugin=args.get("plugin"), type=args.get("type"),
+                                      enabled=args.get("enabled"))
+
+
+@tool(name="get_definition", title="Get a definition", securable="InstructionDefinition", operation="Read",
+      description="One instruction definition with parameter and result schemas. Unknown id → -32602.",
+      input_schema=obj({"id": string(128, minLength=1)}, ["id"]),
+      output_schema=obj({"id": string(128), "plugin": string(128), "action": string(128)}, ["id"], additional=True))
+def get_definition(ctx, args):
+    return inventory.get_definition(ctx.principal, args["id"])
+
+
+@tool(name="validate_scope", title="Validate a scope", securable="Infrastructure", operation="Read", rbac=False,
+      description="Parses a scope expression: {valid:true, expression:<canonical>} or {valid:false, error, "
+                  "position}. Matches nothing; use preview_scope_targets to see which agents it selects.",
+      input_schema=obj({"expression": string(8192, minLength=1)}, ["expression"]),
+      output_schema=obj({"valid": boolean(), "expression": string(8192), "error": string(1024),
+                         "position": integer(0)}, ["valid"]))
+def validate_scope(ctx, args):
+    return inventory.validate_scope(args["expression"])
+
+
+@tool(name="preview_scope_targets", title="Preview scope targets", securable="Infrastructure", operation="Read",
+      description="The agents (you may see) a scope expression matches now. total:0 means none match.",
+      input_schema=obj({"expression": string(8192, minLength=1), "limit": integer(1, 1000)}, ["expression"]),
+      output_schema=obj({"expression": string(8192), "total": integer(0), "agents": array(AGENT),
+                         "result_truncated_by_cap": boolean()}, ["total", "agents"]))
+def preview_scope_targets(ctx, args):
+    return inventory.preview_scope_targets(ctx.principal, args["expression"], args.get("limit", 100))
+
+
+@tool(name="discover_scope_kinds", title="Scope language", securable="Infrastructure", operation="Read",
+      description="The scope language catalogue: ground kinds, attributes, operators, functions, limits, examples.",
+      input_schema=obj(), output_schema={"type": "object"})
+def discover_scope_kinds(ctx, args):
+    return inventory.describe_scope()
+
+
+@tool(name="quarantine_device", title="Quarantine a device", securable="Security", operation="Execute",
+      effect="destructive", idempotent=True, service_scope="confined", rbac_agent_arg="agent_id",
+      description="Records a quarantine for one agent and dispatches quarantine.quarantine to it (the agent "
+                  "enforces only where its operator enabled enforcement; otherwise it reports what it would "
+                  "change). A quarantined agent is withheld from every later dispatch. Supervised tier, "
+                  "approval-gated.",
+      input_schema=obj({"agent_id": AGENT_ID, "reason": string(1024),
+                        "whitelist": string(512, pattern="^[0-9A-Fa-f.:, ]*$"), "approval_id": APPROVAL_ID},
+                       ["agent_id"]),
+      output_schema=obj({"agent_id": string(128), "quarantined": boolean(), "already_quarantined": boolean(),
+                         "execution_id": nullable(string(32))}, ["agent_id", "quarantined"], additional=True))
+def quarantine_device(ctx, args):
+    return inventory.quarantine_device(ctx.principal, args["agent_id"], reason=args.get("reason", ""),
+                                       whitelist=args.get("whitelist", ""), cid=ctx.cid)

@@ -40,6 +40,7 @@ def _secret_key():
 SECRET_KEY = _secret_key()
 DEBUG = env_flag("YUZU_DEBUG")
 YUZU_BIND = os.environ.get("YUZU_BIND", "127.0.0.1:8000")
+YUZU_BRIDGE_URL = os.environ.get("YUZU_BRIDGE_URL", f"http://{YUZU_BIND}/mcp/bridge/")
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("YUZU_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 # Origins a browser-based MCP client may send; empty Origin (CLI clients) is always fine.
 YUZU_ALLOWED_ORIGINS = [
@@ -112,6 +113,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("YUZU_SQLITE_PATH", str(VAR_DIR / "yuzu.sqlite3")),
+            # Keep connections: opening one (and checkpointing the WAL on close) per request costs more
+            # than the request itself.
+            "CONN_MAX_AGE": 600,
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,

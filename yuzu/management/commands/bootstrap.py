@@ -42,7 +42,7 @@ class Command(BaseCommand):
               detail=f"admin created; mcp token {token.id}")
         out = self.stdout.write
         out("=" * 72)
-        out(f"yuzu bootstrap — shown ONCE, store these now.\n")
+        out("yuzu bootstrap — shown ONCE, store these now.\n")
         out(f"Admin login:   {base}/admin/")
         out(f"  username:    {username}")
         out(f"  password:    {password}")

@@ -1,0 +1,146 @@
+"""Inventory, plugin and instruction-definition reads, scope tools, and quarantine: service functions
+shared by the REST views and the MCP tools."""
+
+from django.db import transaction
+from django.db.models import Count
+
+from yuzu import rbac
+from yuzu.audit import audit
+from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
+
+from .models import Agent, AgentInventory, InstructionDefinition
+from .services import agent_view, visible_agents
+
+PLUGINS_INVENTORY = "agent.plugins"
+INVENTORY_CAP = 1000
+
+
+def _iso(dt):
+    return dt.isoformat() if dt else None
+
+
+def query_inventory(principal, *, agent_id=None, plugin=None, limit=100):
+    qs = AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=PLUGINS_INVENTORY)
+    if agent_id:
+        qs = qs.filter(agent_id=agent_id)
+    if plugin:
+        qs = qs.filter(plugin=plugin)
+    limit = max(1, min(int(limit), INVENTORY_CAP))
+    rows = list(qs.order_by("agent_id", "plugin")[: limit + 1])
+    return {"rows": [{"agent_id": r.agent_id, "plugin": r.plugin, "data": r.data, "collected_at": _iso(r.collected_at)}
+                     for r in rows[:limit]], "count": min(len(rows), limit), "result_truncated_by_cap": len(rows) > limit}
+
+
+def list_inventory_tables(principal):
+    rows = (AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=PLUGINS_INVENTORY)
+            .values("plugin").annotate(agents=Count("agent", distinct=True)).order_by("plugin"))
+    return {"tables": [{"plugin": r["plugin"], "agents": r["agents"]} for r in rows]}
+
+
+def agent_inventory(principal, agent_id):
+    if not visible_agents(principal).filter(pk=agent_id).exists():
+        raise NotFound(f"Agent not found: {agent_id}")
+    rows = list(AgentInventory.objects.filter(agent_id=agent_id).exclude(plugin=PLUGINS_INVENTORY)
+                .order_by("plugin")[: INVENTORY_CAP + 1])
+    return {"agent_id": agent_id, "inventory": {r.plugin: r.data for r in rows[:INVENTORY_CAP]},
+            "result_truncated_by_cap": len(rows) > INVENTORY_CAP}
+
+
+def discover_plugins(principal):
+    """The plugin/action catalogue the connected agents reported; schemas need InstructionDefinition:Read."""
+    with_schemas = rbac.has_any(principal, "InstructionDefinition", "Read")
+    catalogue = {}
+    rows = AgentInventory.objects.filter(plugin=PLUGINS_INVENTORY, agent__in=visible_agents(principal))
+    for row in rows.values_list("data", flat=True):
+        for name, spec in (row or {}).items():
+            entry = catalogue.setdefault(name, {"name": name, "risk": (spec or {}).get("risk"), "agents": 0})
+            entry["agents"] += 1
+            if with_schemas and "params" in (spec or {}):
+                entry["params"] = spec["params"]
+    return {"plugins": sorted(catalogue.values(), key=lambda e: e["name"]), "schemas_included": with_schemas}
+
+
+def definition_view(d, full=False):
+    data = {"id": d.id, "name": d.name, "version": d.version, "type": d.type, "plugin": d.plugin, "action": d.action,
+            "description": d.description, "enabled": d.enabled, "approval_mode": d.approval_mode}
+    if full:
+        data.update(parameter_schema=d.parameter_schema, result_schema=d.result_schema, platforms=d.platforms,
+                    instruction_set_id=d.instruction_set_id, yaml_source=d.yaml_source)
+    return data
+
+
+def list_definitions(principal, *, plugin=None, type=None, enabled=None):
+    qs = InstructionDefinition.objects.all()
+    if plugin:
+        qs = qs.filter(plugin=plugin)
+    if type:
+        qs = qs.filter(type=type)
+    if enabled is not None:
+        qs = qs.filter(enabled=enabled)
+    rows = [definition_view(d) for d in qs]
+    return {"definitions": rows, "count": len(rows)}
+
+
+def get_definition(principal, definition_id):
+    d = InstructionDefinition.objects.filter(pk=definition_id).first()
+    if d is None:
+        raise NotFound(f"Definition not found: {definition_id}")
+    return definition_view(d, full=True)
+
+
+def discover_instructions(principal):
+    rows = [{**definition_view(d), "parameter_schema": d.parameter_schema}
+            for d in InstructionDefinition.objects.filter(enabled=True)]
+    return {"instructions": rows, "count": len(rows)}
+
+
+def validate_scope(expression):
+    from .scope import validate
+
+    return validate(expression)
+
+
+def preview_scope_targets(principal, expression, limit=100):
+    from .scope import ScopeError, to_q
+
+    try:
+        qs = visible_agents(principal).filter(to_q(expression)).distinct()
+    except ScopeError as exc:
+        raise YuzuError(f"invalid scope expression: {exc}", status=400, rpc_code=-32602,
+                        extra={"position": exc.position}) from None
+    total = qs.count()
+    return {"expression": expression, "total": total, "agents": [agent_view(a) for a in qs.order_by("agent_id")[:limit]],
+            "result_truncated_by_cap": total > limit}
+
+
+def describe_scope():
+    from .scope import describe
+
+    return describe()
+
+
+def quarantine_device(principal, agent_id, *, reason="", whitelist="", cid=""):
+    """Record the quarantine, then dispatch quarantine.quarantine to the device (the agent applies it only
+    where its operator enabled enforcement). Without a reachable agent the record is kept and the call is
+    a retryable error."""
+    from .executions import start_execution
+
+    agent = Agent.objects.filter(pk=agent_id).first()
+    if agent is None or not rbac.may(principal, "Security", "Execute", agent=agent):
+        raise NotFound(f"Agent not found: {agent_id}")
+    if agent.quarantined:
+        return {"agent_id": agent_id, "quarantined": True, "already_quarantined": True, "execution_id": None,
+                "command_id": None}
+    dispatched = start_execution(principal, plugin="quarantine", action="quarantine",
+                                 params={"reason": reason, "whitelist": whitelist}, agent_ids=[agent_id], cid=cid)
+    with transaction.atomic():
+        Agent.objects.filter(pk=agent_id).update(quarantined=True, quarantine_reason=reason[:1024])
+    reached = bool(dispatched.get("agents_reached"))
+    audit(principal, "device.quarantine", "success" if reached else "failure", target_type="Agent", target_id=agent_id,
+          detail=f"reached={reached} execution_id={dispatched.get('execution_id')}", correlation_id=cid)
+    if not reached:
+        raise YuzuError("the quarantine is recorded but the agent could not be reached; it is withheld from "
+                        "dispatch until released", status=503, rpc_code=-32603, retry_after_ms=STORE_FAULT_RETRY_MS,
+                        remediation="check the agent is connected; the record stays in place")
+    return {"agent_id": agent_id, "quarantined": True, "already_quarantined": False,
+            "execution_id": dispatched["execution_id"], "command_id": dispatched["command_id"]}
