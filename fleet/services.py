@@ -14,10 +14,13 @@ from .groups import agents_in_groups, group_agents
 from .models import Agent, ManagementGroup, Tag, normalise_tag
 
 
+AGENT_FIELDS = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
+
+
 def agent_view(a):
-    return {"agent_id": a.agent_id, "hostname": a.hostname, "os": a.os, "arch": a.arch,
-            "agent_version": a.agent_version, "connected": a.connected,
-            "last_seen": a.last_seen.isoformat() if a.last_seen else None, "quarantined": a.quarantined}
+    """An agent (model instance or a ``values(*AGENT_FIELDS)`` row) as the API shows it."""
+    row = a if isinstance(a, dict) else {f: getattr(a, f) for f in AGENT_FIELDS}
+    return {**row, "last_seen": row["last_seen"].isoformat() if row["last_seen"] else None}
 
 
 def visible_agents(principal, securable="Infrastructure", operation="Read"):
@@ -32,7 +35,7 @@ def list_agents(principal, *, connected=None, limit=1000):
     qs = visible_agents(principal)
     if connected is not None:
         qs = qs.filter(connected=connected)
-    return [agent_view(a) for a in qs.order_by("agent_id")[:limit]]
+    return [agent_view(row) for row in qs.order_by("agent_id").values(*AGENT_FIELDS)[:limit]]
 
 
 def get_agent(principal, agent_id, *, securable="Infrastructure"):

@@ -13,9 +13,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from .pipeline import hop
 from .streams import PROGRESS_SUPPRESSED, RECORDS_ACTIVE, REJECTS, awake, rings, wake_group
 
 log = logging.getLogger("yuzu.mcp")
@@ -131,7 +131,7 @@ class Follower:
 
     async def _advance(self, first=False):
         """Read the current state; emit progress only if it advanced; emit the final when terminal."""
-        progress, total, terminal = await database_sync_to_async(self.spec.snapshot, thread_sensitive=False)()
+        progress, total, terminal = await hop(self.spec.snapshot)()
         if first:  # an immediate 0/N, so the client knows the total at once
             self.watermark = 0
             await self._emit(self._progress_frame(0, total))
@@ -143,7 +143,7 @@ class Follower:
         if not terminal:
             return False
         if self.mode == "post":
-            final = await database_sync_to_async(self.spec.final, thread_sensitive=False)()
+            final = await hop(self.spec.final)()
             await self._emit({"jsonrpc": "2.0", "id": self.request_id, "result": self.tool_result(final)}, pin=True)
         self.closed = "completed"
         return True
@@ -156,11 +156,11 @@ class Follower:
         return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
 
     async def _emit(self, frame, pin=False):
-        eid = await database_sync_to_async(rings().append, thread_sensitive=False)(self.key, frame, self.stream_tag, pin)
+        eid = await hop(rings().append)(self.key, frame, self.stream_tag, pin)
         if self.writer is not None:
             delivered = await self.writer(eid, frame)
             if delivered and pin:
-                await database_sync_to_async(rings().unpin, thread_sensitive=False)(self.key, eid)
+                await hop(rings().unpin)(self.key, eid)
         elif self.mode == "get":
             await awake(self.key)
 

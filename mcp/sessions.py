@@ -153,14 +153,18 @@ class RedisSessionStore:
             self.redis.delete(key)
 
 
-_store = None
-_store_lock = threading.Lock()
+def configured(memory_cls, redis_cls):
+    """A process-wide accessor for the configured backend: Redis when YUZU_REDIS_URL is set, else memory."""
+    lock, holder = threading.Lock(), []
+
+    def get():
+        if not holder:
+            with lock:
+                if not holder:
+                    holder.append(redis_cls(settings.REDIS_URL) if settings.REDIS_URL else memory_cls())
+        return holder[0]
+
+    return get
 
 
-def store():
-    global _store
-    if _store is None:
-        with _store_lock:
-            if _store is None:
-                _store = RedisSessionStore(settings.REDIS_URL) if settings.REDIS_URL else MemorySessionStore()
-    return _store
+store = configured(MemorySessionStore, RedisSessionStore)

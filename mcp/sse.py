@@ -2,28 +2,46 @@
 credential re-validation, close frames) and the streamed POST response."""
 
 import asyncio
+import json
 import logging
+import os
 import secrets
 import time
 
-from channels.db import database_sync_to_async
 
 from yuzu.audit import audit
 from yuzu.errors import STREAM_CAP_RETRY_MS, correlation_id
 
 from . import jsonrpc as rpc
-from .pipeline import tool_result
+from .pipeline import hop, tool_result
 from .progress import Follower, admit_record, release_record
 from .server import Reply, error_reply
 from .sessions import store
-from .streams import (CLOSES, DROPPED, POST_STREAMS_ACTIVE, REJECTS, STREAMS_ACTIVE, get_budget, post_budget,
-                      ring_key, rings, wake_group)
+from .streams import (CLOSES, DROPPED, POST_STREAMS_ACTIVE, REJECTS, STREAMS_ACTIVE, STREAMS_CAP, get_budget,
+                      post_budget, ring_key, rings, wake_group)
 
 log = logging.getLogger("yuzu.mcp")
 TICK_SECONDS = 3.0
 AUTH_GRACE_SECONDS = 60
 GET_PER_PRINCIPAL = 4
-GET_GLOBAL = 1024
+
+
+def _stream_cap():
+    """Held-open GET streams per process (YUZU_MCP_MAX_STREAMS, default 1024): reject, never evict."""
+    raw = os.environ.get("YUZU_MCP_MAX_STREAMS", "").strip()
+    try:
+        cap = int(raw) if raw else 1024
+    except ValueError:
+        log.warning("YUZU_MCP_MAX_STREAMS=%r is not an integer; using 1024", raw)
+        cap = 1024
+    return max(1, cap)
+
+
+GET_GLOBAL = _stream_cap()
+STREAMS_CAP.set(GET_GLOBAL)
+SHUTDOWN_FLUSH_SECONDS = 0.1  # lets the transport write a shutdown close frame before daphne drops the sockets
+SHUTDOWN_REMEDIATION = ("this server process is stopping: reconnect (GET with Last-Event-ID) to another instance, "
+                        "or re-initialize; results stay fetchable by execution_id")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no"), (b"x-content-type-options", b"nosniff")]
 CLOSE_ADVICE = {
@@ -40,17 +58,14 @@ _draining = set()  # ring keys whose superseded stream is still closing
 _tasks = set()  # background followers (kept referenced until done)
 
 
-def hop(fn):
-    return database_sync_to_async(fn, thread_sensitive=False)
-
-
 def event(eid, frame_json):
     head = f"id: {eid}\n" if eid is not None else ""
     return f"{head}event: message\ndata: {frame_json}\n\n".encode()
 
 
-def close_frame(reason, **extra):
-    retry, remediation = CLOSE_ADVICE.get(reason, (None, None))
+def close_frame(reason, remediation=None, **extra):
+    retry, advice = CLOSE_ADVICE.get(reason, (None, None))
+    remediation = remediation or advice
     params = {"reason": reason, "correlation_id": correlation_id(), "retry_after_ms": retry,
               "remediation": remediation, **extra}
     return rpc.dumps({"jsonrpc": "2.0", "method": "notifications/yuzu.stream_closed", "params": params}).decode()
@@ -135,7 +150,7 @@ class GetStream:
         c.stream = self
         _live[self.key] = self  # a superseded stream still draining deregisters itself only if it is current
         STREAMS_ACTIVE.inc()
-        await c.channel_layer.group_add(wake_group(self.key), c.channel_name)
+        await c.channel_layer.group_add(wake_group(self.key), await c.open_channel())
         await c.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
         self.last_get = max([cursor] + [eid for eid, _, _ in replay])
         if priming:  # the position before the replay, so a resume from it loses nothing

@@ -15,8 +15,9 @@ from collections import OrderedDict
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
 from prometheus_client import Counter, Gauge
+
+from .sessions import configured
 
 RING_FRAMES = 500
 RING_BYTES = 64 * 1024
@@ -28,6 +29,7 @@ EVICTIONS = Counter("yuzu_mcp_stream_replay_ring_evictions_total", "frames evict
 TOO_LARGE = Counter("yuzu_mcp_stream_frames_too_large_total", "frames truncated to the per-frame cap")
 DROPPED = Counter("yuzu_mcp_stream_frames_dropped_total", "frames that could not reach a connection")
 STREAMS_ACTIVE = Gauge("yuzu_mcp_streams_active", "held-open GET streams in this process")
+STREAMS_CAP = Gauge("yuzu_mcp_streams_cap", "the effective cap on held-open GET streams in this process")
 POST_STREAMS_ACTIVE = Gauge("yuzu_mcp_post_streams_active", "held-open streamed POST responses in this process")
 REJECTS = Counter("yuzu_mcp_stream_rejects_total", "stream admissions refused", ["reason"])
 CLOSES = Counter("yuzu_mcp_stream_closes_total", "streams closed, by reason", ["reason"])
@@ -225,17 +227,7 @@ class RedisRing:
             self.redis.delete(k)
 
 
-_ring = None
-_ring_lock = threading.Lock()
-
-
-def rings():
-    global _ring
-    if _ring is None:
-        with _ring_lock:
-            if _ring is None:
-                _ring = RedisRing(settings.REDIS_URL) if settings.REDIS_URL else MemoryRing()
-    return _ring
+rings = configured(MemoryRing, RedisRing)
 
 
 def wake(key, message=None):

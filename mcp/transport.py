@@ -3,11 +3,14 @@
 Host and Origin, protocol version, JSON framing. Everything else is one worker-thread hop
 (mcp.server.handle)."""
 
+import asyncio
+import functools
 import logging
 from urllib.parse import urlsplit
 
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import parse_cookie
 from django.http.request import split_domain_port, validate_host
@@ -46,6 +49,35 @@ class McpConsumer(AsyncHttpConsumer):
         self.size = 0
         self.refused = None
         self.stream = None  # a live GET stream (mcp.sse.GetStream) keeps the consumer open
+
+    async def __call__(self, scope, receive, send):
+        """Like Channels' AsyncConsumer, except that a channel-layer channel is opened only by a stream that
+        needs one: a plain POST never touches the layer."""
+        self.scope = scope
+        self.base_send = send
+        self.channel_layer = get_channel_layer()
+        self.channel_name = None
+        self._inbox = asyncio.Queue()
+        self._feeders = [asyncio.ensure_future(self._feed(receive))]
+        try:
+            while True:
+                await self.dispatch(await self._inbox.get())
+        except StopConsumer:
+            pass
+        finally:
+            for task in self._feeders:
+                task.cancel()
+
+    async def _feed(self, source):
+        while True:
+            await self._inbox.put(await source())
+
+    async def open_channel(self):
+        if self.channel_name is None:
+            self.channel_name = await self.channel_layer.new_channel()
+            self._feeders.append(asyncio.ensure_future(
+                self._feed(functools.partial(self.channel_layer.receive, self.channel_name))))
+        return self.channel_name
 
     async def dispatch(self, message):
         """Route by message type without Channels' per-message connection sweep: every database hop this

@@ -22,7 +22,10 @@ def sample(schema):
         return schema["enum"][0]
     if t == "object":
         props = schema.get("properties", {})
-        return {k: sample(props[k]) for k in schema.get("required", [])}
+        required = list(schema.get("required", []))
+        if schema.get("anyOf"):
+            required += schema["anyOf"][0].get("required", [])
+        return {k: sample(props[k]) for k in required}
     if t == "string":
         return "a" * max(1, schema.get("minLength", 1))
     if t == "integer":
