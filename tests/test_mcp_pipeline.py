@@ -171,3 +171,12 @@ def test_approve_request_refuses_with_assurance_reason(mint):
     assert ro.call("approve_request", {"approval_id": "a" * 32}).error["code"] == -32004  # tier refuses first
     with override_settings(YUZU_MCP_READ_ONLY=True):
         assert c.call("reject_request", {"approval_id": "a" * 32}).error["code"] == -32004
+
+
+def test_tool_catalogue_doc_is_current():
+    from pathlib import Path
+
+    from mcp.management.commands.mcp_catalogue import render
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "mcp-tools.md"
+    assert doc.read_text() == render(), "regenerate: python manage.py mcp_catalogue > docs/mcp-tools.md"
