@@ -1,0 +1,103 @@
+"""REST face of the bridge (parity with the tools; same services, tokens, guard and errors).
+
+GET    /api/v1/bridge/members                    list (Bridge:Read)
+POST   /api/v1/bridge/members       {profile}    spawn (Bridge:Execute); guard breach → 403 subscription_boundary
+DELETE /api/v1/bridge/members/{paneId}           stop (Bridge:Execute), idempotent
+POST   /api/v1/bridge/members/{paneId}/events    hook sink: the worker's own token (audience "bridge") only
+
+A primary may send ``X-Bridge-Pane: [<tmux socket>:]<pane>`` to say where its own pane lives; the
+SubscriptionGuard then refuses to manage workers on that tmux server (docs/bridge.md).
+"""
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import authentication, exceptions, serializers
+from rest_framework.decorators import api_view, authentication_classes
+
+from yuzu import rbac
+from yuzu.api.envelope import cid_of, ok
+from yuzu.api.views import principal_of
+from yuzu.auth import AuthError, authenticate
+from yuzu.errors import YuzuError
+from yuzu.models import ApiToken
+
+from . import services
+from .services import BridgeFailure
+
+
+class WorkerTokenAuthentication(authentication.BaseAuthentication):
+    """Only a bridge worker's token (audience "bridge") authenticates the hook sink."""
+
+    def authenticate(self, request):
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            principal = authenticate(headers, None, audiences=(ApiToken.AUDIENCE_BRIDGE,))
+        except AuthError as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from None
+        if principal is None:
+            return None
+        request._request.principal = principal
+        return (principal.user, principal)
+
+    def authenticate_header(self, request):
+        return 'Bearer realm="yuzu"'
+
+
+def _primary(request, operation):
+    principal = principal_of(request)
+    rbac.check(principal, "Bridge", operation, any_scope=True)
+    try:
+        return services.identify(principal)
+    except BridgeFailure as exc:
+        raise exc.as_yuzu_error() from None
+
+
+def _pane_hint(request):
+    value = request.headers.get("X-Bridge-Pane", "").strip()
+    return value[:200] or None
+
+
+Spawn = inline_serializer("BridgeSpawn", {"profile": serializers.CharField(required=False, max_length=64)})
+
+
+@extend_schema(request=Spawn, summary="List your workers (GET) or spawn one (POST {profile})")
+@api_view(["GET", "POST"])
+def members_view(request):
+    if request.method == "GET":
+        caller = _primary(request, "Read")
+        rows = services.list_workers(caller)
+        return ok(rows, count=len(rows))
+    caller = _primary(request, "Execute")
+    data = request.data if isinstance(request.data, dict) else None
+    if data is None:
+        raise YuzuError("request body must be a JSON object", status=400)
+    profile = data.get("profile")
+    if profile is not None and (not isinstance(profile, str) or not 0 < len(profile) <= 64):
+        raise YuzuError("profile must be a profile name", status=400)
+    try:
+        member = services.spawn(caller, profile, primary_pane=_pane_hint(request), cid=cid_of(request))
+    except BridgeFailure as exc:
+        raise exc.as_yuzu_error() from None
+    return ok(services.worker_view(member), status=201)
+
+
+@extend_schema(summary="Stop a worker (idempotent)")
+@api_view(["DELETE"])
+def member_detail(request, pane_id):
+    caller = _primary(request, "Execute")
+    try:
+        return ok(services.stop(caller, pane_id, primary_pane=_pane_hint(request), cid=cid_of(request)))
+    except BridgeFailure as exc:
+        raise exc.as_yuzu_error() from None
+
+
+@extend_schema(summary="Hook sink: a worker's lifecycle hook events (the worker's own token)")
+@api_view(["POST"])
+@authentication_classes([WorkerTokenAuthentication])
+def member_events(request, pane_id):
+    data = request.data if isinstance(request.data, dict) else None
+    if data is None:
+        raise YuzuError("request body must be a JSON object (the hook's payload)", status=400)
+    try:
+        return ok(services.hook_event(principal_of(request), pane_id, data))
+    except BridgeFailure as exc:
+        raise exc.as_yuzu_error() from None

@@ -1,0 +1,77 @@
+"""The bridge's knobs, all from the environment (read when used, so a test may set them per process).
+
+YUZU_BRIDGE_URL                  the /mcp/bridge/ URL workers are given (settings.YUZU_BRIDGE_URL)
+YUZU_BRIDGE_TMUX_SOCKET          the private tmux socket name (default yuzu-bridge)
+YUZU_BRIDGE_POLL_INTERVAL        StatusPoller/Injector interval in seconds (default 0.4)
+YUZU_BRIDGE_PICKUP_GRACE_POLLS   polls to wait for a WORKING pickup before assuming a fast turn (default 4)
+YUZU_BRIDGE_RECHECK_SECONDS      a waiter re-reads its turn row at least this often (default 1.0)
+YUZU_BRIDGE_HOOK_TRUST_SECONDS   a hook-reported status is trusted for this long (default 60)
+YUZU_BRIDGE_WORKER_TOKEN_HOURS   lifetime of a worker's token (default 24)
+YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carries (default 40)
+"""
+
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+
+def _float(name, default):
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return float(default)
+
+
+def _int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return int(default)
+
+
+def bridge_url():
+    return getattr(settings, "YUZU_BRIDGE_URL", "") or os.environ.get("YUZU_BRIDGE_URL") or \
+        f"http://{settings.YUZU_BIND}/mcp/bridge/"
+
+
+def events_url(session_id):
+    """The hook sink for one worker, derived from the bridge URL (same host)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(bridge_url())
+    return urlunsplit((parts.scheme, parts.netloc, f"/api/v1/bridge/members/{session_id}/events", "", ""))
+
+
+def socket_name():
+    from .terminal import DEFAULT_SOCKET_NAME, SOCKET_ENV_VAR
+
+    return os.environ.get(SOCKET_ENV_VAR) or DEFAULT_SOCKET_NAME
+
+
+def poll_interval():
+    return max(0.05, _float("YUZU_BRIDGE_POLL_INTERVAL", 0.4))
+
+
+def pickup_grace_polls():
+    return max(1, _int("YUZU_BRIDGE_PICKUP_GRACE_POLLS", 4))
+
+
+def recheck_seconds():
+    return max(0.05, _float("YUZU_BRIDGE_RECHECK_SECONDS", 1.0))
+
+
+def hook_trust_seconds():
+    return max(0.0, _float("YUZU_BRIDGE_HOOK_TRUST_SECONDS", 60))
+
+
+def worker_token_hours():
+    return max(1, _int("YUZU_BRIDGE_WORKER_TOKEN_HOURS", 24))
+
+
+def tail_lines():
+    return max(1, _int("YUZU_BRIDGE_TAIL_LINES", 40))
+
+
+def repo_root():
+    return str(Path(settings.BASE_DIR))

@@ -1,0 +1,96 @@
+"""The blocking half of the rendezvous: waits that hold an MCP call open without a thread.
+
+A waiter makes its own channel on the channel layer, joins the turn's group and awaits ``receive``
+with a timeout. The truth is the Turn row (bridge/services.py writes the outcome there first); a
+wake only says "re-read now". The row is also re-read every ``YUZU_BRIDGE_RECHECK_SECONDS`` so a
+wake lost across processes (the in-memory layer does not cross them) or one sent before the waiter
+subscribed still resolves it. With YUZU_REDIS_URL set (channels-redis), a reply handled by another
+server process wakes the waiter at once.
+"""
+
+import asyncio
+import logging
+import time
+
+from channels.layers import get_channel_layer
+
+from mcp.pipeline import hop
+
+from . import conf, services
+
+log = logging.getLogger("yuzu.bridge")
+
+
+async def _wait(groups, check, deadline):
+    """Loop: ``check(final)`` (a sync function run in a worker thread) until it returns a value.
+    ``deadline`` is a time.monotonic() value; the last check passes final=True."""
+    layer = get_channel_layer()
+    channel = None
+    if layer is not None:
+        try:
+            # The default prefix on purpose: channels-redis serves every process-local channel of one
+            # prefix from one receive loop; a channel with its own prefix would starve behind the
+            # receive loop of the consumers' channels (their prefix is the default one).
+            channel = await layer.new_channel()
+            for g in groups:
+                await layer.group_add(g, channel)
+        except Exception:  # no layer: the periodic re-read alone resolves the wait
+            log.warning("channel layer unavailable; bridge waits fall back to re-reading", exc_info=True)
+            channel = None
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            out = await hop(check)(remaining <= 0)
+            if out is not None:
+                return out
+            pause = min(max(remaining, 0.0), conf.recheck_seconds())
+            if channel is not None:
+                try:
+                    await asyncio.wait_for(layer.receive(channel), timeout=pause)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(pause)
+    finally:
+        if channel is not None:
+            for g in groups:
+                try:
+                    await layer.group_discard(g, channel)
+                except Exception:
+                    pass
+
+
+def _deadline(prepared_deadline_ms):
+    return time.monotonic() + max(0, prepared_deadline_ms) / 1000.0
+
+
+async def wait_turn(prepared, timeout_ms):
+    """The primary's bridge_send wait: exactly one outcome (reply, question, turn_done, timeout,
+    cancelled) or an error outcome (worker_gone, delivery_failed)."""
+    deadline = _deadline(timeout_ms)
+    group = f"bridge.turn.{prepared.turn_id}"
+    try:
+        return await _wait([group], lambda final: services.take_outcome(prepared.turn_pk, final), deadline)
+    except asyncio.CancelledError:
+        # The client went away (daphne cancels the request): later outcomes go to the inbox.
+        try:
+            await asyncio.shield(hop(services.release_waiter)(prepared.turn_pk))
+        finally:
+            raise
+
+
+async def wait_answer(turn_pk, turn_id, seq, timeout_ms):
+    """The worker's bridge_ask wait: {answer} once the primary answers, else timeout/cancelled."""
+    deadline = _deadline(timeout_ms)
+    return await _wait([f"bridge.ask.{turn_id}"], lambda final: services.check_answer(turn_pk, seq, final), deadline)
+
+
+async def wait_inbox(key, limit, timeout_ms):
+    """bridge_poll's long-poll: return as soon as the caller's inbox holds something."""
+    deadline = _deadline(timeout_ms)
+
+    def check(final):
+        items = services.inbox_items(key, limit)
+        return items if items or final else None
+
+    return await _wait([services.inbox_group(key)], check, deadline)

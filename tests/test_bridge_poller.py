@@ -1,0 +1,261 @@
+"""The Injector + StatusPoller state machine (spec §5) against an in-memory terminal backend: every
+rule of the table, the pickup grace, the turn-done fallback, hook precedence, delivery failures and
+GONE — one poller tick at a time."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from bridge import services
+from bridge.mcp_tools import _result
+from bridge.models import InboxItem, Member, Message, Profile, Turn
+from bridge.poller import StatusPoller
+from bridge.profiles import seed_profiles
+from bridge.terminal import PaneInfo, PaneNotFound, TerminalBackend, TerminalError
+from mcp.registry import ToolFailure
+
+pytestmark = pytest.mark.django_db
+SOCKET = "fake-socket"
+IDLE_SCREEN = "standin agent\n> "
+WORKING_TITLE = "⠋ standin"
+
+
+class FakeBackend(TerminalBackend):
+    def __init__(self):
+        self.panes = {}
+        self.fail_next_paste = None
+
+    def add(self, pane_id):
+        self.panes[pane_id] = {"alive": True, "title": "✳ standin", "screen": IDLE_SCREEN, "pasted": [], "keys": []}
+
+    def start(self, name, argv, env, cwd=None):
+        raise NotImplementedError
+
+    def paste(self, pane_id, text, *, submit=True):
+        if pane_id not in self.panes:
+            raise PaneNotFound(pane_id)
+        if self.fail_next_paste is not None:
+            exc, self.fail_next_paste = self.fail_next_paste, None
+            raise exc
+        self.panes[pane_id]["pasted"].append(text)
+
+    def send_keys(self, pane_id, *keys, literal=False):
+        self.panes[pane_id]["keys"].extend(keys)
+
+    def read_screen(self, pane_id):
+        return self.panes[pane_id]["screen"]
+
+    def read_tail(self, pane_id, lines=40, **kw):
+        return self.panes[pane_id]["screen"] + "\n(tail)"
+
+    def title(self, pane_id):
+        if pane_id not in self.panes:
+            raise PaneNotFound(pane_id)
+        return self.panes[pane_id]["title"]
+
+    def alive(self, pane_id):
+        return self.panes.get(pane_id, {}).get("alive", False)
+
+    def close(self, pane_id):
+        self.panes.pop(pane_id, None)
+
+    def list_panes(self):
+        return [PaneInfo(p, "s", 1) for p in self.panes]
+
+    def shutdown(self):
+        self.panes.clear()
+
+    # pane states
+    def idle(self, pane):
+        self.panes[pane].update(title="✳ standin", screen=IDLE_SCREEN)
+
+    def working(self, pane):
+        self.panes[pane].update(title=WORKING_TITLE, screen="⠋ Working… (esc to interrupt)")
+
+    def unknown(self, pane):
+        self.panes[pane].update(title="host", screen="")
+
+    def blocked(self, pane):
+        self.panes[pane].update(title="✳ standin", screen="Do you want to make this edit?\n❯ 1. Yes\n  2. No")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    b = FakeBackend()
+    monkeypatch.setitem(services._backends, SOCKET, b)
+    return b
+
+
+@pytest.fixture
+def world(fake, make_user):
+    seed_profiles()
+    user = make_user("alice", "Operator")
+    profile = Profile.objects.get(name="standin")
+
+    def worker(pane="%1", **kw):
+        fake.add(pane)
+        return Member.objects.create(owner=user, owner_key="u1.tA", profile=profile, profile_name="standin",
+                                     socket_name=SOCKET, pane_id=pane, terminal_id="bridge-x", name="w", **kw)
+
+    return worker
+
+
+def poller():
+    return StatusPoller(socket_name=SOCKET, interval=0, grace_polls=3)
+
+
+def send(member, content, wait=True):
+    until = timezone.now() + timedelta(seconds=60) if wait else None
+    t = Turn.objects.create(member=member, owner_key=member.owner_key, waiter_until=until, detached=not wait)
+    Message.objects.create(member=member, turn=t, content=content)
+    return t
+
+
+def state(obj):
+    obj.refresh_from_db()
+    return obj.state
+
+
+def test_idle_delivers_working_picks_up_idle_ends_turn(fake, world):
+    m = world()
+    t1, _ = send(m, "first"), send(m, "second")
+    p = poller()
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["first"]
+    assert Member.objects.get(pk=m.pk).current_turn_id == t1.pk
+    fake.working("%1")
+    p.tick()  # WORKING: pickup, nothing new
+    assert Message.objects.get(turn=t1).state == "picked_up" and fake.panes["%1"]["pasted"] == ["first"]
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["first"]  # never while WORKING
+    fake.idle("%1")
+    p.tick()  # turn-done fallback with the tail; the next message waits for a fresh tick
+    assert state(t1) == "turn_done"
+    out = services.take_outcome(t1.pk)
+    assert out["outcome"] == "turn_done" and "(tail)" in out["text"]
+    assert fake.panes["%1"]["pasted"] == ["first"]
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["first", "second"]
+    assert Member.objects.get(pk=m.pk).status == "IDLE"
+
+
+def test_pickup_grace_for_a_turn_faster_than_the_interval(fake, world):
+    m = world()
+    t1, _ = send(m, "fast"), send(m, "next")
+    p = poller()
+    p.tick()  # delivered; the worker worked and finished between two samples: IDLE throughout
+    p.tick()
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["fast"], "at most one message per turn until the pickup"
+    assert Message.objects.get(turn=t1).state == "delivered"
+    p.tick()  # grace reached → picked up, and IDLE → turn_done
+    assert Message.objects.get(turn=t1).state == "picked_up" and state(t1) == "turn_done"
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["fast", "next"]
+
+
+def test_reply_before_pickup_counts_as_pickup(fake, world):
+    m = world()
+    t1, _ = send(m, "quick"), send(m, "then")
+    p = poller()
+    p.tick()
+    caller = services.Caller(principal=None, role=services.WORKER, member=Member.objects.get(pk=m.pk))
+    assert services.reply(caller, "done already")["mode"] == "resolved"
+    p.tick()
+    assert Message.objects.get(turn=t1).state == "picked_up"
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["quick", "then"]
+
+
+def test_unknown_never_delivers(fake, world):
+    m = world()
+    fake.unknown("%1")
+    t = send(m, "hello")
+    p = poller()
+    for _ in range(6):
+        p.tick()
+    assert fake.panes["%1"]["pasted"] == [] and Message.objects.get(turn=t).state == "queued"
+    assert Member.objects.get(pk=m.pk).status == "UNKNOWN"
+
+
+def test_blocked_respects_the_profile(fake, world):
+    m = world()
+    fake.blocked("%1")
+    send(m, "1")
+    Profile.objects.filter(name="standin").update(blocked_injectable=False)
+    p = poller()
+    p.tick()
+    assert Member.objects.get(pk=m.pk).status == "BLOCKED" and fake.panes["%1"]["pasted"] == []
+    Profile.objects.filter(name="standin").update(blocked_injectable=True)
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["1"]
+
+
+def test_hook_status_is_trusted_first_but_not_across_a_delivery(fake, world):
+    m = world()
+    fake.unknown("%1")
+    t = send(m, "via hooks")
+    Member.objects.filter(pk=m.pk).update(hook_status="IDLE", hook_event="SessionStart", hook_at=timezone.now())
+    p = poller()
+    p.tick()
+    assert fake.panes["%1"]["pasted"] == ["via hooks"]
+    assert Member.objects.get(pk=m.pk).status_source == "hook"
+    p.tick()  # the IDLE hook predates the delivery: ignored → UNKNOWN, no pickup, no fallback
+    assert Member.objects.get(pk=m.pk).status == "UNKNOWN" and state(t) == "open"
+    Member.objects.filter(pk=m.pk).update(hook_status="WORKING", hook_at=timezone.now())
+    p.tick()
+    assert Message.objects.get(turn=t).state == "picked_up"
+    Member.objects.filter(pk=m.pk).update(hook_status="IDLE", hook_at=timezone.now() + timedelta(seconds=1))
+    p.tick()
+    assert state(t) == "turn_done"
+
+
+def test_delivery_failure_drops_the_message_with_an_error(fake, world):
+    m = world()
+    t1, _ = send(m, "poison"), send(m, "fine")
+    fake.fail_next_paste = TerminalError("tmux load-buffer failed")
+    p = poller()
+    p.tick()
+    assert Message.objects.get(turn=t1).state == "failed" and state(t1) == "error"
+    out = services.take_outcome(t1.pk)
+    assert out["error"]["code"] == "delivery_failed" and out["error"]["retryable"] is True
+    with pytest.raises(ToolFailure) as exc:
+        _result(out)
+    assert exc.value.data["code"] == "delivery_failed"
+    p.tick()  # the FIFO is not blocked
+    assert fake.panes["%1"]["pasted"] == ["fine"]
+
+
+def test_gone_fails_the_queue_and_the_waiters(fake, world):
+    m = world()
+    t1 = send(m, "a")
+    t2 = send(m, "b", wait=False)
+    fake.panes["%1"]["alive"] = False
+    poller().tick()
+    m.refresh_from_db()
+    assert m.status == "GONE" and m.stopped_at is not None
+    assert set(Message.objects.filter(member=m).values_list("state", flat=True)) == {"failed"}
+    assert state(t1) == "gone" and state(t2) == "gone"
+    assert services.take_outcome(t1.pk)["error"]["code"] == "worker_gone"  # the live waiter
+    item = InboxItem.objects.get()  # the detached turn's failure is not lost
+    assert item.kind == "error" and item.payload["turnId"] == t2.turn_id
+
+
+def test_late_outcome_and_stranded_pending_reach_the_inbox(fake, world):
+    m = world()
+    t = send(m, "x")
+    assert services.take_outcome(t.pk, final=True)["outcome"] == "timeout"
+    assert state(t) == "timeout"
+    caller = services.Caller(principal=None, role=services.WORKER, member=m)
+    Member.objects.filter(pk=m.pk).update(current_turn=t)
+    caller.member.refresh_from_db()
+    assert services.reply(caller, "late")["mode"] == "queued"
+    assert InboxItem.objects.get().payload["text"] == "late"
+    # A pending outcome whose waiter died (its deadline long past) is swept into the inbox.
+    t2 = send(m, "y")
+    Turn.objects.filter(pk=t2.pk).update(pending={"outcome": "reply", "text": "orphan", "turnId": t2.turn_id},
+                                         waiter_until=timezone.now() - timedelta(seconds=60))
+    assert services.sweep() == 1
+    assert InboxItem.objects.filter(payload__text="orphan").exists()
+    assert services.sweep() == 0
