@@ -1,23 +1,16 @@
 """Shared fixtures: users with roles, tokens, principals, and real server processes."""
 
-import os
-import socket
 import subprocess
-import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
-import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.utils import timezone
 
 from yuzu.models import ApiToken
 from yuzu.rbac import Principal, assign_role
-
-ROOT = Path(__file__).resolve().parent.parent
+from yuzu.testing import ROOT, free_port, server_env  # noqa: F401  (re-exported for test modules)
+from yuzu.testing import start_daphne as spawn_daphne
 
 
 @pytest.fixture
@@ -61,28 +54,6 @@ def principal(make_user):
     return make
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_env(**extra):
-    """Environment for a server process that shares the test database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        env["YUZU_SQLITE_PATH"] = str(db["NAME"])
-        env.pop("YUZU_DATABASE_URL", None)
-    else:
-        user = db.get("USER") or "postgres"
-        env["YUZU_DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
-    env["DJANGO_SETTINGS_MODULE"] = "yuzu.settings"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
 class Daphne:
     def __init__(self, port, proc, log):
         self.port, self.proc, self.log = port, proc, log
@@ -100,22 +71,8 @@ class Daphne:
 
 def start_daphne(tmp_path, **env):
     port = free_port()
-    log = open(tmp_path / f"daphne-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                             "yuzu.asgi:application"], cwd=ROOT, env=server_env(**env), stdout=log,
-                            stderr=subprocess.STDOUT)
-    server = Daphne(port, proc, log)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {(tmp_path / f'daphne-{port}.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(server.base + "/healthz", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    server.stop()
-    raise RuntimeError("daphne did not become healthy")
+    proc = spawn_daphne(port, server_env(**env), tmp_path)
+    return Daphne(port, proc.proc, proc.log_path)
 
 
 @pytest.fixture

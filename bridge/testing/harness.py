@@ -11,103 +11,20 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from yuzu.testing import ROOT, free_port, server_env, spawn, start_daphne, wait_until  # noqa: F401  (re-exported)
+
 PROTOCOL = "2025-11-25"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def server_env(**extra):
-    """Environment for a server process on the test database (never the caller's ANTHROPIC_*)."""
-    from django.db import connection
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        env["YUZU_SQLITE_PATH"] = str(db["NAME"])
-        env.pop("YUZU_DATABASE_URL", None)
-    else:
-        user = db.get("USER") or "postgres"
-        env["YUZU_DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
-    env["DJANGO_SETTINGS_MODULE"] = "yuzu.settings"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-@dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen
-    log_path: Path
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def log(self, tail=4000):
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except OSError:
-            return ""
-
-
-def _spawn(name, argv, env, log_dir):
-    log_path = Path(log_dir) / f"{name}.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return Proc(name, proc, log_path)
-
-
-def start_daphne(port, env, log_dir, name=None):
-    p = _spawn(name or f"daphne-{port}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                          "yuzu.asgi:application"], env, log_dir)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if p.proc.poll() is not None:
-            raise RuntimeError(f"daphne exited: {p.log()}")
-        try:
-            if httpx.get(base + "/healthz", timeout=1, trust_env=False).status_code == 200:
-                return p
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    p.stop()
-    raise RuntimeError("daphne did not become healthy")
-
-
 def start_poller(env, log_dir, name="poller"):
-    return _spawn(name, [sys.executable, str(ROOT / "manage.py"), "bridge_poller"], env, log_dir)
+    return spawn(name, [sys.executable, str(ROOT / "manage.py"), "bridge_poller"], env, log_dir)
 
 
 def start_redis(log_dir):
@@ -115,7 +32,7 @@ def start_redis(log_dir):
     if exe is None:
         return None, None
     port = free_port()
-    p = _spawn(f"redis-{port}", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+    p = spawn(f"redis-{port}", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                                  "--dir", str(log_dir)], dict(os.environ), log_dir)
     url = f"redis://127.0.0.1:{port}/0"
 
