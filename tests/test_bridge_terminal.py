@@ -30,6 +30,7 @@ from bridge.terminal import (
     TerminalError,
     TmuxBackend,
 )
+from yuzu.testing import wait_until
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tmux") is None,
@@ -39,18 +40,6 @@ pytestmark = pytest.mark.skipif(
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
-
-
-def wait_until(predicate, timeout=5.0, interval=0.02, what="condition"):
-    """Poll ``predicate`` until truthy or the deadline; return its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def unique(prefix):
