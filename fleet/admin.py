@@ -28,9 +28,19 @@ class ManagementGroupAdmin(admin.ModelAdmin):
 class DeviceTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "created_by", "created_at", "expires_at", "revoked_at", "uses", "max_uses")
     readonly_fields = ("token_hash", "uses")
+    actions = ["revoke"]
 
     def has_add_permission(self, request):  # minted with `manage.py mint_device_token`, shown once
         return False
+
+    @admin.action(description="Revoke selected device tokens")
+    def revoke(self, request, queryset):
+        from django.utils import timezone
+
+        from yuzu.audit import audit
+
+        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        audit(request.user, "device_token.revoke", "success", target_type="DeviceToken", detail=f"count={n}")
 
 
 @admin.register(Execution)
