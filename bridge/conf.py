@@ -8,6 +8,7 @@ YUZU_BRIDGE_RECHECK_SECONDS      a waiter re-reads its turn row at least this of
 YUZU_BRIDGE_HOOK_TRUST_SECONDS   a hook-reported status is trusted for this long (default 60)
 YUZU_BRIDGE_WORKER_TOKEN_HOURS   lifetime of a worker's token (default 24)
 YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carries (default 40)
+YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and acknowledges with <file>.ack)
 """
 
 import os
@@ -75,3 +76,8 @@ def tail_lines():
 
 def repo_root():
     return str(Path(settings.BASE_DIR))
+
+
+def pause_file():
+    raw = os.environ.get("YUZU_BRIDGE_PAUSE_FILE", "").strip()
+    return Path(raw) if raw else None

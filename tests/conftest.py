@@ -88,3 +88,14 @@ def daphne(transactional_db, tmp_path):
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_channel_layers():
+    """In-process tests drive the ASGI app on a new event loop each time; a Redis channel layer binds its
+    locks to the first loop that used it, so every test starts with fresh layer instances."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()

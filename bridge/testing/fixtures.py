@@ -31,10 +31,12 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory):
 
 @pytest.fixture
 def bridge(stack, transactional_db):
+    stack.resume_poller()
     seed_profiles()
     Profile.objects.filter(name="standin").update(env={"YUZU_STANDIN_BUSY_SECONDS": "0.4"})
     yield stack
     stack.close_panes()
+    stack.pause_poller()  # before transactional_db flushes: a poller writing mid-TRUNCATE can deadlock PostgreSQL
 
 
 @pytest.fixture

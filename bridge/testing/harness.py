@@ -84,6 +84,21 @@ class BridgeStack:
             p.stop()
         self.backend().shutdown()
 
+    @property
+    def pause_file(self):
+        return Path(self.env["YUZU_BRIDGE_PAUSE_FILE"])
+
+    def pause_poller(self, timeout=10):
+        """Quiesce the poller (no connection, no writes) so the test database can be flushed safely."""
+        ack = self.pause_file.with_name(self.pause_file.name + ".ack")
+        ack.unlink(missing_ok=True)
+        self.pause_file.touch()
+        if any(p.name == "poller" and p.proc.poll() is None for p in self.procs):
+            wait_until(ack.exists, timeout, what="the poller to pause")
+
+    def resume_poller(self):
+        self.pause_file.unlink(missing_ok=True)
+
 
 DEFAULT_TIMING = {
     "YUZU_BRIDGE_POLL_INTERVAL": "0.15",
@@ -97,7 +112,7 @@ def start_stack(log_dir, *, poller=True, extra_env=None):
     sock = f"yuzu-bt-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     base = f"http://127.0.0.1:{port}"
     env = server_env(YUZU_BRIDGE_URL=base + "/mcp/bridge/", YUZU_BRIDGE_TMUX_SOCKET=sock,
-                     **DEFAULT_TIMING, **(extra_env or {}))
+                     YUZU_BRIDGE_PAUSE_FILE=str(Path(log_dir) / "poller.pause"), **DEFAULT_TIMING, **(extra_env or {}))
     stack = BridgeStack(base=base, socket_name=sock, env=env, log_dir=Path(log_dir))
     try:
         stack.procs.append(start_daphne(port, env, log_dir))
