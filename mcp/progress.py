@@ -161,6 +161,8 @@ class Follower:
             delivered = await self.writer(eid, frame)
             if delivered and pin:
                 await hop(rings().unpin)(self.key, eid)
+            elif not delivered:  # the POST's wire is gone: a GET that resumed this stream (any process) reads it
+                await awake(self.key)
         elif self.mode == "get":
             await awake(self.key)
 

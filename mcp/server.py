@@ -11,7 +11,7 @@ from django.conf import settings
 from yuzu.audit import audit
 from yuzu.auth import AuthError, authenticate
 from yuzu.errors import correlation_id
-from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
+from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_ACTIVE, MCP_SESSIONS_OPENED
 
 from . import jsonrpc as rpc
 from .context import ToolContext
@@ -27,6 +27,18 @@ SERVER_VERSION = "0.1.0"
 POST_PER_PRINCIPAL = 4
 POST_GLOBAL = 1024
 PIN_SLOTS_PER_SESSION = 4
+
+
+def _sessions_active():
+    """yuzu_mcp_sessions_active, read from the session store at scrape time (the Redis store counts every
+    process's sessions). A store that cannot answer reads as NaN rather than failing the scrape."""
+    try:
+        return store().active()
+    except Exception:
+        return float("nan")
+
+
+MCP_SESSIONS_ACTIVE.set_function(_sessions_active)
 
 
 @dataclass

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import time
 
 
@@ -39,7 +40,8 @@ def _stream_cap():
 
 GET_GLOBAL = _stream_cap()
 STREAMS_CAP.set(GET_GLOBAL)
-SHUTDOWN_FLUSH_SECONDS = 0.1  # lets the transport write a shutdown close frame before daphne drops the sockets
+SHUTDOWN_FLUSH_SECONDS = 0.2  # lets the transport write the shutdown close frames before daphne drops sockets
+SHUTDOWN_WAIT_SECONDS = 5.0  # the most a stop waits for this process's streams to say goodbye
 SHUTDOWN_REMEDIATION = ("this server process is stopping: reconnect (GET with Last-Event-ID) to another instance, "
                         "or re-initialize; results stay fetchable by execution_id")
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -56,6 +58,38 @@ CLOSE_ADVICE = {
 _live = {}  # ring key -> GetStream in this process
 _draining = set()  # ring keys whose superseded stream is still closing
 _tasks = set()  # background followers (kept referenced until done)
+_open = set()  # every held-open stream of this process (GET and streamed POST), for shutdown
+_shutdown_hooked = False
+
+
+def _hook_shutdown():
+    """Under daphne, close every live stream with session_terminated BEFORE the reactor drops connections.
+
+    On SIGTERM/SIGINT daphne's "before shutdown" trigger cancels every application instance, and the
+    first one to finish releases the reactor to disconnect all sockets at once — so a close frame written
+    from a cancelled consumer may never leave the process. This trigger writes the frames and holds the
+    shutdown until they are flushed (SHUTDOWN_FLUSH_SECONDS), bounded by SHUTDOWN_WAIT_SECONDS."""
+    global _shutdown_hooked
+    if _shutdown_hooked:
+        return
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None or not getattr(reactor, "running", False):
+        return  # not served by daphne (e.g. the in-process test communicator): nothing to hook
+    _shutdown_hooked = True
+    reactor.addSystemEventTrigger("before", "shutdown", _before_shutdown)
+
+
+def _before_shutdown():
+    streams = list(_open)
+    if not streams:
+        return None
+    from twisted.internet.defer import Deferred
+
+    async def close_all():
+        tasks = [asyncio.ensure_future(stream.shutdown()) for stream in streams]
+        await asyncio.wait(tasks, timeout=SHUTDOWN_WAIT_SECONDS)
+
+    return Deferred.fromFuture(asyncio.ensure_future(close_all()))
 
 
 def event(eid, frame_json):
@@ -112,11 +146,22 @@ async def attach_get(consumer, attach):
             "correlation_id": correlation_id(), "retry_after_ms": None,
             "remediation": "re-initialize, then fetch results by execution_id"}, http_status=404))
     stream = GetStream(consumer, principal, session, key)
+    if stream_tag and stream_tag.startswith("post:"):
+        stream.follow = stream_tag  # resuming a streamed POST: its later frames, and its result, come here too
     if key in _live:
         _draining.add(key)  # cleared when the superseded stream has closed
     await consumer.channel_layer.group_send(wake_group(key), {"type": "mcp.superseded", "stream": stream.id})
     await stream.start(frames, cursor, priming=session.protocol_version >= "2025-11-25")
     return None
+
+
+def _is_response(data):
+    """A ring frame carrying a JSON-RPC response (a streamed call's result), not a notification."""
+    try:
+        frame = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(frame, dict) and "method" not in frame and "id" in frame
 
 
 def _cap_reply(reason):
@@ -138,7 +183,8 @@ class GetStream:
     def __init__(self, consumer, principal, session, key):
         self.consumer, self.principal, self.session, self.key = consumer, principal, session, key
         self.id = secrets.token_hex(8)
-        self.last_get = 0  # newest "get" frame id delivered
+        self.last_get = 0  # newest frame id this connection has passed (delivered, or another stream's)
+        self.follow = None  # "post:<id>" when this GET resumed a streamed POST, until its result is delivered
         self.closed = False
         self.wrote_since_tick = False
         self.auth_failing_since = None
@@ -149,14 +195,16 @@ class GetStream:
         c = self.consumer
         c.stream = self
         _live[self.key] = self  # a superseded stream still draining deregisters itself only if it is current
+        _open.add(self)
+        _hook_shutdown()
         STREAMS_ACTIVE.inc()
         await c.channel_layer.group_add(wake_group(self.key), await c.open_channel())
         await c.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
         self.last_get = max([cursor] + [eid for eid, _, _ in replay])
         if priming:  # the position before the replay, so a resume from it loses nothing
             await self.write(f"id: {cursor}\ndata: \n\n".encode())
-        for eid, _stream, data in replay:
-            await self.write(event(eid, data))
+        for eid, stream, data in replay:
+            await self.deliver(eid, stream, data)
         await hop(audit)(self.principal, "mcp.stream.attach", "success", target_type="McpSession",
                          target_id=self.session.id[:8])
         self.ticker = asyncio.ensure_future(self._tick_loop())
@@ -182,10 +230,20 @@ class GetStream:
     async def on_wake(self):
         if self.closed:
             return
-        frames, gap = await hop(rings().read)(self.key, self.last_get, "get")
-        for eid, _stream, data in frames:
-            await self.write(event(eid, data))
-            self.last_get = eid
+        frames, gap = await hop(rings().read)(self.key, self.last_get, None if self.follow else "get")
+        for eid, stream, data in frames:
+            if stream == "get" or stream == self.follow:
+                await self.deliver(eid, stream, data)
+            self.last_get = max(self.last_get, eid)
+
+    async def deliver(self, eid, stream, data):
+        """Write one ring frame. The result of a resumed streamed POST is this resume's to release: once it
+        is on the wire its pin is dropped and the channel goes back to carrying only GET frames."""
+        ok = await self.write(event(eid, data))
+        if stream != "get" and stream == self.follow and _is_response(data):
+            self.follow = None
+            if ok:
+                await hop(rings().unpin)(self.key, eid)
 
     async def on_tick(self):
         if self.closed:
@@ -242,6 +300,22 @@ class GetStream:
         # End the consumer from its own dispatch loop (this may run on another consumer's takeover).
         await self.consumer.channel_layer.send(self.consumer.channel_name, {"type": "mcp.stopped"})
 
+    async def shutdown(self):
+        """This process is stopping (daphne cancels every application instance): write the close frame
+        before the connection drops, so the client learns why instead of seeing a truncated stream."""
+        if self.closed:
+            return
+        self.closed = True
+        CLOSES.labels("session_terminated").inc()
+        await self.write(event(None, close_frame("session_terminated", SHUTDOWN_REMEDIATION)))
+        try:
+            await self.consumer.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
+        await self._release()
+        self.consumer.stream = None
+
     async def gone(self):
         if not self.closed:
             self.closed = True
@@ -256,6 +330,7 @@ class GetStream:
             self.budget_held = False
             get_budget.release(self.principal.key)
             STREAMS_ACTIVE.dec()
+        _open.discard(self)
         if _live.get(self.key) is self:
             del _live[self.key]
         _draining.discard(self.key)
@@ -268,56 +343,133 @@ class GetStream:
 
 
 async def streamed_post(consumer, reply):
-    """The POST response is the SSE stream: progress frames, then the JSON-RPC result, then EOF."""
+    """The POST response is the SSE stream: progress frames, then the JSON-RPC result, then EOF.
+
+    The follower runs as its own task, not inside the consumer's request handler, so the consumer keeps
+    reading its ASGI input: a peer that goes away is noticed (http.disconnect) instead of every later
+    write vanishing silently into a closed connection and being counted as delivered. The follower
+    outlives the connection: what it reports after the drop is committed to the ring (the result
+    pinned) for a GET resume with Last-Event-ID, on any process."""
     ctx = reply.ctx
     key = ctx.extra["admitted"]
+    handed_off = False
     try:
         if ctx.following is None or "error" in (reply.body or {}):
             return reply  # nothing to follow (e.g. no agents reached): the plain response
-        POST_STREAMS_ACTIVE.inc()
         try:
             await consumer.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", ctx.cid.encode())])
             if ctx.extra.get("protocol_version", "") >= "2025-11-25":
                 await consumer.send_body(b"id: 0\ndata: \n\n", more_body=True)
         except Exception:
             return None
-        wire = {"open": True}
-
-        async def writer(eid, frame):
-            if not wire["open"]:
-                return False
-            try:
-                await consumer.send_body(event(eid, rpc.dumps(frame).decode()), more_body=True)
-                return True
-            except Exception:
-                wire["open"] = False
-                DROPPED.inc()
-                return False
-
-        follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
-                            mode="post", stream_tag=f"post:{ctx.request_id}", tool_result=tool_result, writer=writer)
-        try:
-            reason = await follower.run()
-        except Exception:
-            log.exception("streamed POST failed after dispatch (%s)", ctx.cid)
-            reason = "internal_error"
-        CLOSES.labels(reason).inc()
-        if reason != "completed" and wire["open"]:
-            extra = {k: v for k, v in ctx.following.meta.items() if k == "yuzu.execution_id"}
-            extra = {"execution_id": extra["yuzu.execution_id"], "partial": True} if extra else {}
-            try:
-                await consumer.send_body(event(None, close_frame(reason, **extra)), more_body=True)
-            except Exception:
-                pass
-        try:
-            await consumer.send_body(b"", more_body=False)
-        except Exception:
-            pass
-        POST_STREAMS_ACTIVE.dec()
+        post = PostStream(consumer, ctx, key)
+        consumer.stream = post
+        task = asyncio.ensure_future(post.run())
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
+        handed_off = True
         return None
     finally:
-        release_record(key, ctx.request_id)
-        post_budget.release(ctx.principal.key)
+        if not handed_off:
+            release_record(key, ctx.request_id)
+            post_budget.release(ctx.principal.key)
+
+
+class PostStream:
+    """One streamed POST response: its wire, its lease on the POST budget, and the follower feeding it."""
+
+    def __init__(self, consumer, ctx, key):
+        self.consumer, self.ctx, self.key = consumer, ctx, key
+        self.id = None  # never a GET stream's id (takeover messages do not concern a POST response)
+        self.wire_open = True
+        self.leased = True
+        POST_STREAMS_ACTIVE.inc()
+        _open.add(self)
+        _hook_shutdown()
+        self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+                                 mode="post", stream_tag=f"post:{ctx.request_id}", tool_result=tool_result,
+                                 writer=self.write_frame)
+
+    async def write_frame(self, eid, frame):
+        if not self.wire_open:
+            return False
+        try:
+            await self.consumer.send_body(event(eid, rpc.dumps(frame).decode()), more_body=True)
+            return True
+        except Exception:
+            self.wire_open = False
+            DROPPED.inc()
+            return False
+
+    def _close_extra(self):
+        eid = self.ctx.following.meta.get("yuzu.execution_id")
+        return {"execution_id": eid, "partial": True} if eid else {}
+
+    async def run(self):
+        try:
+            try:
+                reason = await self.follower.run()
+            except Exception:
+                log.exception("streamed POST failed after dispatch (%s)", self.ctx.cid)
+                reason = "internal_error"
+            if self.wire_open:
+                self.wire_open = False
+                CLOSES.labels(reason).inc()
+                try:
+                    if reason != "completed":
+                        await self.consumer.send_body(event(None, close_frame(reason, **self._close_extra())),
+                                                      more_body=True)
+                    await self.consumer.send_body(b"", more_body=False)
+                except Exception:
+                    pass
+                if self.consumer.stream is self:
+                    self.consumer.stream = None
+                    self.consumer.stop_soon()
+        finally:
+            release_record(self.key, self.ctx.request_id)
+            self._release_lease()
+
+    def _release_lease(self):
+        _open.discard(self)
+        if self.leased:
+            self.leased = False
+            post_budget.release(self.ctx.principal.key)
+            POST_STREAMS_ACTIVE.dec()
+
+    async def gone(self):
+        """The peer went away (http.disconnect). The response is over, so is its lease; the follower carries
+        on ring-only until the work settles, so a GET resume can still collect the pinned result."""
+        if self.wire_open:
+            self.wire_open = False
+            CLOSES.labels("client_disconnect").inc()
+        self._release_lease()
+        if self.consumer.stream is self:
+            self.consumer.stream = None
+
+    async def shutdown(self):
+        """This process is stopping: tell the client before the connection drops (the work continues)."""
+        if not self.wire_open:
+            return
+        self.wire_open = False
+        CLOSES.labels("session_terminated").inc()
+        try:
+            await self.consumer.send_body(event(None, close_frame("session_terminated", SHUTDOWN_REMEDIATION,
+                                                                  **self._close_extra())), more_body=True)
+            await self.consumer.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
+        self._release_lease()
+        self.consumer.stream = None
+
+    async def on_wake(self):  # a POST response is fed by its follower, not by ring wake-ups
+        return None
+
+    async def on_tick(self):
+        return None
+
+    async def close(self, reason):
+        return None
 
 
 def follow_on_get_channel(reply):

@@ -48,7 +48,7 @@ class McpConsumer(AsyncHttpConsumer):
         super().__init__(*args, **kwargs)
         self.size = 0
         self.refused = None
-        self.stream = None  # a live GET stream (mcp.sse.GetStream) keeps the consumer open
+        self.stream = None  # a live GET stream or streamed POST (mcp.sse) keeps the consumer open
 
     async def __call__(self, scope, receive, send):
         """Like Channels' AsyncConsumer, except that a channel-layer channel is opened only by a stream that
@@ -64,6 +64,12 @@ class McpConsumer(AsyncHttpConsumer):
                 await self.dispatch(await self._inbox.get())
         except StopConsumer:
             pass
+        except asyncio.CancelledError:
+            # daphne cancels every application instance when it stops (Server.kill_all_applications, on
+            # SIGTERM/SIGINT): a live stream writes its session_terminated close frame before the drop.
+            if self.stream is not None:
+                await self.stream.shutdown()
+            raise
         finally:
             for task in self._feeders:
                 task.cancel()
@@ -71,6 +77,10 @@ class McpConsumer(AsyncHttpConsumer):
     async def _feed(self, source):
         while True:
             await self._inbox.put(await source())
+
+    def stop_soon(self):
+        """End this consumer from its own dispatch loop once its stream has finished."""
+        self._inbox.put_nowait({"type": "mcp.stopped"})
 
     async def open_channel(self):
         if self.channel_name is None:
