@@ -14,7 +14,9 @@ import secrets
 from datetime import timedelta
 
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.consumer import get_handler_name
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -24,7 +26,8 @@ from django.utils import timezone
 from yuzu.audit import audit
 from yuzu.models import hash_secret, new_hex_id
 
-from .executions import STATUS_CODES, record_response
+from . import events
+from .executions import STATUS_CODES, record_response, record_responses
 from .models import Agent, AgentInventory, DeviceToken, Tag, normalise_tag
 from .push import agent_group
 
@@ -176,6 +179,76 @@ def mark_silent_disconnected(now=None):
     return Agent.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False)
 
 
+# --- response frames, batched across the connections of this process ---------------------------
+
+MAX_BATCH = 1000
+
+
+class ResponseBatcher:
+    """Stores the response frames of every agent connection of this server process, a batch per
+    database hop: while one batch is being written, the frames that arrive meanwhile queue up and go
+    together in the next (``fleet.executions.record_responses``: one transaction, a handful of queries
+    and one event per execution, whatever the batch size). A lone frame is written at once. The events
+    are published from the event loop, so the database thread never waits on the channel layer.
+
+    ``record`` returns once the frame is stored, so each connection keeps its order (its next message
+    is handled after its previous frame is in the database). A batch that fails is retried frame by
+    frame, so one bad frame fails only its own connection."""
+
+    def __init__(self):
+        self.loop, self.queue, self.task = None, [], None
+
+    async def record(self, agent_id, frame):
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # a new event loop (tests): nothing queued on the old one survives it
+            self.loop, self.queue, self.task = loop, [], None
+        done = loop.create_future()
+        self.queue.append((agent_id, frame, done))
+        if self.task is None:
+            self.task = loop.create_task(self.drain())
+        await done
+
+    async def drain(self):
+        try:
+            while self.queue:
+                batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
+                try:
+                    changed = await database_sync_to_async(record_responses)([(a, f) for a, f, _ in batch],
+                                                                             publish=False)
+                except Exception:
+                    log.warning("storing a batch of %d responses failed; retrying one by one", len(batch),
+                                exc_info=True)
+                    for agent_id, frame, done in batch:
+                        try:
+                            await database_sync_to_async(record_response)(agent_id, frame)
+                        except Exception as exc:
+                            _settle(done, exc)
+                else:
+                    await _publish(changed)
+                for *_, done in batch:
+                    _settle(done)
+        finally:
+            self.task = None
+
+
+async def _publish(executions):
+    """fleet.events.publish, from the event loop: best effort (the rows are the truth)."""
+    layer = get_channel_layer()
+    for ex in executions if layer is not None else ():
+        try:
+            await layer.group_send(events.execution_group(ex.id), events.event(ex))
+        except Exception:
+            log.warning("publishing an event for execution %s failed", ex.id, exc_info=True)
+
+
+def _settle(future, exc=None):
+    if not future.done():
+        future.set_exception(exc) if exc is not None else future.set_result(None)
+
+
+responses = ResponseBatcher()
+
+
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
@@ -191,6 +264,15 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         self.hello_timer = asyncio.get_running_loop().call_later(
             HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self.refuse(CLOSE_HELLO_TIMEOUT, "register timeout")))
+
+    async def dispatch(self, message):
+        """AsyncConsumer.dispatch without its per-message hop to the database thread to close stale
+        connections: every database call of this consumer goes through database_sync_to_async, which
+        does that itself, and the hop (one per frame and per command relayed) serialises with them."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code):
         self.hello_timer.cancel()
@@ -276,7 +358,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(store_inventory)(self.agent_id, plugin, data)
 
     async def on_response(self, msg):
-        await database_sync_to_async(record_response)(self.agent_id, _response(msg))
+        await responses.record(self.agent_id, _response(msg))
 
     # --- channel-layer handlers --------------------------------------------------------------
 

@@ -4,8 +4,9 @@ these functions; callers have passed the capability's generic RBAC gate.
 
 Lifecycle: ``start_execution`` validates, resolves targets, creates the Execution row and one
 AgentExecStatus row per target (pending) BEFORE anything is sent, then enqueues the Celery task
-``fleet.tasks.dispatch_execution``. The agent's WebSocket consumer hands every response frame to
-``record_response``; ``expire_overdue`` (Celery beat) turns silence past ``expires_at`` into TIMEOUT.
+``fleet.tasks.dispatch_execution``. The agent WebSocket consumers of a server process hand their
+response frames to ``record_responses`` in batches (one transaction each); ``expire_overdue`` (Celery
+beat) turns silence past ``expires_at`` into TIMEOUT.
 Every change publishes an event on the execution's channel-layer group (fleet.events).
 
 Cancelling stops dispatch: agents still ``pending`` are never sent the command (their row keeps
@@ -20,9 +21,8 @@ import secrets
 from datetime import timedelta
 from functools import partial
 
-from django.db import transaction
-from django.db.models import Case, Count, DateTimeField, F, Value, When
-from django.db.models.functions import Coalesce
+from django.db import connection, transaction
+from django.db.models import Case, Count, F, Value, When
 from django.utils import timezone
 
 from yuzu import rbac
@@ -226,45 +226,116 @@ def cancel_execution(principal, execution_id, cid=""):
 
 def record_response(agent_id, frame):
     """Store one validated response frame from ``agent_id`` (see fleet.consumers) and publish the change."""
-    ex = _apply(agent_id, frame["command_id"], STATUS_CODES[frame["status"]], frame.get("output") or "",
-                frame.get("exit_code"), frame.get("error") or "")
-    if ex is not None:
-        events.publish(ex)
+    record_responses([(agent_id, frame)])
 
 
-def _apply(agent_id, command_id, code, output, exit_code, error):
-    """One atomic step: the per-agent row moves first (a terminal state is reached once, ever), then the
-    Response row, then the counters with F() expressions. ``output=None`` keeps the stored output.
-    Returns the updated execution, or None when the frame changed nothing (unknown command, an agent
-    that was not targeted, or a frame after the agent's terminal one)."""
+def record_responses(frames, publish=True):
+    """Store a batch of validated frames ``[(agent_id, frame), …]`` in one transaction, in order, and
+    publish one event per execution that changed (or, with ``publish=False``, leave that to the caller).
+    The agent consumers of a server process hand their frames here together
+    (fleet.consumers.ResponseBatcher). Returns the changed executions."""
+    _, changed = _apply([(agent_id, f["command_id"], STATUS_CODES[f["status"]], f.get("output") or "",
+                          f.get("exit_code"), f.get("error") or "") for agent_id, f in frames])
+    if publish:
+        for ex in changed:
+            events.publish(ex)
+    return changed
+
+
+def _apply(items):
+    """Apply ``[(agent_id, command_id, code, output, exit_code, error), …]`` in one transaction, as if one
+    by one in order: the per-agent row moves first (a terminal state is reached once, ever), then the
+    Response row, then the counters with F() expressions. ``output=None`` keeps the stored output. A
+    frame for an unknown command, from an agent that was not targeted, or after the agent's terminal
+    one changes nothing. Returns (frames that changed something, the changed executions).
+
+    The per-agent rows are read FOR UPDATE, in id order (SQLite's IMMEDIATE transactions serialise
+    writers anyway), so another writer of the same rows (the sweep, another server process) waits and
+    then sees the state this batch left. The writes are one prepared UPDATE per table run over all
+    rows, a bulk INSERT of new Response rows, and two UPDATEs per execution for the counters."""
     now = timezone.now()
-    terminal = code != Response.RUNNING
     with transaction.atomic():
-        ex = Execution.objects.filter(command_id=command_id).values("id", "plugin").first()
-        if ex is None:
-            log.info("response for unknown command %s from %s ignored", command_id, agent_id)
-            return None
-        moved = AgentExecStatus.objects.filter(execution_id=ex["id"], agent_id=agent_id).exclude(
-            status__in=AgentExecStatus.TERMINAL).update(
-            status=AGENT_STATE[code], exit_code=exit_code, error_detail=error, completed_at=now if terminal else None,
-            first_response_at=Coalesce(F("first_response_at"), Value(now), output_field=DateTimeField()))
-        if not moved:
-            return None
-        fields = {"instruction_id": command_id, "status": code, "exit_code": exit_code, "error_detail": error,
-                  "timestamp": now, "plugin": ex["plugin"]}
-        if output is not None:
-            fields["output"] = output
-        Response.objects.update_or_create(execution_id=ex["id"], agent_id=agent_id, defaults=fields)
-        if terminal:
-            success = int(code == Response.SUCCESS)
-            Execution.objects.filter(pk=ex["id"]).update(
-                agents_responded=F("agents_responded") + 1, agents_success=F("agents_success") + success,
-                agents_failure=F("agents_failure") + (1 - success))
-            Execution.objects.filter(pk=ex["id"], status=Execution.RUNNING,
+        exs = {row["command_id"]: row for row in Execution.objects.filter(
+            command_id__in={i[1] for i in items}).values("id", "plugin", "command_id")}
+        for agent_id, command_id, *_ in items:
+            if command_id not in exs:
+                log.info("response for unknown command %s from %s ignored", command_id, agent_id)
+        items = [i for i in items if i[1] in exs]
+        if not items:
+            return 0, []
+        pairs = {(exs[command_id]["id"], agent_id) for agent_id, command_id, *_ in items}
+        rows = {(r[1], r[2]): r for r in AgentExecStatus.objects.select_for_update().filter(
+            execution_id__in={e for e, _ in pairs}, agent_id__in={a for _, a in pairs}).order_by("id").values_list(
+            "id", "execution_id", "agent_id", "status") if (r[1], r[2]) in pairs}
+        final, moved = {}, 0  # (execution id, agent id) → the state this batch leaves
+        for agent_id, command_id, code, output, exit_code, error in items:
+            pair = (exs[command_id]["id"], agent_id)
+            row, before = rows.get(pair), final.get(pair)
+            if row is None or row[3] in AgentExecStatus.TERMINAL or (before and before["code"] != Response.RUNNING):
+                continue
+            if output is None and before is not None:
+                output = before["output"]
+            final[pair] = {"id": row[0], "command_id": command_id, "code": code, "output": output,
+                           "exit_code": exit_code, "error": error}
+            moved += 1
+        if not final:
+            return 0, []
+        at = connection.ops.adapt_datetimefield_value(now)
+        _executemany(AgentExecStatus, ["status", "exit_code", "error_detail", "completed_at", "first_response_at"],
+                     [(AGENT_STATE[st["code"]], st["exit_code"], st["error"], at if st["code"] != Response.RUNNING
+                       else None, at, st["id"]) for st in final.values()])
+        _store_responses(final, exs, now, at)
+        counts = {}  # execution id → [terminal, success]
+        for (ex_id, _), st in final.items():
+            if st["code"] != Response.RUNNING:
+                c = counts.setdefault(ex_id, [0, 0])
+                c[0], c[1] = c[0] + 1, c[1] + int(st["code"] == Response.SUCCESS)
+        for ex_id, (responded, success) in sorted(counts.items()):  # one lock order: no deadlocks
+            Execution.objects.filter(pk=ex_id).update(
+                agents_responded=F("agents_responded") + responded, agents_success=F("agents_success") + success,
+                agents_failure=F("agents_failure") + (responded - success))
+            Execution.objects.filter(pk=ex_id, status=Execution.RUNNING,
                                      agents_responded__gte=F("agents_targeted")).update(
                 status=Case(When(agents_failure=0, then=Value(Execution.SUCCEEDED)),
                             default=Value(Execution.COMPLETED)), completed_at=now)
-    return Execution.objects.get(pk=ex["id"])
+    return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in final}))
+
+
+def _store_responses(final, exs, now, at):
+    """The one Response row of each (execution, agent): created, or updated in place."""
+    plugin = {row["id"]: row["plugin"] for row in exs.values()}
+    existing = dict(((e, a), pk) for pk, e, a in Response.objects.filter(
+        execution_id__in={e for e, _ in final}, agent_id__in={a for _, a in final}).values_list(
+        "id", "execution_id", "agent_id") if (e, a) in final)
+    new, update, update_output = [], [], []
+    for (ex_id, agent_id), st in final.items():
+        pk = existing.get((ex_id, agent_id))
+        if pk is None:
+            new.append(Response(execution_id=ex_id, agent_id=agent_id, instruction_id=st["command_id"],
+                                status=st["code"], output=st["output"] or "", exit_code=st["exit_code"],
+                                error_detail=st["error"], timestamp=now, plugin=plugin[ex_id]))
+            continue
+        fields = (st["command_id"], st["code"], st["exit_code"], st["error"], at, plugin[ex_id])
+        if st["output"] is None:
+            update.append((*fields, pk))
+        else:
+            update_output.append((*fields, st["output"], pk))
+    Response.objects.bulk_create(new, batch_size=500)
+    columns = ["instruction_id", "status", "exit_code", "error_detail", "timestamp", "plugin"]
+    _executemany(Response, columns, update)
+    _executemany(Response, columns + ["output"], update_output)
+
+
+def _executemany(model, columns, rows):
+    """``UPDATE <table> SET <column> = %s, … WHERE id = %s`` once per row of parameters, as one prepared
+    statement (per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more in Python).
+    ``first_response_at`` keeps its value once set."""
+    if not rows:
+        return
+    q = connection.ops.quote_name
+    sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c == "first_response_at" else f"{q(c)} = %s" for c in columns)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
 
 
 def expire_overdue(now=None, limit=5000):
@@ -275,13 +346,11 @@ def expire_overdue(now=None, limit=5000):
                 .exclude(status__in=AgentExecStatus.TERMINAL)
                 .exclude(execution__status=Execution.CANCELLED, status="pending")
                 .values_list("agent_id", "execution__command_id")[:limit])
-    changed, timed_out = {}, 0
-    for agent_id, command_id in rows:
-        ex = _apply(agent_id, command_id, Response.TIMEOUT, None, None,
-                    "no terminal response before the command expired")
-        if ex is not None:
-            changed[ex.id], timed_out = ex, timed_out + 1
-    for ex in changed.values():
+    if not rows:
+        return 0
+    timed_out, changed = _apply([(agent_id, command_id, Response.TIMEOUT, None, None,
+                                  "no terminal response before the command expired") for agent_id, command_id in rows])
+    for ex in changed:
         events.publish(ex)
     return timed_out
 

@@ -3,16 +3,19 @@ dispatch claims ``pending`` agents (marking them ``dispatched``) before sending,
 to an agent twice; responses are stored by the agent consumer, not here, so a worker restart loses none."""
 
 import asyncio
+import logging
 
 from asgiref.sync import async_to_sync
 from celery import shared_task
-from channels.layers import get_channel_layer
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from .models import AgentExecStatus, Execution
 from .push import agent_group
 
 BATCH = 500
+log = logging.getLogger("yuzu.fleet")
 
 
 @shared_task(acks_late=True)
@@ -48,6 +51,18 @@ def _claim(execution_id):
 
 async def _send(agent_ids, message):
     layer = get_channel_layer()
+    if isinstance(layer, InMemoryChannelLayer):
+        # Its group_send sweeps the whole layer for expired messages on every call, which makes a
+        # fan-out quadratic in the number of connected agents: sweep once per batch, then deliver to
+        # each group's channels as group_send would.
+        layer._clean_expired()
+        for channel in [c for a in agent_ids for c in layer.groups.get(agent_group(a), {})]:
+            try:
+                await layer.send(channel, message)
+            except ChannelFull:
+                log.warning("channel %s is full; command %s not delivered", channel,
+                            message["payload"].get("command_id"))
+        return
     await asyncio.gather(*(layer.group_send(agent_group(a), message) for a in agent_ids))
 
 

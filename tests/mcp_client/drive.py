@@ -21,6 +21,10 @@ SCENARIOS (or pass ``--steps`` with a JSON list for a one-off). Step ops:
 - ``{"op": "read", "uri": URI}``, ``{"op": "prompt", "name": N, "args": {...}, "as": LABEL}``,
   ``{"op": "complete", "prompt": N, "argument": A, "value": V, "as": LABEL}``,
   ``{"op": "set_level", "level": L}``.
+- ``{"op": "poll", "tool": NAME, "args": {...}, "until": {"field": F, "in": [V, …]}, "timeout": S, "as": LABEL}``
+  — calls the tool until structuredContent[F] is one of the values, sleeping the result's
+  ``retry_after_ms`` between calls (``interval`` s, default 0.5, when it gives none), for at most S s
+  (≤ 120); records every poll's value and hint, the sleeps, and the last call like ``call`` does.
 - ``{"op": "wait_for_file", "path": P, "timeout": S}`` — pause (bounded) until the driving test creates P,
   e.g. after it approved a ticket in the database; the session stays open meanwhile.
 
@@ -85,6 +89,44 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         {"op": "call", "tool": "list_agents", "args": {}},
         {"op": "call", "tool": "check_permission", "args": {"securable_type": "Tag", "operation": "Write"}},
         {"op": "call", "tool": "set_tag", "args": {"agent_id": "$agent_id", "key": "role", "value": "web"}},
+    ],
+    # The fleet end to end on a supervised token (tests/test_fleet_e2e.py): execute_instruction is
+    # approval-gated (-32006); the test approves the ticket and creates $approved; the recall with
+    # approval_id dispatches; poll get_execution_status (honouring retry_after_ms); read the output.
+    "fleet_supervised": [
+        {"op": "list", "kind": "tools"},
+        {"op": "call", "tool": "execute_instruction", "as": "gated",
+         "args": {"plugin": "os", "action": "info", "agent_ids": ["$agent_id"]}},
+        {"op": "wait_for_file", "path": "$approved", "timeout": 30},
+        {"op": "call", "tool": "execute_instruction", "as": "execute",
+         "args": {"plugin": "os", "action": "info", "agent_ids": ["$agent_id"],
+                  "approval_id": "@calls.gated.error.data.approval_id"}},
+        {"op": "poll", "tool": "get_execution_status", "as": "status", "timeout": 30,
+         "args": {"execution_id": "@calls.execute.structured.execution_id"},
+         "until": {"field": "status", "in": ["succeeded", "completed", "cancelled"]}},
+        {"op": "call", "tool": "query_responses", "as": "responses",
+         "args": {"execution_id": "@calls.execute.structured.execution_id"}},
+    ],
+    # An operator-tier token (no approval): a slow script.run (the agent must allow-list
+    # ["sh", "-c", "*"]) is polled while running, honouring retry_after_ms; an action no agent has ends
+    # in a REJECTED response row.
+    "fleet_operator": [
+        {"op": "list", "kind": "tools"},
+        {"op": "call", "tool": "execute_instruction", "as": "slow",
+         "args": {"plugin": "script", "action": "run", "agent_ids": ["$agent_id"],
+                  "params": {"argv": "[\"sh\", \"-c\", \"sleep 1; echo slow done\"]"}}},
+        {"op": "poll", "tool": "get_execution_status", "as": "slow_status", "timeout": 30,
+         "args": {"execution_id": "@calls.slow.structured.execution_id"},
+         "until": {"field": "status", "in": ["succeeded", "completed", "cancelled"]}},
+        {"op": "call", "tool": "query_responses", "as": "slow_responses",
+         "args": {"execution_id": "@calls.slow.structured.execution_id"}},
+        {"op": "call", "tool": "execute_instruction", "as": "unknown",
+         "args": {"plugin": "nosuch", "action": "thing", "agent_ids": ["$agent_id"]}},
+        {"op": "poll", "tool": "get_execution_status", "as": "unknown_status", "timeout": 30,
+         "args": {"execution_id": "@calls.unknown.structured.execution_id"},
+         "until": {"field": "status", "in": ["succeeded", "completed", "cancelled"]}},
+        {"op": "call", "tool": "query_responses", "as": "unknown_responses",
+         "args": {"execution_id": "@calls.unknown.structured.execution_id"}},
     ],
     # The smallest useful session: what the TS client and the benchmark also do.
     "smoke": [
@@ -232,6 +274,28 @@ class Driver:
         except Exception as exc:
             rec["error"] = error_obs(exc)
         self.obs.setdefault("completions", {})[step.get("as", step["prompt"])] = rec
+
+    async def op_poll(self, step):
+        label, field, wanted = step.get("as", step["tool"]), step["until"]["field"], step["until"]["in"]
+        start = time.monotonic()
+        deadline = start + min(float(step.get("timeout", 30)), 120)
+        polls: list[dict[str, Any]] = []
+        while True:
+            await self.op_call({**step, "op": "call", "as": label})
+            rec = self.obs["calls"][label]
+            structured = rec.get("structured") or {}
+            hint = structured.get("retry_after_ms") if isinstance(structured, dict) else None
+            polls.append({"at_s": round(time.monotonic() - start, 3), "value": structured.get(field),
+                          "retry_after_ms": hint, "error": rec.get("error")})
+            if "error" in rec or structured.get(field) in wanted:
+                break
+            wait = hint / 1000.0 if isinstance(hint, (int, float)) and hint > 0 else float(step.get("interval", 0.5))
+            if time.monotonic() + wait > deadline:
+                break
+            polls[-1]["slept_s"] = wait
+            await asyncio.sleep(wait)
+        rec["polls"] = polls
+        rec["reached"] = polls[-1]["value"] in wanted
 
     async def op_wait_for_file(self, step):
         path, deadline = Path(step["path"]), time.monotonic() + min(float(step.get("timeout", 60)), 600)

@@ -4,25 +4,29 @@ import time
 
 from celery import current_app
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 
 class Command(BaseCommand):
     help = "Run CELERY_BEAT_SCHEDULE's tasks in this process (embedded mode, no broker)."
 
     def handle(self, *args, **opts):
-        import yuzu.celery  # noqa: F401  (loads the app and autodiscovers tasks)
+        import yuzu.celery  # noqa: F401  (loads the app)
 
+        # autodiscover_tasks() is lazy: only a worker imports the apps' tasks modules. Import them here,
+        # else every scheduled task is unknown to this process and nothing ever runs.
+        current_app.loader.import_default_modules()
         schedule = settings.CELERY_BEAT_SCHEDULE
+        unknown = [entry["task"] for entry in schedule.values() if entry["task"] not in current_app.tasks]
+        if unknown:
+            raise CommandError(f"scheduled tasks not found: {', '.join(unknown)}")
         due = {name: 0.0 for name in schedule}
         while True:
             now = time.monotonic()
             for name, entry in schedule.items():
                 if now >= due[name]:
                     due[name] = now + float(entry["schedule"])
-                    task = current_app.tasks.get(entry["task"])
-                    if task is None:
-                        continue
+                    task = current_app.tasks[entry["task"]]
                     try:
                         task.apply()
                     except Exception as exc:  # keep the loop alive; the next tick retries
