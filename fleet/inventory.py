@@ -131,8 +131,9 @@ def quarantine_device(principal, agent_id, *, reason="", whitelist="", cid=""):
     if agent.quarantined:
         return {"agent_id": agent_id, "quarantined": True, "already_quarantined": True, "execution_id": None,
                 "command_id": None}
+    # The agent's plugin takes only the allow-list; the reason stays in the server's record.
     dispatched = start_execution(principal, plugin="quarantine", action="quarantine",
-                                 params={"reason": reason, "whitelist": whitelist}, agent_ids=[agent_id], cid=cid)
+                                 params={"allow": whitelist}, agent_ids=[agent_id], cid=cid)
     with transaction.atomic():
         Agent.objects.filter(pk=agent_id).update(quarantined=True, quarantine_reason=reason[:1024])
     reached = bool(dispatched.get("agents_reached"))

@@ -388,3 +388,28 @@ def test_bundle_bounds(agents, op):
     with pytest.raises(NotFound, match="Agent not found: ghost"):
         ex_svc.start_bundle(op, agent_id="ghost", steps=[{"plugin": "os", "action": "info"}])
     assert not Execution.objects.exists()
+
+
+def test_quarantine_dispatches_what_the_agents_plugin_accepts(agents, principal, django_capture_on_commit_callbacks):
+    from jsonschema import Draft202012Validator
+
+    from fleet.agent.plugins import PLUGINS
+    from fleet.inventory import quarantine_device
+
+    agents("q1", "q2")
+    admin = principal("root", "Administrator")
+    with django_capture_on_commit_callbacks(execute=True):
+        out = quarantine_device(admin, "q1", reason="suspected compromise", whitelist="10.0.0.1")
+    ex = Execution.objects.get(pk=out["execution_id"])
+    assert (ex.plugin, ex.action, ex.agents_targeted) == ("quarantine", "quarantine", 1)
+    schema = PLUGINS["quarantine.quarantine"].params
+    assert not list(Draft202012Validator(schema).iter_errors(ex.parameter_values))  # the agent will not REJECT it
+    q1 = Agent.objects.get(pk="q1")
+    assert q1.quarantined and q1.quarantine_reason == "suspected compromise"
+    assert quarantine_device(admin, "q1")["already_quarantined"] is True
+    # A quarantined agent is withheld from every later dispatch.
+    with django_capture_on_commit_callbacks(execute=True):
+        later = ex_svc.start_execution(admin, plugin="os", action="info")
+    assert later["agents_reached"] == 1
+    with pytest.raises(NotFound):
+        quarantine_device(principal("nobody", None), "q2")
