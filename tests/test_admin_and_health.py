@@ -76,3 +76,19 @@ def test_health_ready_metrics():
     assert ready.status_code == 200 and ready.json()["checks"]["database"] == "ok"
     m = c.get("/metrics")
     assert m.status_code == 200 and b"yuzu_http_requests_total" in m.content
+
+
+def test_admin_static_files_are_served_by_the_asgi_app():
+    from asgiref.sync import async_to_sync
+
+    from yuzu.asgi import application
+
+    from .sse_client import Stream
+
+    async def fetch(path):
+        s = await Stream(application, "GET", path, {"host": "127.0.0.1:8000"}).open()
+        return s.status, await s.read_body()
+
+    status, body = async_to_sync(fetch)("/static/admin/css/base.css")
+    assert status == 200 and "body" in body
+    assert async_to_sync(fetch)("/static/admin/css/nope.css")[0] == 404

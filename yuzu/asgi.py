@@ -7,6 +7,11 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuzu.settings")
 django_app = get_asgi_application()
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+# daphne serves no files itself: the admin's CSS and JS come from the apps' static directories.
+django_app = ASGIStaticFilesHandler(django_app)
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
