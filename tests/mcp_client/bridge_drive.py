@@ -14,27 +14,18 @@ structured result is checked against the tool's outputSchema; the worker is stop
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import sys
-import traceback
 import warnings
 from typing import Any
 
 import httpx2
 from jsonschema import Draft202012Validator
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
-
-def error_obs(exc: BaseException) -> dict[str, Any]:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        return {"code": exc.code, "message": exc.message, "data": exc.data}
-    return {"exception": type(exc).__name__, "message": str(exc)[:2000]}
+from drive import error_obs, run_and_report  # noqa: E402  (this folder is on sys.path when run as a script)
 
 
 class Driver:
@@ -105,15 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flow", choices=["delegation", "clarification", "both"], default="both")
     a = ap.parse_args(argv)
     obs: dict[str, Any] = {"flow": a.flow}
-    code = 0
-    try:
-        asyncio.run(drive(a.url, a.token, a.profile, a.flow, obs))
-    except BaseException as exc:
-        obs["fatal"] = {**error_obs(exc), "traceback": traceback.format_exc()[-4000:]}
-        code = 2
-    json.dump(obs, sys.stdout, default=str)
-    sys.stdout.write("\n")
-    return code
+    return run_and_report(drive(a.url, a.token, a.profile, a.flow, obs), obs)
 
 
 if __name__ == "__main__":

@@ -364,9 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     params = dict(p.split("=", 1) for p in a.param)
     steps = json.loads(a.steps) if a.steps else SCENARIOS[a.scenario]
     obs: dict[str, Any] = {"mode": a.mode, "scenario": "custom" if a.steps else a.scenario}
+    return run_and_report(drive(a.url, a.token, a.mode, steps, params, obs), obs)
+
+
+def run_and_report(coro, obs: dict[str, Any]) -> int:
+    """Run the client coroutine and print ONE JSON document of observations (with ``fatal`` on failure);
+    shared by the other driver scripts in this folder."""
     code = 0
     try:
-        asyncio.run(drive(a.url, a.token, a.mode, steps, params, obs))
+        asyncio.run(coro)
     except BaseException as exc:  # report, never hang or print half a document
         obs["fatal"] = {**error_obs(exc), "traceback": traceback.format_exc()[-4000:]}
         code = 2

@@ -15,27 +15,19 @@ tests/test_streaming_e2e.py parses it and asserts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
-import traceback
 import warnings
 from typing import Any
 
 import httpx2
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
-
-def error_obs(exc: BaseException) -> dict[str, Any]:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError):
-        return {"code": exc.code, "message": exc.message, "data": exc.data}
-    return {"exception": type(exc).__name__, "message": str(exc)[:2000]}
+from drive import error_obs, run_and_report  # noqa: E402  (this folder is on sys.path when run as a script)
 
 
 async def drive(url: str, token: str, args: dict[str, Any], obs: dict[str, Any]) -> None:
@@ -98,15 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--args", required=True, help="execute_instruction arguments as JSON")
     a = ap.parse_args(argv)
     obs: dict[str, Any] = {"client": "python-sdk"}
-    code = 0
-    try:
-        asyncio.run(drive(a.url, a.token, json.loads(a.args), obs))
-    except BaseException as exc:  # report, never hang or print half a document
-        obs["fatal"] = {**error_obs(exc), "traceback": traceback.format_exc()[-4000:]}
-        code = 2
-    json.dump(obs, sys.stdout, default=str)
-    sys.stdout.write("\n")
-    return code
+    return run_and_report(drive(a.url, a.token, json.loads(a.args), obs), obs)
 
 
 if __name__ == "__main__":
