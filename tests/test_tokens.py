@@ -98,3 +98,75 @@ def test_rotation_refuses_twice_and_foreign_tokens(make_user):
         tokens.revoke_token(Principal(user=bob), t.id)
     with pytest.raises(ValidationError):
         tokens.rotate_token(Principal(user=alice), t.id, overlap_secs=-1)
+
+
+# --- issue 10 item 1: a tiered token never obtains a token above itself ---------------------------
+
+def _tiered(user, tier, days):
+    return ApiToken.mint(user, f"{tier}-{days}", mcp_tier=tier, expires_at=timezone.now() + timedelta(days=days))
+
+
+def test_operator_token_cannot_rotate_its_owners_untiered_token(make_user):
+    from yuzu.errors import PermissionDenied
+
+    user = make_user("alice", "Operator")
+    untiered, _ = ApiToken.mint(user, "cli")  # no tier, no expiry
+    higher, _ = _tiered(user, "supervised", 10)
+    longer, _ = _tiered(user, "operator", 60)
+    caller, _ = _tiered(user, "operator", 30)
+    p = Principal(user=user, token=caller)
+    for target in (untiered, higher, longer):
+        with pytest.raises(PermissionDenied) as exc:
+            tokens.rotate_token(p, target.id)
+        assert "operator-tier token may only obtain tokens of tier operator or lower" in exc.value.message
+    assert not ApiToken.objects.filter(rotated_from__in=[untiered, higher, longer]).exists()
+    # Itself, and a lower tier that expires sooner, are fine.
+    lower, _ = _tiered(user, "readonly", 5)
+    assert ApiToken.objects.get(pk=tokens.rotate_token(p, lower.id)["id"]).mcp_tier == "readonly"
+    assert ApiToken.objects.get(pk=tokens.rotate_token(p, caller.id)["id"]).mcp_tier == "operator"
+
+
+def test_tiered_confirm_and_create_obey_the_same_ceiling(make_user):
+    from yuzu.errors import PermissionDenied
+
+    user = make_user("alice", "Administrator")
+    untiered, _ = ApiToken.mint(user, "cli")
+    successor = tokens.rotate_token(Principal(user=user), untiered.id)  # an untiered caller may
+    caller, _ = _tiered(user, "supervised", 30)
+    p = Principal(user=user, token=caller)
+    with pytest.raises(PermissionDenied):
+        tokens.confirm_rotation(p, successor["id"])
+    assert ApiToken.objects.get(pk=untiered.pk).revoked_at is None
+    for kwargs in ({}, {"mcp_tier": "supervised"}, {"mcp_tier": "operator",
+                                                    "expires_at": (timezone.now() + timedelta(days=45)).isoformat()}):
+        with pytest.raises(PermissionDenied):
+            tokens.create_token(p, name="escalate", **kwargs)
+    ok = tokens.create_token(p, name="fine", mcp_tier="readonly",
+                             expires_at=(timezone.now() + timedelta(days=7)).isoformat())
+    assert ok["mcp_tier"] == "readonly"
+
+
+def test_session_caller_needs_fresh_mfa_to_rotate_or_confirm(make_user):
+    import time
+
+    from yuzu.errors import PermissionDenied
+
+    user = make_user("alice", "Operator")
+    t, _ = ApiToken.mint(user, "cli")
+    with pytest.raises(PermissionDenied) as exc:
+        tokens.rotate_token(Principal(user=user, via="session"), t.id)
+    assert "mfa_proof_missing" in exc.value.message
+    out = tokens.rotate_token(Principal(user=user, via="session", mfa_verified_at=time.time()), t.id)
+    with pytest.raises(PermissionDenied):
+        tokens.confirm_rotation(Principal(user=user, via="session", mfa_verified_at=time.time() - 3600), out["id"])
+
+
+def test_rest_rotate_with_an_operator_token_cannot_escalate(client, make_user):
+    user = make_user("alice", "Operator")
+    untiered, _ = ApiToken.mint(user, "cli")
+    _, raw = _tiered(user, "operator", 30)
+    r = client.post(f"/api/v1/tokens/{untiered.id}/rotate", data={}, content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 403, r.content
+    assert r.json()["error"]["permission"] == "ApiToken:Rotate"
+    assert not ApiToken.objects.filter(rotated_from=untiered).exists()

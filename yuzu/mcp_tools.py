@@ -87,7 +87,8 @@ def list_api_tokens(ctx, args):
 @tool(name="create_api_token", title="Create an API token", securable="ApiToken", operation="Write",
       effect="additive", idempotent=False,
       description="Mints a new token for the caller (self-scoped); the secret is returned once. Supervised tier "
-                  "only, and approval-gated. MCP tokens must expire within 90 days.",
+                  "only, and approval-gated. MCP tokens must expire within 90 days; an MCP caller may only create "
+                  "tokens of its own tier or lower that expire no later than itself (pass mcp_tier and expires_at).",
       input_schema=obj({"name": string(256, minLength=1), "expires_at": string(64, "ISO-8601"),
                         "scope_service": string(256), "mcp_tier": enum(["readonly", "operator", "supervised"]),
                         "approval_id": APPROVAL_ID}, ["name"]),
@@ -111,7 +112,8 @@ def revoke_api_token(ctx, args):
 @tool(name="rotate_api_token", title="Rotate an API token", securable="ApiToken", operation="Rotate",
       effect="destructive", idempotent=False,
       description="Mints a successor that inherits the tier, scope and expires_at; the old token keeps working "
-                  "for overlap_days, then retires (or at once when you confirm). Never approval-gated.",
+                  "for overlap_days, then retires (or at once when you confirm). Only this token, or your tokens of "
+                  "a lower-or-equal tier that expire no later than this one. Never approval-gated.",
       input_schema=obj({"token_id": TOKEN_ID, "overlap_days": integer(1, 3650, "default 1")}, ["token_id"]),
       output_schema=obj({"id": string(24), "token": string(80), "predecessor_retire_at": nullable(string(64))},
                         ["id", "token"], additional=True))

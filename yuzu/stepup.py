@@ -12,10 +12,10 @@ def mfa_is_fresh(principal, now=None):
     return at is not None and (now or time.time()) - float(at) <= MFA_FRESH_SECONDS
 
 
-def require_fresh_mfa(principal):
+def require_fresh_mfa(principal, permission="ApiToken:Write"):
     """Browser sessions must re-prove MFA for sensitive writes; tokens are their own credential."""
     if principal.via != "session":
         return
     if not mfa_is_fresh(principal):
-        raise PermissionDenied("ApiToken:Write", "mfa_proof_missing: enter a fresh TOTP code (step-up) and retry",
+        raise PermissionDenied(permission, "mfa_proof_missing: enter a fresh TOTP code (step-up) and retry",
                                remediation="open /admin/stepup/ and enter a current TOTP code")

@@ -10,7 +10,9 @@ from django.utils.dateparse import parse_datetime
 from .audit import audit
 from .errors import NotFound, PermissionDenied, YuzuError
 from .models import ApiToken, MCP_TOKEN_MAX_DAYS
+from .policy import TIER_ORDER
 from .rbac import may
+from .stepup import require_fresh_mfa
 
 MAX_OVERLAP_SECS = 3650 * 86400
 
@@ -44,6 +46,25 @@ def parse_expiry(value, now=None):
     return dt
 
 
+def check_ceiling(principal, tier, expires_at, *, permission, token=None):
+    """A tiered caller never obtains a token above itself: the tier must be the caller's or lower and the
+    token must expire no later than the caller does, so no chain of creates or rotations leads to an
+    untiered or non-expiring secret. The caller's own token is always within its ceiling."""
+    caller = principal.token
+    if caller is None or not caller.mcp_tier or (token is not None and token.pk == caller.pk):
+        return
+    rank = {t: i for i, t in enumerate(TIER_ORDER)}
+    too_high = rank.get(tier, len(TIER_ORDER)) > rank[caller.mcp_tier]
+    outlives = expires_at is None or (caller.expires_at is not None and expires_at > caller.expires_at)
+    if too_high or outlives:
+        what = f"tier {tier or 'untiered'}, " + (f"expiring {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at
+                                                  else "never expiring")
+        raise PermissionDenied(
+            permission, f"a {caller.mcp_tier}-tier token may only obtain tokens of tier {caller.mcp_tier} or lower "
+                        f"that expire by {caller.expires_at:%Y-%m-%d %H:%M} UTC (this one: {what})",
+            remediation="use a token of that tier or higher, or manage the token in the admin")
+
+
 def list_tokens(principal):
     return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user, audience=ApiToken.AUDIENCE_API)]
 
@@ -52,6 +73,7 @@ def create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier
     if not name or len(name) > 256:
         raise ValidationError({"name": "name is required, at most 256 characters"})
     expires = parse_expiry(expires_at)
+    check_ceiling(principal, mcp_tier or "", expires, permission="ApiToken:Write")
     if scope_service:
         _check_service_scope(principal, scope_service)
     token, raw = ApiToken.mint(principal.user, name, mcp_tier=mcp_tier or "", expires_at=expires,
@@ -99,10 +121,12 @@ def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
     """Mint a successor that inherits tier, scope and expires_at; the old one keeps working for the overlap."""
     if isinstance(overlap_secs, bool) or not isinstance(overlap_secs, int) or not 0 <= overlap_secs <= MAX_OVERLAP_SECS:
         raise ValidationError({"overlap_secs": f"overlap_secs must be an integer 0..{MAX_OVERLAP_SECS}"})
+    require_fresh_mfa(principal, "ApiToken:Rotate")
     now = timezone.now()
     with transaction.atomic():
         token = _own_token(principal, token_id)
         token = ApiToken.objects.select_for_update().get(pk=token.pk)
+        check_ceiling(principal, token.mcp_tier, token.expires_at, permission="ApiToken:Rotate", token=token)
         if not token.is_live(now):
             raise YuzuError("token is expired or revoked; mint a new one instead", status=409, rpc_code=-32602)
         if ApiToken.objects.filter(rotated_from=token).exists():
@@ -125,11 +149,14 @@ def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
 
 def confirm_rotation(principal, successor_id, *, cid=""):
     """Retire the predecessor now that the successor is in use."""
+    require_fresh_mfa(principal, "ApiToken:Rotate")
     with transaction.atomic():
         successor = _own_token(principal, successor_id)
         old = successor.rotated_from
         if old is None:
             raise YuzuError("token is not a rotation successor", status=409, rpc_code=-32602)
+        check_ceiling(principal, successor.mcp_tier, successor.expires_at, permission="ApiToken:Rotate",
+                      token=successor)
         now = timezone.now()
         if old.revoked_at is None:
             old.revoked_at = now
