@@ -1,49 +1,60 @@
 """The approval surface: the Approvals page of the yuzu admin (docs/approvals.md).
 
-Tickets are read-only here (no add, change or delete). A reviewer opens a pending ticket, writes a
-comment and presses Approve or Reject; both go through ``approvals.services.review`` — the same rules as
-the REST route (interactive session, enrolled TOTP device, a proof younger than five minutes, reviewer ≠
-submitter, pending only), which also writes the audit rows. When the proof is stale the reviewer is sent
-to the step-up page and, after a fresh code, lands back here and the interrupted review completes.
+The queue lists what each ticket will do (summary, targets, risk), who asked and how long ago, newest
+first, with bulk reject. The review page shows the facts the call was planned with before the ticket
+existed: the summary, the pinned target agents (paginated), the plugin action's risk and description, the
+submitter's token and MCP client, and the raw arguments folded below. Approve and Reject are one POST: a
+stale MFA proof is refreshed by the authenticator code typed into the same form. Both go through
+``approvals.services.review`` — the same rules as the REST route (interactive session, enrolled TOTP device,
+a proof younger than five minutes, reviewer ≠ submitter, pending only, confined to the reviewer's groups),
+which also writes the audit rows. Tickets are never edited here.
 """
 
 import json
-import time
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import HttpResponseBadRequest, HttpResponseNotAllowed
+from django.http import HttpResponseBadRequest, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
-from django.utils.http import urlencode
 from django.utils.timesince import timesince, timeuntil
 
 from yuzu import rbac
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.errors import YuzuError
+from yuzu.plans import SENSITIVE_KEY_RE
+from yuzu.stepup import mfa_is_fresh, prove
 
 from . import services
 from .models import Approval
 
-#: a review interrupted by the step-up prompt: {"id", "decision", "comment", "at"} in the session
-INTENT_KEY = "yuzu_approval_review_intent"
-INTENT_TTL_SECONDS = 600
-STALE_PROOF = "approver_assurance_required:mfa_proof_missing"
 DECISIONS = {"approve": Approval.APPROVED, "reject": Approval.REJECTED}
+RISK_COLOURS = {"destructive": "#ba2121", "write": "#b36b00", "read": "#417690"}
 
 
 def pretty_arguments(scope_expression):
-    """scope_expression is the canonical JSON of the tool arguments; show it indented."""
+    """The canonical JSON of the tool arguments, indented, with secret command parameters redacted."""
     try:
-        return json.dumps(json.loads(scope_expression), indent=2, sort_keys=True, ensure_ascii=False)
+        args = json.loads(scope_expression)
     except (TypeError, ValueError):
         return scope_expression
+    if isinstance(args, dict) and isinstance(args.get("params"), dict):
+        args["params"] = {k: "[redacted]" if SENSITIVE_KEY_RE.search(k) else v for k, v in args["params"].items()}
+    return json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
 
 
 def session_principal(request):
     return rbac.Principal(user=request.user, via="session", mfa_verified_at=request.session.get(MFA_SESSION_KEY))
+
+
+def risk_badge(risk):
+    if not risk:
+        return "—"
+    return format_html('<span class="yuzu-risk yuzu-risk-{}" style="color:#fff;background:{};padding:1px 6px;'
+                       'border-radius:3px;font-size:11px;text-transform:uppercase">{}</span>',
+                       risk, RISK_COLOURS.get(risk, "#666"), risk)
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -68,19 +79,22 @@ class StatusFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         value = self.current()
-        return queryset if value == "all" else queryset.filter(status=value)
+        if value == "all":
+            return queryset
+        # A pending ticket past its 7-day lifetime has left the queue, swept or not.
+        return queryset & Approval.objects.pending() if value == Approval.PENDING else queryset.filter(status=value)
 
 
 @admin.register(Approval)
 class ApprovalAdmin(admin.ModelAdmin):
-    list_display = ("ticket", "tool_name", "submitted_by", "arguments", "status", "age", "expires", "review")
-    list_display_links = ("ticket",)
+    list_display = ("what", "targets", "risk_class", "requested_by", "age", "expires", "status")
+    list_display_links = None
     list_filter = (StatusFilter, "origin")
-    search_fields = ("id", "definition_id", "submitted_by")
+    search_fields = ("id", "definition_id", "submitted_by", "summary")
     ordering = ("-submitted_at",)
-    actions = None
+    actions = ["reject_selected"]
     list_per_page = 50
-    fields = ("id", "tool_name", "definition_id", "status", "submitted_by", "submitted_at", "expires", "origin",
+    fields = ("id", "tool_name", "summary", "status", "submitted_by", "submitted_at", "expires", "origin",
               "arguments", "reviewed_by", "reviewed_at", "review_comment", "consumed_at", "consumed_by")
     readonly_fields = fields
 
@@ -97,8 +111,8 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def _may(self, request, operation):
         user = request.user
-        return bool(user.is_active and user.is_staff and rbac.may(rbac.Principal(user=user, via="session"),
-                                                                  "Approval", operation))
+        return bool(user.is_active and user.is_staff and rbac.has_any(rbac.Principal(user=user, via="session"),
+                                                                      "Approval", operation))
 
     def has_view_permission(self, request, obj=None):
         return self._may(request, "Read")
@@ -106,11 +120,57 @@ class ApprovalAdmin(admin.ModelAdmin):
     def has_module_permission(self, request):
         return self._may(request, "Read")
 
+    def get_queryset(self, request):
+        """Only the tickets this user submitted or may review (services: visibility rules)."""
+        qs = super().get_queryset(request)
+        principal = session_principal(request)
+        if services._review_scope(principal) is None:
+            return qs
+        return qs.filter(pk__in=[t.pk for t in services._visible(principal, qs, 10_000)])
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not self._may(request, "Approve"):
+            actions.pop("reject_selected", None)
+        return actions
+
     # --- columns ---------------------------------------------------------------------------------
 
-    @admin.display(description="ticket", ordering="id")
-    def ticket(self, obj):
-        return obj.id
+    @admin.display(description="what will happen", ordering="summary")
+    def what(self, obj):
+        text = obj.summary or obj.tool
+        return format_html('<a href="{}" class="yuzu-review-link">{}</a><br><small style="color:var(--body-quiet-color)">'
+                           '{} · {}</small>', self.review_url(obj.id), text[:160] + ("…" if len(text) > 160 else ""),
+                           obj.tool, obj.id[:8])
+
+    @admin.display(description="targets")
+    def targets(self, obj):
+        agents = obj.pinned_agents
+        return "—" if agents is None else len(agents)
+
+    @admin.display(description="risk", ordering="risk")
+    def risk_class(self, obj):
+        return risk_badge(obj.risk)
+
+    @admin.display(description="requested by", ordering="submitted_by")
+    def requested_by(self, obj):
+        r = obj.requester or {}
+        via = " ".join(x for x in (r.get("client_name"), r.get("client_version")) if x)
+        tier = f"{r['tier']} token" if r.get("tier") else "token"
+        return format_html("{}<br><small style=\"color:var(--body-quiet-color)\">{}{}</small>", obj.submitted_by, tier,
+                           f" · {via}" if via else "")
+
+    @admin.display(description="age", ordering="submitted_at")
+    def age(self, obj):
+        return f"{timesince(obj.submitted_at)} ago"
+
+    @admin.display(description="expires")
+    def expires(self, obj):
+        if obj.status not in (Approval.PENDING, Approval.APPROVED) or obj.consumed_at is not None:
+            return "—"
+        if obj.is_past_lifetime():
+            return "expired"
+        return f"in {timeuntil(obj.expires_at)}"
 
     @admin.display(description="tool", ordering="definition_id")
     def tool_name(self, obj):
@@ -121,26 +181,41 @@ class ApprovalAdmin(admin.ModelAdmin):
         return format_html('<pre class="yuzu-arguments" style="margin:0;white-space:pre-wrap">{}</pre>',
                            pretty_arguments(obj.scope_expression))
 
-    @admin.display(description="age", ordering="submitted_at")
-    def age(self, obj):
-        return f"{timesince(obj.submitted_at)} ago"
+    # --- bulk reject -----------------------------------------------------------------------------
 
-    @admin.display(description="expires")
-    def expires(self, obj):
-        at = obj.expires_at.strftime("%Y-%m-%d %H:%M UTC")
-        if obj.status not in (Approval.PENDING, Approval.APPROVED) or obj.consumed_at is not None:
-            return at
-        if obj.is_past_lifetime():
-            return f"{at} (past its 7-day lifetime)"
-        return f"{at} (in {timeuntil(obj.expires_at)})"
+    @admin.action(description="Reject selected tickets")
+    def reject_selected(self, request, queryset):
+        """An intermediate page asks for a comment (and an authenticator code when the proof is stale), then
+        rejects each pending ticket through the same service as a single review."""
+        tickets = list(queryset.filter(status=Approval.PENDING))
+        principal = session_principal(request)
+        error = None
+        if request.POST.get("confirm") == "yes":
+            code = request.POST.get("otp_token", "")
+            if not mfa_is_fresh(principal) and not prove(request, code):
+                error = "That authenticator code is not valid. Enter the current code from your authenticator app."
+            else:
+                comment = request.POST.get("comment", "")[:1024]
+                done, refused = 0, []
+                for t in tickets:
+                    try:
+                        services.review(session_principal(request), t.id, Approval.REJECTED, comment,
+                                        cid=getattr(request, "correlation_id", ""))
+                        done += 1
+                    except YuzuError as exc:
+                        refused.append(f"{t.id[:8]}: {exc.message}")
+                if done:
+                    messages.success(request, f"Rejected {done} ticket{'s' if done != 1 else ''}.")
+                for text in refused:
+                    messages.error(request, text)
+                return None
+        context = {**self.admin_site.each_context(request), "title": "Reject tickets", "opts": self.model._meta,
+                   "tickets": tickets, "needs_code": not mfa_is_fresh(principal), "error": error,
+                   "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                   "comment": request.POST.get("comment", "")}
+        return TemplateResponse(request, "admin/approvals/approval/bulk_reject.html", context)
 
-    @admin.display(description="review")
-    def review(self, obj):
-        if obj.status != Approval.PENDING:
-            return "—"
-        return format_html('<a class="button" href="{}">Review</a>', self.review_url(obj.id))
-
-    # --- the review views ------------------------------------------------------------------------
+    # --- the review view -------------------------------------------------------------------------
 
     def get_urls(self):
         return [path("<str:approval_id>/review/", self.admin_site.admin_view(self.review_view),
@@ -154,73 +229,68 @@ class ApprovalAdmin(admin.ModelAdmin):
         return super().changelist_view(request, {"title": "Approvals", **(extra_context or {})})
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"review_url": self.review_url(object_id), **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra)
+        return HttpResponseRedirect(self.review_url(object_id))
 
     def review_view(self, request, approval_id):
-        """GET: the ticket and the Approve / Reject form. POST: review it. GET ?resume=1 after a
-        step-up completes the review the step-up interrupted."""
+        """GET: the ticket, its facts and the Approve / Reject form. POST: review it (with the authenticator
+        code, when the MFA proof is stale, checked first in the same request)."""
         if not self.has_view_permission(request):
             raise DjangoPermissionDenied
-        ticket = get_object_or_404(Approval, pk=approval_id)
-        comment = ""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        ticket = get_object_or_404(self.get_queryset(request), pk=approval_id)
+        comment, code_error = "", None
         if request.method == "POST":
             decision = DECISIONS.get(request.POST.get("decision", ""))
             if decision is None:
                 return HttpResponseBadRequest("decision must be approve or reject")
             comment = request.POST.get("comment", "")[:1024]
-            outcome = self._review(request, ticket, decision, comment)
-            if outcome is not None:
-                return outcome
-        elif request.method == "GET":
-            intent = request.session.get(INTENT_KEY)
-            if request.GET.get("resume") and isinstance(intent, dict) and intent.get("id") == ticket.id:
-                comment = intent.get("comment", "")
-                if self._resumable(request, intent):
-                    del request.session[INTENT_KEY]
-                    outcome = self._review(request, ticket, intent["decision"], comment, resumed=True)
-                    if outcome is not None:
-                        return outcome
-        else:
-            return HttpResponseNotAllowed(["GET", "POST"])
+            code = request.POST.get("otp_token", "")
+            if code.strip() and not mfa_is_fresh(session_principal(request)) and not prove(request, code):
+                code_error = "That authenticator code is not valid. Enter the current code from your authenticator app."
+            else:
+                outcome = self._review(request, ticket, decision, comment)
+                if outcome is not None:
+                    return outcome
         ticket.refresh_from_db()
+        principal = session_principal(request)
+        page = request.GET.get("page", "1")
+        targets = services.pinned_targets(ticket, int(page) if page.isdigit() else 1)
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Review approval {ticket.id}",
+            "title": ticket.summary or f"Review approval {ticket.id}",
             "opts": self.model._meta,
             "ticket": ticket,
+            "risk": risk_badge(ticket.risk),
+            "facts": ticket.facts or {},
+            "requester": ticket.requester or {},
+            "targets": targets,
             "arguments": pretty_arguments(ticket.scope_expression),
             "age": timesince(ticket.submitted_at),
             "expires": self.expires(ticket),
             "comment": comment,
+            "code_error": code_error,
+            "needs_code": not mfa_is_fresh(principal),
+            "may_review": ticket.status == Approval.PENDING and rbac.has_any(principal, "Approval", "Approve")
+            and ticket.submitted_by != principal.name,
             "changelist_url": reverse("admin:approvals_approval_changelist"),
-            "stepup_url": reverse("admin:stepup"),
         }
         return TemplateResponse(request, "admin/approvals/approval/review.html", context)
 
-    @staticmethod
-    def _resumable(request, intent):
-        """Only a review this session asked for recently, and only once the step-up stamped a proof
-        after it was asked for."""
-        asked = float(intent.get("at") or 0)
-        proof = request.session.get(MFA_SESSION_KEY)
-        return (time.time() - asked <= INTENT_TTL_SECONDS and intent.get("decision") in DECISIONS.values()
-                and proof is not None and float(proof) >= asked)
-
-    def _review(self, request, ticket, decision, comment, resumed=False):
+    def _review(self, request, ticket, decision, comment):
         """Returns a redirect, or None to show the review page again (with the message set)."""
         try:
             result = services.review(session_principal(request), ticket.id, decision, comment,
                                      cid=getattr(request, "correlation_id", ""))
         except YuzuError as exc:
-            if exc.message == STALE_PROOF and not resumed:
-                request.session[INTENT_KEY] = {"id": ticket.id, "decision": decision, "comment": comment,
-                                               "at": time.time()}
-                back = f"{self.review_url(ticket.id)}?resume=1"
-                return redirect(f"{reverse('admin:stepup')}?{urlencode({'next': back})}")
-            text = exc.message if not exc.remediation or exc.status != 403 else f"{exc.message} — {exc.remediation}"
-            messages.error(request, text)
+            if exc.message.endswith(":mfa_proof_missing"):
+                messages.error(request, "Your sign-in proof is older than five minutes: enter the current code "
+                                        "from your authenticator app with your decision.")
+            else:
+                text = exc.message if not exc.remediation or exc.status != 403 else f"{exc.message} — {exc.remediation}"
+                messages.error(request, text)
             return None
         verb = "Approved" if result["status"] == Approval.APPROVED else "Rejected"
-        messages.success(request, f"{verb} {ticket.tool} ticket {ticket.id} (submitted by {ticket.submitted_by}).")
+        messages.success(request, f"{verb}: {ticket.summary or ticket.tool} (ticket {ticket.id}, "
+                                  f"submitted by {ticket.submitted_by}).")
         return redirect(reverse("admin:approvals_approval_changelist"))

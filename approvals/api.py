@@ -4,36 +4,45 @@ from rest_framework.decorators import api_view
 
 from yuzu import rbac
 from yuzu.api.envelope import cid_of, ok
-from yuzu.api.views import principal_of
+from yuzu.api.views import int_param, principal_of
 from yuzu.errors import YuzuError
 
 from . import services
 from .models import Approval
 
 
-@extend_schema(summary="List approval tickets (newest 100)")
+@extend_schema(summary="Approval tickets you submitted or may review (newest 100)")
 @api_view(["GET"])
 def approvals_view(request):
-    rbac.check(principal_of(request), "Approval", "Read")
+    p = principal_of(request)
+    rbac.check(p, "Approval", "Read", any_scope=True)
     status = request.query_params.get("status", "pending")
     if status not in Approval.STATUSES:
         raise YuzuError(f"status must be one of {', '.join(Approval.STATUSES)}", status=400)
-    rows = services.list_approvals(status=status, submitted_by=request.query_params.get("submitted_by"))
+    rows = services.list_approvals(p, status=status, submitted_by=request.query_params.get("submitted_by"))
     return ok(rows, count=len(rows))
 
 
-@extend_schema(summary="How many approvals wait for review")
+@extend_schema(summary="How many approvals you may review wait for review")
 @api_view(["GET"])
 def pending_count_view(request):
-    rbac.check(principal_of(request), "Approval", "Read")
-    return ok({"pending": services.pending_count()})
+    p = principal_of(request)
+    rbac.check(p, "Approval", "Read", any_scope=True)
+    return ok({"pending": services.pending_count(p) if rbac.has_any(p, "Approval", "Approve") else 0})
 
 
-@extend_schema(summary="One approval ticket (the status_url of a -32006 answer)")
+@extend_schema(summary="One approval ticket with its pinned targets (?page=); the status_url of a -32006 answer")
 @api_view(["GET"])
 def approval_detail(request, approval_id):
-    rbac.check(principal_of(request), "Approval", "Read")
-    return ok(services.get_approval(approval_id))
+    p = principal_of(request)
+    rbac.check(p, "Approval", "Read", any_scope=True)
+    return ok(services.approval_detail(p, approval_id, int_param(request, "page", 1, 1, 10000)))
+
+
+@extend_schema(request=None, summary="Withdraw your own pending ticket")
+@api_view(["POST"])
+def withdraw_view(request, approval_id):
+    return ok(services.withdraw(principal_of(request), approval_id, cid=cid_of(request)))
 
 
 Review = inline_serializer("Review", {"comment": serializers.CharField(required=False, max_length=1024)})

@@ -1,9 +1,12 @@
 """The approval gate: ticket-then-recall for every approval-gated MCP call (seed: "Supervised-tier /
-approval-gated operations"). The pipeline calls ``gate`` after schema validation and before RBAC.
+approval-gated operations"). The pipeline calls ``gate`` after schema validation and RBAC.
 
-No approval_id → mint (or return the caller's identical pending ticket) → -32006.
-With approval_id → look up, match tool and arguments, check status and lifetime, run the tool's
-pre-consume precondition, then consume with one conditional UPDATE → the handler runs.
+No approval_id → plan the call (the tool's full validation and target resolution: nothing invalid
+reaches a human), then mint with the plan's summary, risk and pinned targets (or return the caller's
+identical pending ticket) → -32006.
+With approval_id → look up, match tool and arguments, check status and lifetime, re-plan pinned to what
+was approved (a target the approver never saw is never acted on; none reachable → refused, ticket kept),
+run the tool's pre-consume precondition, then consume with one conditional UPDATE → the handler runs.
 """
 
 import json
@@ -14,10 +17,10 @@ from django.utils import timezone
 from mcp import jsonrpc as rpc
 from mcp.pipeline import a4
 from yuzu.audit import audit
-from yuzu.errors import APPROVAL_POLL_RETRY_MS, STORE_FAULT_RETRY_MS
+from yuzu.errors import APPROVAL_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, YuzuError
 from yuzu.metrics import MCP_APPROVAL_MASKED, MCP_APPROVAL_PRECONDITION, MCP_APPROVAL_REFUSED
 
-from .models import APPROVAL_LIFETIME, Approval
+from .models import Approval
 
 PER_SUBMITTER_CAP = 25
 GLOBAL_CAP = 1000
@@ -53,11 +56,9 @@ def _required(ctx, ticket, detail):
                           status_url=f"/api/v1/approvals/{ticket.id}"))
 
 
-def expire_stale(now=None):
-    """Lazy 7-day expiry of pending and approved-but-unconsumed tickets."""
-    cutoff = (now or timezone.now()) - APPROVAL_LIFETIME
-    return Approval.objects.filter(status__in=(Approval.PENDING, Approval.APPROVED), consumed_at__isnull=True,
-                                   submitted_at__lte=cutoff).update(status=Approval.EXPIRED)
+NOTHING_TO_APPROVE = ("nothing to approve: the target matches no connected, unquarantined agent you may act on")
+UNREACHABLE = ("none of the agents this approval is pinned to can be reached now (disconnected, quarantined or no "
+               "longer yours); the ticket is still valid — retry later")
 
 
 def gate(ctx, tool, args, approval_id):
@@ -65,12 +66,24 @@ def gate(ctx, tool, args, approval_id):
     canonical = canonical_args(args)
     definition = f"mcp.{tool.name}"
     if approval_id is None:
-        ticket, deduped = _mint(ctx, definition, canonical)
+        plan = ctx.plan = tool.plan(ctx, args)  # raises on invalid input: no ticket exists yet
+        if plan.pins.get("agents") == []:
+            raise YuzuError(NOTHING_TO_APPROVE, status=400, rpc_code=rpc.INVALID_PARAMS,
+                            remediation="check the target with preview_scope_targets / list_agents, then call again")
+        ticket, deduped = _mint(ctx, definition, canonical, plan)
         _required(ctx, ticket, f"{agent}approval_id={ticket.id}" + (" (deduped)" if deduped else ""))
     return _recall(ctx, tool, args, definition, canonical, approval_id, agent)
 
 
-def _mint(ctx, definition, canonical):
+def _requester(ctx):
+    token = ctx.principal.token
+    client = ctx.extra.get("client") or {}
+    return {"token_id": token.id if token else None, "token_name": token.name if token else None,
+            "tier": ctx.principal.tier or None, "client_name": client.get("name"),
+            "client_version": client.get("version")}
+
+
+def _mint(ctx, definition, canonical, plan):
     from django.contrib.auth import get_user_model
 
     name = ctx.principal.name
@@ -78,18 +91,20 @@ def _mint(ctx, definition, canonical):
         with transaction.atomic():
             # Serialise one submitter's mints: dedup and the per-submitter cap hold under concurrency.
             get_user_model().objects.select_for_update().filter(pk=ctx.principal.user.pk).first()
-            expire_stale()
-            mine = Approval.objects.filter(status=Approval.PENDING, submitted_by=name)
+            Approval.objects.expire_stale()
+            mine = Approval.objects.pending().filter(submitted_by=name)
             same = mine.filter(definition_id=definition, scope_expression=canonical).order_by("-submitted_at").first()
             if same is not None:
                 return same, True
             if mine.count() >= PER_SUBMITTER_CAP:
                 refusal = ("cap", None)
-            elif Approval.objects.filter(status=Approval.PENDING).count() >= GLOBAL_CAP:
+            elif Approval.objects.pending().count() >= GLOBAL_CAP:
                 refusal = ("global", None)
             else:
-                return Approval.objects.create(definition_id=definition, submitted_by=name,
-                                               scope_expression=canonical, origin=Approval.ORIGIN_MCP), False
+                return Approval.objects.create(
+                    definition_id=definition, submitted_by=name, scope_expression=canonical,
+                    origin=Approval.ORIGIN_MCP, summary=plan.summary[:1024], risk=plan.risk, pins=plan.pins,
+                    facts=plan.facts, requester=_requester(ctx)), False
     except DatabaseError:
         _refuse(ctx, rpc.INTERNAL_ERROR, "approval store unavailable", "approval_store_fault",
                 STORE_FAULT_RETRY_MS, "retry shortly")
@@ -123,9 +138,18 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
                 remediation="call again without approval_id to request a new approval")
     if ticket.status == Approval.PENDING:
         _required(ctx, ticket, f"{detail} still pending")
-    if ticket.status in (Approval.REJECTED, Approval.EXPIRED):
+    if ticket.status in (Approval.REJECTED, Approval.EXPIRED, Approval.WITHDRAWN):
         _refuse(ctx, rpc.PERMISSION_DENIED, f"approval was {ticket.status}", f"{detail} {ticket.status}",
                 remediation="call again without approval_id to request a new approval")
+    if ticket.consumed_at is not None or ticket.origin != Approval.ORIGIN_MCP \
+            or ticket.submitted_by != ctx.principal.name:
+        _already_used(ctx, ticket, detail)  # before re-planning: a replay or a foreign caller learns nothing more
+    # Re-plan against what was approved: raises (ticket untouched) if the call is no longer valid.
+    plan = ctx.plan = tool.plan(ctx, args, pinned=ticket.pins or {})
+    if ticket.pinned_agents is not None and not plan.pins.get("agents"):
+        MCP_APPROVAL_PRECONDITION.inc()
+        _refuse(ctx, rpc.PERMISSION_DENIED, UNREACHABLE, f"{detail} pinned_targets_unreachable",
+                remediation="retry later with the same approval_id, or call again without it for a new approval")
     if tool.precondition is not None and not tool.precondition(ctx, args):
         MCP_APPROVAL_PRECONDITION.inc()
         _refuse(ctx, rpc.PERMISSION_DENIED, PRECONDITION, f"{detail} precondition_failed",
@@ -135,11 +159,16 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
         submitted_by=ctx.principal.name,
     ).update(consumed_at=now, consumed_by=ctx.principal.name)
     if consumed != 1:
-        MCP_APPROVAL_MASKED.inc()
-        _refuse(ctx, rpc.PERMISSION_DENIED, ALREADY_USED, f"{detail} refused:{_real_reason(ticket, ctx)}",
-                remediation="call again without approval_id to request a new approval")
+        _already_used(ctx, ticket, detail)
     ctx.note(f"consumed approval_id={ticket.id}")
     return ticket
+
+
+def _already_used(ctx, ticket, detail):
+    """Replay, lost race, foreign origin and foreign submitter read alike (anti-oracle)."""
+    MCP_APPROVAL_MASKED.inc()
+    _refuse(ctx, rpc.PERMISSION_DENIED, ALREADY_USED, f"{detail} refused:{_real_reason(ticket, ctx)}",
+            remediation="call again without approval_id to request a new approval")
 
 
 def _real_reason(ticket, ctx):

@@ -1,25 +1,57 @@
 """Approval MCP tools. Reviewing is for humans: approve_request / reject_request always refuse over MCP
-(approver_assurance_required), after the read-only, service-scope and tier checks."""
+(approver_assurance_required), after the read-only, service-scope and tier checks. A submitter reads and
+withdraws its own tickets; a reviewer reads the queue it may review."""
 
 from mcp.registry import tool
 from mcp.schema import array, enum, integer, nullable, obj, string
 from yuzu.errors import PermissionDenied
 
 from . import services
+from .models import Approval
 
-APPROVAL = obj({"id": string(32), "definition_id": string(160), "status": string(16), "submitted_by": string(150),
-                "submitted_at": string(64), "scope_expression": string(65536)}, ["id", "status"], additional=True)
+APPROVAL = obj({"id": string(32), "definition_id": string(160), "tool": string(128), "status": string(16),
+                "summary": nullable(string(1024)), "risk": nullable(string(16)), "submitted_by": string(150),
+                "submitted_at": string(64), "expires_at": string(64), "target_count": nullable(integer(0)),
+                "scope_expression": string(65536)}, ["id", "status"], additional=True)
+APPROVAL_ID_ARG = string(32, "The approval_id from a -32006 answer", minLength=1)
 
 
 @tool(name="list_pending_approvals", title="List approvals", securable="Approval", operation="Read",
-      description="Approval tickets {id, definition_id, status, submitted_by, submitted_at, scope_expression}, "
-                  "newest first (at most 100). An empty list means no ticket has that status.",
-      input_schema=obj({"status": enum(["pending", "approved", "rejected", "expired"], default="pending"),
-                        "submitted_by": string(150)}),
+      description="Approval tickets, newest first (at most 100): {id, tool, status, summary, risk, target_count, "
+                  "submitted_by, submitted_at, expires_at, scope_expression}. You see the tickets you submitted, "
+                  "and — if you may approve — the ones you may review. An empty list means none of those has that "
+                  "status (pending tickets past their 7-day lifetime are not pending).",
+      input_schema=obj({"status": enum(Approval.STATUSES, default="pending"), "submitted_by": string(150)}),
       output_schema=obj({"approvals": array(APPROVAL), "count": integer(0)}, ["approvals", "count"]))
 def list_pending_approvals(ctx, args):
-    rows = services.list_approvals(status=args.get("status", "pending"), submitted_by=args.get("submitted_by"))
+    rows = services.list_approvals(ctx.principal, status=args.get("status", "pending"),
+                                   submitted_by=args.get("submitted_by"))
     return {"approvals": rows, "count": len(rows)}
+
+
+@tool(name="get_approval", title="One approval ticket", securable="Approval", operation="Read", poll=True,
+      description="One ticket you submitted or may review: status, summary, risk, the facts the approver sees and "
+                  "one page of its pinned target agents (hostname, OS, groups). Poll it while status is pending "
+                  "(no faster than every 30 s); once approved, re-call the gated tool with the same arguments plus "
+                  "approval_id. An unknown or invisible id is -32602 'approval not found'.",
+      input_schema=obj({"approval_id": APPROVAL_ID_ARG, "page": integer(1, 10000, "Target page (50 per page)")},
+                       ["approval_id"]),
+      output_schema=obj({"id": string(32), "status": string(16), "summary": nullable(string(1024)),
+                         "targets": {"type": ["object", "null"]}, "facts": {"type": "object"}},
+                        ["id", "status"], additional=True))
+def get_approval(ctx, args):
+    return services.approval_detail(ctx.principal, args["approval_id"], args.get("page", 1))
+
+
+@tool(name="withdraw_approval", title="Withdraw my approval request", securable="Approval", operation="Write",
+      effect="destructive", idempotent=False, rbac=False,
+      description="Withdraws a pending ticket you submitted (you no longer need it, or the arguments were wrong): "
+                  "it leaves the approvers' queue and can never be redeemed. Only the submitter may withdraw, and "
+                  "only while pending; anyone else's ticket reads as not found.",
+      input_schema=obj({"approval_id": APPROVAL_ID_ARG}, ["approval_id"]),
+      output_schema=obj({"id": string(32), "status": string(16)}, ["id", "status"]))
+def withdraw_approval(ctx, args):
+    return services.withdraw(ctx.principal, args["approval_id"], cid=ctx.cid)
 
 
 REVIEW_INPUT = obj({"approval_id": string(32, minLength=1), "comment": string(1024)}, ["approval_id"])

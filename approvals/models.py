@@ -1,3 +1,6 @@
+"""Approval tickets (spec/yuzu-mcp.md §3): one gated call, minted with what it will do, decided by a human,
+redeemed once by its submitter for exactly those arguments and the targets pinned at mint time."""
+
 import secrets
 from datetime import timedelta
 
@@ -11,14 +14,35 @@ def approval_id():
     return secrets.token_hex(16)
 
 
+class ApprovalQuerySet(models.QuerySet):
+    def pending(self, now=None):
+        """Waiting for a reviewer: pending and still within the 7-day lifetime (an expired ticket leaves the
+        queue on its own; the lazy sweep flips its status later)."""
+        cutoff = (now or timezone.now()) - APPROVAL_LIFETIME
+        return self.filter(status=Approval.PENDING, submitted_at__gt=cutoff)
+
+    def expire_stale(self, now=None):
+        """Lazy 7-day expiry of pending and approved-but-unconsumed tickets."""
+        cutoff = (now or timezone.now()) - APPROVAL_LIFETIME
+        return self.filter(status__in=(Approval.PENDING, Approval.APPROVED), consumed_at__isnull=True,
+                           submitted_at__lte=cutoff).update(status=Approval.EXPIRED)
+
+
 class Approval(models.Model):
-    PENDING, APPROVED, REJECTED, EXPIRED = "pending", "approved", "rejected", "expired"
-    STATUSES = (PENDING, APPROVED, REJECTED, EXPIRED)
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+        EXPIRED = "expired"
+        WITHDRAWN = "withdrawn"
+
+    PENDING, APPROVED, REJECTED, EXPIRED, WITHDRAWN = Status.values
+    STATUSES = tuple(Status.values)
     ORIGIN_MCP, ORIGIN_REST, ORIGIN_SCHEDULE = "mcp", "rest", "schedule"
 
     id = models.CharField(primary_key=True, max_length=32, default=approval_id, editable=False)
     definition_id = models.CharField(max_length=160, db_index=True)
-    status = models.CharField(max_length=16, default=PENDING, choices=[(s, s) for s in STATUSES], db_index=True)
+    status = models.CharField(max_length=16, default=PENDING, choices=Status.choices, db_index=True)
     submitted_by = models.CharField(max_length=150, db_index=True)
     submitted_at = models.DateTimeField(default=timezone.now)
     reviewed_by = models.CharField(max_length=150, blank=True)
@@ -31,6 +55,16 @@ class Approval(models.Model):
     )
     consumed_at = models.DateTimeField(null=True, blank=True)
     consumed_by = models.CharField(max_length=150, blank=True)
+    # What the approver decides on, worked out before the ticket existed (mcp.registry.Plan).
+    summary = models.CharField(max_length=1024, blank=True, help_text="What the call will do, in words")
+    risk = models.CharField(max_length=16, blank=True, help_text="read, write or destructive")
+    pins = models.JSONField(default=dict, blank=True,
+                            help_text="What the call resolved at mint time (e.g. agents); a recall acts on these only")
+    facts = models.JSONField(default=dict, blank=True, help_text="Further facts for the approver")
+    requester = models.JSONField(default=dict, blank=True,
+                                 help_text="The submitting token (id, name, tier) and MCP client (name, version)")
+
+    objects = ApprovalQuerySet.as_manager()
 
     class Meta:
         ordering = ["-submitted_at"]
@@ -48,3 +82,20 @@ class Approval(models.Model):
 
     def is_past_lifetime(self, now=None):
         return (now or timezone.now()) >= self.expires_at
+
+    @property
+    def pinned_agents(self):
+        """The agent ids this ticket is pinned to, or None when the call targets no agents."""
+        agents = (self.pins or {}).get("agents")
+        return list(agents) if isinstance(agents, list) else None
+
+    def to_dict(self):
+        return {"id": self.id, "definition_id": self.definition_id, "tool": self.tool, "status": self.status,
+                "summary": self.summary or None, "risk": self.risk or None, "submitted_by": self.submitted_by,
+                "submitted_at": self.submitted_at.isoformat(), "reviewed_by": self.reviewed_by or None,
+                "reviewed_at": self.reviewed_at.isoformat() if self.reviewed_at else None,
+                "review_comment": self.review_comment or None, "scope_expression": self.scope_expression,
+                "origin": self.origin, "consumed": self.consumed_at is not None,
+                "expires_at": self.expires_at.isoformat(),
+                "target_count": len(self.pinned_agents) if self.pinned_agents is not None else None,
+                "requester": self.requester or {}}

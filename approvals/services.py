@@ -1,30 +1,108 @@
-"""Approval tickets: listing and lookups shared by REST and MCP. The gate lives in approvals.gate."""
+"""Approval tickets: who sees which, what the approver is shown, reviewing and withdrawing. Shared by the
+REST views, the MCP tools and the admin. The gate (minting and redeeming) lives in approvals.gate.
 
-from yuzu.errors import NotFound
+Visibility: a reviewer (Approval:Approve) sees the tickets they may review — every ticket with a global
+grant; with a grant on management groups, the tickets whose pinned agents all lie in those groups. Everyone
+else with Approval:Read sees only the tickets they submitted themselves."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from fleet.groups import agent_group_ids, agents_in_groups
+from fleet.models import Agent, ManagementGroup
+from yuzu import rbac
+from yuzu.audit import audit
+from yuzu.errors import NotFound, PermissionDenied, YuzuError
 
 from .models import Approval
 
-
-def approval_view(a):
-    return {"id": a.id, "definition_id": a.definition_id, "status": a.status, "submitted_by": a.submitted_by,
-            "submitted_at": a.submitted_at.isoformat(), "reviewed_by": a.reviewed_by or None,
-            "reviewed_at": a.reviewed_at.isoformat() if a.reviewed_at else None,
-            "review_comment": a.review_comment or None, "scope_expression": a.scope_expression,
-            "origin": a.origin, "consumed": a.consumed_at is not None, "expires_at": a.expires_at.isoformat()}
+TARGETS_PER_PAGE = 50
+MAX_LIST = 100
 
 
-def list_approvals(*, status="pending", submitted_by=None, limit=100):
-    qs = Approval.objects.filter(status=status)
+# --- who sees and reviews what -------------------------------------------------------------------
+
+def _review_scope(principal):
+    """None: may review every ticket; a set of group ids: tickets whose agents all lie in them; empty: none."""
+    return rbac.group_scope(principal, "Approval", "Approve")
+
+
+def may_review(principal, ticket, scope=False):
+    scope = _review_scope(principal) if scope is False else scope
+    if scope is None:
+        return True
+    agents = ticket.pinned_agents
+    if not scope or not agents:
+        return False
+    return set(agents) <= set(agents_in_groups(scope).filter(pk__in=agents).values_list("agent_id", flat=True))
+
+
+def _visible(principal, qs, limit):
+    """Up to ``limit`` tickets of ``qs`` the principal may see, in order."""
+    scope = _review_scope(principal)
+    if scope is None:
+        return list(qs[:limit])
+    own = qs.filter(submitted_by=principal.name)
+    if not scope:
+        return list(own[:limit])
+    rows = []
+    for ticket in qs.iterator(chunk_size=200):
+        if ticket.submitted_by == principal.name or may_review(principal, ticket, scope):
+            rows.append(ticket)
+            if len(rows) >= limit:
+                break
+    return rows
+
+
+def list_approvals(principal, *, status="pending", submitted_by=None, limit=MAX_LIST):
+    qs = Approval.objects.pending() if status == Approval.PENDING else Approval.objects.filter(status=status)
     if submitted_by:
         qs = qs.filter(submitted_by=submitted_by)
-    return [approval_view(a) for a in qs.order_by("-submitted_at")[:limit]]
+    return [a.to_dict() for a in _visible(principal, qs.order_by("-submitted_at"), limit)]
 
 
-def get_approval(approval_id):
-    a = Approval.objects.filter(pk=approval_id).first()
-    if a is None:
+def visible_ticket(principal, approval_id):
+    """The ticket if the principal submitted it or may review it; otherwise 'not found' (no oracle)."""
+    ticket = Approval.objects.filter(pk=approval_id).first() if isinstance(approval_id, str) else None
+    if ticket is None or not (ticket.submitted_by == principal.name or may_review(principal, ticket)):
         raise NotFound(f"approval not found: {approval_id}")
-    return approval_view(a)
+    return ticket
+
+
+def pinned_targets(ticket, page=1, per_page=TARGETS_PER_PAGE):
+    """One page of the agents a ticket is pinned to, as the approver sees them (hostname, OS, groups, state)."""
+    ids = ticket.pinned_agents
+    if ids is None:
+        return None
+    pages = max(1, -(-len(ids) // per_page))
+    page = min(max(1, page), pages)
+    chunk = sorted(ids)[(page - 1) * per_page: page * per_page]
+    agents = {a.agent_id: a for a in Agent.objects.filter(pk__in=chunk)}
+    names = dict(ManagementGroup.objects.values_list("id", "name"))
+    rows = []
+    for agent_id in chunk:
+        a = agents.get(agent_id)
+        if a is None:
+            rows.append({"agent_id": agent_id, "hostname": None, "os": None, "groups": [], "connected": False,
+                         "quarantined": False, "enrolled": False})
+            continue
+        rows.append({"agent_id": a.agent_id, "hostname": a.hostname, "os": a.os, "enrolled": True,
+                     "groups": sorted(names[g] for g in agent_group_ids(a) if g in names),
+                     "connected": a.connected, "quarantined": a.quarantined})
+    return {"total": len(ids), "page": page, "pages": pages, "per_page": per_page, "agents": rows}
+
+
+def approval_detail(principal, approval_id, page=1):
+    ticket = visible_ticket(principal, approval_id)
+    return {**ticket.to_dict(), "facts": ticket.facts or {}, "targets": pinned_targets(ticket, page),
+            "may_review": ticket.status == Approval.PENDING and may_review(principal, ticket)}
+
+
+def pending_count(principal=None):
+    qs = Approval.objects.pending()
+    if principal is None or _review_scope(principal) is None:
+        return qs.count()
+    return len(_visible(principal, qs, 10_000))
 
 
 # --- reviewing (humans only) -------------------------------------------------------------------
@@ -47,15 +125,6 @@ def assurance_problem(principal):
 
 def review(principal, approval_id, decision, comment="", *, cid=""):
     """Approve or reject a pending ticket. Raises YuzuError on every refusal (REST 400/403)."""
-    from django.db import transaction
-    from django.utils import timezone
-
-    from yuzu import rbac
-    from yuzu.audit import audit
-    from yuzu.errors import PermissionDenied, YuzuError
-
-    from .gate import expire_stale
-
     assert decision in (Approval.APPROVED, Approval.REJECTED)
     action = "approval.approve" if decision == Approval.APPROVED else "approval.reject"
     problem = assurance_problem(principal)
@@ -63,13 +132,14 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
         audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
               detail=f"approver_assurance:{problem}", correlation_id=cid)
         raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{problem}",
-                               remediation="sign in to the admin and confirm a fresh TOTP code (step-up)")
-    rbac.check(principal, "Approval", "Approve")
+                               remediation="sign in to the admin and confirm a fresh authenticator code (step-up)")
+    if not rbac.has_any(principal, "Approval", "Approve"):
+        raise PermissionDenied("Approval:Approve")
     comment = (comment or "")[:1024]
     with transaction.atomic():
-        expire_stale()
+        Approval.objects.expire_stale()
         ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
-        if ticket is None:
+        if ticket is None or not (ticket.submitted_by == principal.name or may_review(principal, ticket)):
             raise NotFound(f"approval not found: {approval_id}")
         refusal = None
         if ticket.status != Approval.PENDING:
@@ -91,5 +161,17 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
     return {"id": ticket.id, "status": ticket.status}
 
 
-def pending_count():
-    return Approval.objects.filter(status=Approval.PENDING).count()
+def withdraw(principal, approval_id, *, cid=""):
+    """The submitter takes back their own pending ticket (it can then never be approved or redeemed)."""
+    with transaction.atomic():
+        ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
+        if ticket is None or ticket.submitted_by != principal.name:
+            raise NotFound(f"approval not found: {approval_id}")
+        if ticket.status != Approval.PENDING or ticket.is_past_lifetime():
+            raise YuzuError(f"only a pending ticket can be withdrawn (this one is {ticket.status})", status=409,
+                            rpc_code=-32602)
+        ticket.status = Approval.WITHDRAWN
+        ticket.save(update_fields=["status"])
+    audit(principal, "approval.withdraw", "success", target_type="Approval", target_id=ticket.id,
+          detail=f"definition_id={ticket.definition_id}", correlation_id=cid)
+    return {"id": ticket.id, "status": ticket.status}

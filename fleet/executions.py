@@ -16,10 +16,12 @@ already sent it keep running, and their responses are still recorded (and timed 
 
 import json
 import logging
-import re
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+
+from jsonschema import Draft202012Validator
 
 from django.db import connection, transaction
 from django.db.models import Case, Count, F, Value, When
@@ -28,9 +30,11 @@ from django.utils import timezone
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
+from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
-from .models import AgentExecStatus, Execution, Response
+from .models import AgentExecStatus, AgentInventory, Execution, Response
+from .scope import ScopeError, parse, to_q
 from .services import visible_agents
 
 log = logging.getLogger("yuzu.fleet")
@@ -45,7 +49,6 @@ MAX_PARAM_VALUE_BYTES = 64 * 1024
 MAX_BUNDLE_STEPS = 32
 MAX_EXPIRES_IN = 86400
 SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
-SENSITIVE_KEY_RE = re.compile(r"password|passwd|secret|token|key|credential", re.IGNORECASE)
 REDACTED = "[redacted]"
 STATUS_CODES = {name: code for code, name in Response.STATUS_NAMES.items()}
 AGENT_STATE = {Response.RUNNING: "running", Response.SUCCESS: "success", Response.FAILURE: "failure",
@@ -90,8 +93,10 @@ def _command(plugin, action, params):
 
 
 def _target(scope, agent_ids):
+    """Check the target arguments; returns the parsed scope (or None) so it is parsed once."""
     if scope is not None and agent_ids is not None:
         raise invalid("scope and agent_ids are mutually exclusive", "pass either scope or agent_ids, not both")
+    tree = None
     if scope is not None:
         if not isinstance(scope, str):
             raise invalid("scope must be a string")
@@ -99,10 +104,8 @@ def _target(scope, agent_ids):
             raise invalid("scope is empty", "omit scope (and agent_ids) to target all agents")
         if _nbytes(scope) > MAX_SCOPE_BYTES:
             raise invalid(f"scope exceeds {MAX_SCOPE_BYTES} bytes")
-        from .scope import ScopeError, parse
-
         try:
-            parse(scope)
+            tree = parse(scope)
         except ScopeError as exc:
             raise invalid(f"invalid scope expression: {exc}", "see discover_scope_kinds for the grammar",
                           position=exc.position) from None
@@ -118,34 +121,98 @@ def _target(scope, agent_ids):
                 raise invalid("agent_ids entries must be strings")
             if not a or _nbytes(a) > MAX_AGENT_ID_BYTES:
                 raise invalid(f"an agent_ids entry must be 1-{MAX_AGENT_ID_BYTES} bytes")
+    return tree
 
 
-def _targets(principal, scope, agent_ids):
-    """Connected, unquarantined agents the caller may execute on, matched by scope or listed in agent_ids."""
-    qs = visible_agents(principal, "Execution", "Execute").filter(connected=True, quarantined=False)
-    if scope is not None:
-        from .scope import ScopeError, to_q
+def eligible_agents(principal):
+    """Agents a command may be sent to now: connected, unquarantined, and the caller's for Execution:Execute."""
+    return visible_agents(principal, "Execution", "Execute").filter(connected=True, quarantined=False)
 
-        try:
-            qs = qs.filter(to_q(scope))
-        except ScopeError as exc:
-            raise invalid(f"invalid scope expression: {exc}", position=exc.position) from None
+
+def _targets(principal, tree, agent_ids, pinned=None):
+    """The eligible agents matched by the parsed scope or listed in agent_ids (all when neither), or — on an
+    approved recall — the pinned agents that are still eligible, whatever the scope matches now."""
+    qs = eligible_agents(principal)
+    if pinned is not None:
+        qs = qs.filter(pk__in=pinned)
+    elif tree is not None:
+        qs = qs.filter(to_q(tree))
     elif agent_ids is not None:
         qs = qs.filter(pk__in=agent_ids)
     return sorted(set(qs.values_list("agent_id", flat=True)))
 
 
-# --- start / dispatch --------------------------------------------------------------------------
+def _check_plugin(plugin, action, params, targets):
+    """The command must be one the targeted agents declared (their register catalogue), with parameters
+    their schema accepts — the agent would REJECT it otherwise. Returns the catalogue entry (risk,
+    description) or None when no target reported a catalogue."""
+    name = f"{plugin}.{action}"
+    catalogues = list(AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
+                      .values_list("data", flat=True).distinct()[:64]) if targets else []
+    specs = [c[name] for c in catalogues if isinstance(c, dict) and isinstance(c.get(name), dict)]
+    if catalogues and not specs:
+        raise invalid(f"unknown plugin/action: {name} (not in the catalogue of the targeted agents)",
+                      "see discover_plugins for the actions the agents support")
+    for schema in {json.dumps(s.get("params") or {}, sort_keys=True) for s in specs}:
+        error = next(iter(Draft202012Validator(json.loads(schema)).iter_errors(params)), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "params"
+            raise invalid(f"params do not match {name}'s parameter schema at '{where}': {error.message}",
+                          "see discover_plugins (with InstructionDefinition:Read) for the parameter schema")
+    return specs[0] if specs else None
 
-def start_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, cid="",
-                    definition_id="", bundle_id="", bundle_step=None, expires_in=300):
+
+@dataclass
+class Order:
+    """A validated execution: what ``launch`` sends, to whom."""
+
+    plugin: str
+    action: str
+    params: dict
+    targets: list
+    scope: str = ""
+    expires_in: int = 300
+
+
+def _describe(order, how):
+    shown = redact(order.params)
+    with_params = (" with " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))[:300]) if shown else ""
+    n = len(order.targets)
+    return f"Run {order.plugin}.{order.action}{with_params} on {n} agent{'s' if n != 1 else ''} {how}"
+
+
+def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, expires_in=300,
+                   pinned=None):
+    """The one validation of an execution (spec §2.4 bounds, target, plugin catalogue, parameter schema);
+    ``pinned`` (from an approval ticket) restricts the targets to those agents."""
     plugin, action, params = _command(plugin, action, params)
-    _target(scope, agent_ids)
+    tree = _target(scope, agent_ids)
     if not isinstance(expires_in, int) or isinstance(expires_in, bool) or not 1 <= expires_in <= MAX_EXPIRES_IN:
         raise invalid(f"expires_in must be an integer of 1-{MAX_EXPIRES_IN} seconds")
-    targets = _targets(principal, scope, agent_ids)
-    return _launch(principal, plugin, action, params, targets, scope=scope or "", cid=cid, definition_id=definition_id,
-                   bundle_id=bundle_id, bundle_step=bundle_step, expires_in=expires_in)
+    pinned_ids = (pinned or {}).get("agents") if pinned is not None else None
+    order = Order(plugin, action, params, _targets(principal, tree, agent_ids, pinned_ids), scope or "", expires_in)
+    spec = _check_plugin(plugin, action, params, order.targets) or {}
+    how = (f"matching `{scope}`" if scope is not None else "listed by id" if agent_ids is not None
+           else "(every connected agent you may execute on)")
+    return Plan(summary=_describe(order, how), value=order, pins={"agents": order.targets},
+                risk=spec.get("risk") or "", facts={"plugin": f"{plugin}.{action}",
+                                                    "description": spec.get("description") or "",
+                                                    "params": redact(params), "scope": scope})
+
+
+# --- start / dispatch --------------------------------------------------------------------------
+
+def start_execution(principal, *, cid="", plan=None, definition_id="", **request):
+    """Launch a planned execution (``plan`` from plan_execution, as the MCP face has it) or plan ``request``
+    first (the REST face)."""
+    return launch(principal, (plan or plan_execution(principal, **request)).value, cid=cid,
+                  definition_id=definition_id)
+
+
+def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_step=None):
+    return _launch(principal, order.plugin, order.action, order.params, order.targets, scope=order.scope, cid=cid,
+                   definition_id=definition_id, bundle_id=bundle_id, bundle_step=bundle_step,
+                   expires_in=order.expires_in)
 
 
 def _launch(principal, plugin, action, params, targets, *, scope, cid, definition_id, bundle_id, bundle_step,
@@ -459,31 +526,45 @@ def aggregate_responses(principal, *, execution_id=None, instruction_id=None, gr
 
 # --- bundles: several steps on one device ------------------------------------------------------
 
-def start_bundle(principal, *, agent_id, steps, cid=""):
+def plan_bundle(principal, *, agent_id, steps, pinned=None):
+    """The one validation of a bundle: 1-32 valid steps for one agent the caller may execute on."""
     if not isinstance(agent_id, str) or not agent_id or _nbytes(agent_id) > MAX_AGENT_ID_BYTES:
         raise invalid(f"agent_id is required (1-{MAX_AGENT_ID_BYTES} bytes)")
     if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_BUNDLE_STEPS:
         raise invalid(f"steps must be an array of 1-{MAX_BUNDLE_STEPS} steps")
-    commands = []
+    if not visible_agents(principal, "Execution", "Execute").filter(pk=agent_id).exists():
+        raise NotFound(f"Agent not found: {agent_id}")
+    pinned_ids = (pinned or {}).get("agents") if pinned is not None else None
+    targets = _targets(principal, None, [agent_id], pinned_ids)
+    orders, specs = [], []
     for i, step in enumerate(steps):
         if not isinstance(step, dict):
             raise invalid(f"steps[{i}] must be an object with plugin, action and optional params")
         try:
-            commands.append(_command(step.get("plugin"), step.get("action"), step.get("params")))
+            plugin, action, params = _command(step.get("plugin"), step.get("action"), step.get("params"))
+            specs.append(_check_plugin(plugin, action, params, targets) or {})
         except YuzuError as exc:
             raise invalid(f"steps[{i}]: {exc.message}", exc.remediation) from None
-    if not visible_agents(principal, "Execution", "Execute").filter(pk=agent_id).exists():
-        raise NotFound(f"Agent not found: {agent_id}")
-    targets = _targets(principal, None, [agent_id])
+        orders.append(Order(plugin, action, params, targets))
+    risks = [s.get("risk") for s in specs if s.get("risk")]
+    risk = next((r for r in ("destructive", "write", "read") if r in risks), "")
+    summary = (f"Run {len(orders)} step{'s' if len(orders) != 1 else ''} on agent {agent_id}: "
+               + "; ".join(f"{o.plugin}.{o.action}" for o in orders))[:1000]
+    return Plan(summary=summary, value=(agent_id, orders), pins={"agents": targets}, risk=risk,
+                facts={"steps": [{"plugin": f"{o.plugin}.{o.action}", "description": s.get("description") or "",
+                                  "params": redact(o.params)} for o, s in zip(orders, specs)]})
+
+
+def start_bundle(principal, *, agent_id=None, steps=None, cid="", plan=None):
+    agent_id, orders = (plan or plan_bundle(principal, agent_id=agent_id, steps=steps)).value
     bundle_id = f"bundle-{secrets.token_hex(8)}"
-    started = [_launch(principal, plugin, action, params, targets, scope="", cid=cid, definition_id="",
-                       bundle_id=bundle_id, bundle_step=i, expires_in=300)
-               for i, (plugin, action, params) in enumerate(commands)]
+    started = [launch(principal, order, cid=cid, bundle_id=bundle_id, bundle_step=i) for i, order in enumerate(orders)]
+    reached = bool(orders and orders[0].targets)
     audit(principal, "bundle.start", "success", target_type="Agent", target_id=agent_id,
-          detail=f"bundle_id={bundle_id} steps={len(steps)} reached={bool(targets)}", correlation_id=cid)
-    return {"bundle_id": bundle_id, "agent_id": agent_id, "expected": len(steps),
+          detail=f"bundle_id={bundle_id} steps={len(orders)} reached={reached}", correlation_id=cid)
+    return {"bundle_id": bundle_id, "agent_id": agent_id, "expected": len(orders),
             "execution_ids": [s["execution_id"] for s in started],
-            "status": "running" if targets else "no_agents_reached"}
+            "status": "running" if reached else "no_agents_reached"}
 
 
 def bundle_result(principal, bundle_id):

@@ -8,10 +8,12 @@ from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
 
+from yuzu.plans import Plan
+
+from .executions import launch, plan_execution
 from .models import Agent, AgentInventory, InstructionDefinition
 from .services import agent_view, visible_agents
 
-PLUGINS_INVENTORY = "agent.plugins"
 INVENTORY_CAP = 1000
 
 
@@ -20,7 +22,7 @@ def _iso(dt):
 
 
 def query_inventory(principal, *, agent_id=None, plugin=None, limit=100):
-    qs = AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=PLUGINS_INVENTORY)
+    qs = AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=AgentInventory.CATALOGUE)
     if agent_id:
         qs = qs.filter(agent_id=agent_id)
     if plugin:
@@ -32,7 +34,7 @@ def query_inventory(principal, *, agent_id=None, plugin=None, limit=100):
 
 
 def list_inventory_tables(principal):
-    rows = (AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=PLUGINS_INVENTORY)
+    rows = (AgentInventory.objects.filter(agent__in=visible_agents(principal)).exclude(plugin=AgentInventory.CATALOGUE)
             .values("plugin").annotate(agents=Count("agent", distinct=True)).order_by("plugin"))
     return {"tables": [{"plugin": r["plugin"], "agents": r["agents"]} for r in rows]}
 
@@ -40,7 +42,7 @@ def list_inventory_tables(principal):
 def agent_inventory(principal, agent_id):
     if not visible_agents(principal).filter(pk=agent_id).exists():
         raise NotFound(f"Agent not found: {agent_id}")
-    rows = list(AgentInventory.objects.filter(agent_id=agent_id).exclude(plugin=PLUGINS_INVENTORY)
+    rows = list(AgentInventory.objects.filter(agent_id=agent_id).exclude(plugin=AgentInventory.CATALOGUE)
                 .order_by("plugin")[: INVENTORY_CAP + 1])
     return {"agent_id": agent_id, "inventory": {r.plugin: r.data for r in rows[:INVENTORY_CAP]},
             "result_truncated_by_cap": len(rows) > INVENTORY_CAP}
@@ -50,7 +52,7 @@ def discover_plugins(principal):
     """The plugin/action catalogue the connected agents reported; schemas need InstructionDefinition:Read."""
     with_schemas = rbac.has_any(principal, "InstructionDefinition", "Read")
     catalogue = {}
-    rows = AgentInventory.objects.filter(plugin=PLUGINS_INVENTORY, agent__in=visible_agents(principal))
+    rows = AgentInventory.objects.filter(plugin=AgentInventory.CATALOGUE, agent__in=visible_agents(principal))
     for row in rows.values_list("data", flat=True):
         for name, spec in (row or {}).items():
             entry = catalogue.setdefault(name, {"name": name, "risk": (spec or {}).get("risk"), "agents": 0})
@@ -119,21 +121,37 @@ def describe_scope():
     return describe()
 
 
-def quarantine_device(principal, agent_id, *, reason="", whitelist="", cid=""):
+def plan_quarantine(principal, agent_id, *, reason="", whitelist="", pinned=None):
+    """The one validation of a quarantine: an agent the caller may quarantine, and an allow-list the agent's
+    plugin accepts. Pins the agent; an agent already quarantined pins nothing (there is nothing to do)."""
+    agent = Agent.objects.filter(pk=agent_id).first()
+    if agent is None or not rbac.may(principal, "Security", "Execute", agent=agent) or (
+            pinned is not None and agent_id not in ((pinned or {}).get("agents") or [])):
+        raise NotFound(f"Agent not found: {agent_id}")
+    params = {"allow": whitelist}
+    order = plan_execution(principal, plugin="quarantine", action="quarantine", params=params,
+                           agent_ids=[agent_id]).value if not agent.quarantined else None
+    where = f"{agent.hostname or agent_id} ({agent_id})"
+    summary = (f"Quarantine {where}: cut it off the network except the yuzu server, DNS"
+               + (f" and {whitelist}" if whitelist else "") + (f" — reason: {reason[:200]}" if reason else ""))
+    return Plan(summary=summary, value=(agent, reason, order), risk="destructive",
+                pins={"agents": [] if agent.quarantined else [agent_id]},
+                facts={"plugin": "quarantine.quarantine", "reason": reason, "allow": whitelist,
+                       "connected": agent.connected})
+
+
+def quarantine_device(principal, agent_id=None, *, reason="", whitelist="", cid="", plan=None):
     """Record the quarantine, then dispatch quarantine.quarantine to the device (the agent applies it only
     where its operator enabled enforcement). Without a reachable agent the record is kept and the call is
     a retryable error."""
-    from .executions import start_execution
-
-    agent = Agent.objects.filter(pk=agent_id).first()
-    if agent is None or not rbac.may(principal, "Security", "Execute", agent=agent):
-        raise NotFound(f"Agent not found: {agent_id}")
-    if agent.quarantined:
+    plan = plan or plan_quarantine(principal, agent_id, reason=reason, whitelist=whitelist)
+    agent, reason, order = plan.value
+    agent_id = agent.agent_id
+    if order is None:
         return {"agent_id": agent_id, "quarantined": True, "already_quarantined": True, "execution_id": None,
                 "command_id": None}
     # The agent's plugin takes only the allow-list; the reason stays in the server's record.
-    dispatched = start_execution(principal, plugin="quarantine", action="quarantine",
-                                 params={"allow": whitelist}, agent_ids=[agent_id], cid=cid)
+    dispatched = launch(principal, order, cid=cid)
     with transaction.atomic():
         Agent.objects.filter(pk=agent_id).update(quarantined=True, quarantine_reason=reason[:1024])
     reached = bool(dispatched.get("agents_reached"))

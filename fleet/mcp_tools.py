@@ -76,13 +76,14 @@ def set_tag(ctx, args):
 
 @tool(name="delete_tag", title="Delete a tag", securable="Tag", operation="Delete", effect="destructive",
       idempotent=True, service_scope="confined", rbac_agent_arg="agent_id",
+      prepare=lambda ctx, a, pinned=None: services.plan_delete_tag(ctx.principal, a["agent_id"], a["key"], pinned),
       description="Deletes tag `key` from one agent. Approval-gated for MCP tokens (operator and supervised): the "
                   "first call answers -32006 with an approval_id. deleted:false means the tag did not exist.",
       input_schema=obj({"agent_id": AGENT_ID, "key": string(64, minLength=1), "approval_id": APPROVAL_ID},
                        ["agent_id", "key"]),
       output_schema=obj({"agent_id": string(128), "key": string(64), "deleted": boolean()}, ["deleted"]))
 def delete_tag(ctx, args):
-    return services.delete_tag(ctx.principal, args["agent_id"], args["key"], cid=ctx.cid)
+    return services.delete_tag(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="list_management_groups", title="List management groups", securable="ManagementGroup", operation="Read",
@@ -124,38 +125,44 @@ GROUP_FIELDS = {
 
 @tool(name="create_management_group", title="Create a management group", securable="ManagementGroup",
       operation="Write", effect="additive", idempotent=False,
+      prepare=lambda ctx, a, pinned=None: services.plan_create_group(ctx.principal, pinned=pinned, **a),
       description="Creates a management group (static, or dynamic by scope expression). Approval-gated on the "
                   "supervised tier.",
       input_schema=obj({"name": string(128, minLength=1), **GROUP_FIELDS, "approval_id": APPROVAL_ID}, ["name"]),
       output_schema=GROUP)
 def create_management_group(ctx, args):
-    return services.create_group(ctx.principal, cid=ctx.cid, **args)
+    return services.create_group(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="update_management_group", title="Update a management group", securable="ManagementGroup",
       operation="Write", effect="destructive", idempotent=True,
+      prepare=lambda ctx, a, pinned=None: services.plan_update_group(
+          ctx.principal, a["group_id"], pinned=pinned, **{k: v for k, v in a.items() if k != "group_id"}),
       description="Changes a group's name, description, parent, membership type or scope expression. "
                   "Approval-gated on the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "name": string(128, minLength=1), **GROUP_FIELDS,
                         "approval_id": APPROVAL_ID}, ["group_id"]),
       output_schema=GROUP)
 def update_management_group(ctx, args):
-    args = dict(args)
-    return services.update_group(ctx.principal, args.pop("group_id"), cid=ctx.cid, **args)
+    return services.update_group(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="add_management_group_member", title="Add a group member", securable="ManagementGroup",
       operation="Write", effect="additive", idempotent=True,
+      prepare=lambda ctx, a, pinned=None: services.plan_add_group_member(ctx.principal, a["group_id"], a["agent_id"],
+                                                                          pinned),
       description="Adds an agent to a static group. Approval-gated on the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "agent_id": AGENT_ID, "approval_id": APPROVAL_ID},
                        ["group_id", "agent_id"]),
       output_schema=obj({"group_id": string(32), "agent_id": string(128), "added": boolean()}, ["added"]))
 def add_management_group_member(ctx, args):
-    return services.add_group_member(ctx.principal, args["group_id"], args["agent_id"], cid=ctx.cid)
+    return services.add_group_member(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="assign_management_group_role", title="Assign a role on a group", securable="ManagementGroup",
       operation="Write", effect="additive", idempotent=True,
+      prepare=lambda ctx, a, pinned=None: services.plan_assign_group_role(ctx.principal, a["group_id"], a["username"],
+                                                                           a["role"], pinned),
       description="Grants a user a role on one group (e.g. ITServiceOwner). Needs a fleet-wide grant or "
                   "ITServiceOwner on the group. Approval-gated on the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "username": string(150, minLength=1), "role": string(64, minLength=1),
@@ -163,7 +170,7 @@ def add_management_group_member(ctx, args):
       output_schema=obj({"group_id": string(32), "username": string(150), "role": string(64), "assigned": boolean()},
                         ["assigned"]))
 def assign_management_group_role(ctx, args):
-    return services.assign_group_role(ctx.principal, args["group_id"], args["username"], args["role"], cid=ctx.cid)
+    return services.assign_group_role(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 # --- orientation reads ----------------------------------------------------------------------
@@ -245,6 +252,9 @@ def _final(execution_id, receipt):
 
 @tool(name="execute_instruction", title="Execute an instruction", securable="Execution", operation="Execute",
       effect="destructive", idempotent=False, service_scope="confined", progress=True,
+      prepare=lambda ctx, a, pinned=None: executions.plan_execution(
+          ctx.principal, plugin=a["plugin"], action=a["action"], params=a.get("params"), scope=a.get("scope"),
+          agent_ids=a.get("agent_ids"), pinned=pinned),
       description="Dispatches plugin.action (e.g. os.info) with params to agents: by `scope` expression XOR "
                   "`agent_ids`; omit both for all agents you may execute on. Returns at once with execution_id; "
                   "poll get_execution_status (honour retry_after_ms) and read query_responses. "
@@ -261,9 +271,7 @@ def _final(execution_id, receipt):
                          "plugin": string(128), "action": string(128), "status": string(32)},
                         ["execution_id", "status"], additional=True))
 def execute_instruction(ctx, args):
-    receipt = executions.start_execution(ctx.principal, plugin=args["plugin"], action=args["action"],
-                                         params=args.get("params"), scope=args.get("scope"),
-                                         agent_ids=args.get("agent_ids"), cid=ctx.cid)
+    receipt = executions.start_execution(ctx.principal, cid=ctx.cid, plan=ctx.plan)
     ctx.note(f"command_id={receipt['command_id']} execution_id={receipt['execution_id']}")
     if receipt.get("status") != "no_agents_reached":
         eid = receipt["execution_id"]
@@ -338,6 +346,8 @@ STEP = obj({"plugin": string(128, minLength=1), "action": string(128, minLength=
 
 @tool(name="execute_bundle", title="Execute a bundle", securable="Execution", operation="Execute",
       effect="destructive", idempotent=False, service_scope="confined", rbac_agent_arg="agent_id",
+      prepare=lambda ctx, a, pinned=None: executions.plan_bundle(ctx.principal, agent_id=a["agent_id"],
+                                                                 steps=a["steps"], pinned=pinned),
       description="Runs 1-32 steps (plugin, action, params) on ONE agent; returns bundle_id. Collect with "
                   "get_bundle_result. Approval-gated on the supervised tier.",
       input_schema=obj({"agent_id": AGENT_ID, "steps": array(STEP, max_items=32, min_items=1),
@@ -345,7 +355,7 @@ STEP = obj({"plugin": string(128, minLength=1), "action": string(128, minLength=
       output_schema=obj({"bundle_id": string(64), "agent_id": string(128), "expected": integer(0)},
                         ["bundle_id", "expected"], additional=True))
 def execute_bundle(ctx, args):
-    out = executions.start_bundle(ctx.principal, agent_id=args["agent_id"], steps=args["steps"], cid=ctx.cid)
+    out = executions.start_bundle(ctx.principal, cid=ctx.cid, plan=ctx.plan)
     ctx.note(f"bundle_id={out['bundle_id']}")
     return out
 
@@ -456,6 +466,8 @@ def discover_scope_kinds(ctx, args):
 
 @tool(name="quarantine_device", title="Quarantine a device", securable="Security", operation="Execute",
       effect="destructive", idempotent=True, service_scope="confined", rbac_agent_arg="agent_id",
+      prepare=lambda ctx, a, pinned=None: inventory.plan_quarantine(
+          ctx.principal, a["agent_id"], reason=a.get("reason", ""), whitelist=a.get("whitelist", ""), pinned=pinned),
       description="Records a quarantine for one agent and dispatches quarantine.quarantine to it (the agent "
                   "enforces only where its operator enabled enforcement; otherwise it reports what it would "
                   "change). A quarantined agent is withheld from every later dispatch. Supervised tier, "
@@ -466,5 +478,4 @@ def discover_scope_kinds(ctx, args):
       output_schema=obj({"agent_id": string(128), "quarantined": boolean(), "already_quarantined": boolean(),
                          "execution_id": nullable(string(32))}, ["agent_id", "quarantined"], additional=True))
 def quarantine_device(ctx, args):
-    return inventory.quarantine_device(ctx.principal, args["agent_id"], reason=args.get("reason", ""),
-                                       whitelist=args.get("whitelist", ""), cid=ctx.cid)
+    return inventory.quarantine_device(ctx.principal, cid=ctx.cid, plan=ctx.plan)

@@ -73,6 +73,8 @@ class Tag(models.Model):
 
 
 class AgentInventory(models.Model):
+    CATALOGUE = "agent.plugins"  # the row holding the plugin catalogue an agent declared on register
+
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="inventory")
     plugin = models.CharField(max_length=128)
     data = models.JSONField(default=dict)

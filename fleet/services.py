@@ -10,8 +10,12 @@ from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
 
+from yuzu.plans import Plan
+
 from .groups import agents_in_groups, group_agents
 from .models import Agent, ManagementGroup, Tag, normalise_tag
+from .push import push_tags
+from .scope import ScopeError, parse
 
 
 AGENT_FIELDS = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
@@ -74,24 +78,31 @@ def set_tag(principal, agent_id, key, value, *, cid=""):
     Tag.objects.update_or_create(agent=agent, key=key, defaults={"value": value})
     audit(principal, "tag.set", "success", target_type="Agent", target_id=agent.agent_id, detail=f"{key}={value}",
           correlation_id=cid)
-    from .push import push_tags
-
     push_tags(agent.agent_id)
     return {"agent_id": agent.agent_id, "key": key, "value": value}
 
 
-def delete_tag(principal, agent_id, key, *, cid=""):
+def plan_delete_tag(principal, agent_id, key, pinned=None):
+    """The one validation of a tag deletion: an agent the caller may delete tags on. Pins the agent."""
     agent = get_agent(principal, agent_id, securable="Tag")
     if not rbac.may(principal, "Tag", "Delete", agent=agent):
         raise PermissionDenied("Tag:Delete")
+    current = Tag.objects.filter(agent=agent, key__in={key, key.lower()}).values_list("key", "value").first()
+    where = f"{agent.hostname or agent.agent_id} ({agent.agent_id})"
+    summary = (f"Delete tag {current[0]}={current[1]} from {where}" if current
+               else f"Delete tag {key} from {where} (it is not set now)")
+    return Plan(summary=summary, value=(agent, key), pins={"agents": [agent.agent_id]}, risk="destructive",
+                facts={"tag": key})
+
+
+def delete_tag(principal, agent_id=None, key=None, *, cid="", plan=None):
+    agent, key = (plan or plan_delete_tag(principal, agent_id, key)).value
     deleted, _ = Tag.objects.filter(agent=agent, key=key).delete()
     if not deleted:
         lowered = key.lower()
         deleted, _ = Tag.objects.filter(agent=agent, key=lowered).delete()
     audit(principal, "tag.delete", "success", target_type="Agent", target_id=agent.agent_id,
           detail=f"key={key} deleted={bool(deleted)}", correlation_id=cid)
-    from .push import push_tags
-
     push_tags(agent.agent_id)
     return {"agent_id": agent.agent_id, "key": key, "deleted": bool(deleted)}
 
@@ -128,67 +139,97 @@ def _validate_group_fields(fields):
         raise ValidationError({"membership_type": "membership_type must be 'static' or 'dynamic'"})
     expr = fields.get("scope_expression")
     if expr:
-        from .scope import ScopeError, parse
-
         try:
             parse(expr)
         except ScopeError as exc:
             raise ValidationError({"scope_expression": str(exc)}) from None
 
 
-def create_group(principal, *, name, description="", parent_id=None, membership_type="static",
-                 scope_expression="", cid=""):
+def _pinned_group(group_id, pinned, key="group"):
+    """The group a plan acts on: looked up by id or name, or — on an approved recall — the very group the
+    approver saw (a group renamed or re-created under the same name since is not silently swapped in)."""
+    if pinned is not None and (pinned or {}).get(key):
+        g = ManagementGroup.objects.filter(pk=pinned[key]).first()
+        if g is None:
+            raise NotFound(f"management group not found: {group_id} (it was deleted after the approval)")
+        return g
+    return _group(group_id)
+
+
+def plan_create_group(principal, *, name, description="", parent_id=None, membership_type="static",
+                      scope_expression="", pinned=None):
     if not name or len(name) > 128:
         raise ValidationError({"name": "name is required, at most 128 characters"})
-    fields = {"membership_type": membership_type, "scope_expression": scope_expression}
-    _validate_group_fields(fields)
+    _validate_group_fields({"membership_type": membership_type, "scope_expression": scope_expression})
     if membership_type == ManagementGroup.DYNAMIC and not scope_expression:
         raise ValidationError({"scope_expression": "a dynamic group needs a scope_expression"})
-    parent = _group(parent_id) if parent_id else None
+    parent = _pinned_group(parent_id, pinned, "parent") if parent_id else None
     if ManagementGroup.objects.filter(name=name).exists():
         raise ValidationError({"name": f"a group named '{name}' already exists"})
-    g = ManagementGroup.objects.create(name=name, description=description or "", parent=parent,
-                                       membership_type=membership_type, scope_expression=scope_expression or "",
-                                       created_by=principal.name)
+    fields = {"name": name, "description": description or "", "parent": parent, "membership_type": membership_type,
+              "scope_expression": scope_expression or ""}
+    summary = (f"Create {membership_type} management group '{name}'" + (f" under '{parent.name}'" if parent else "")
+               + (f" holding the agents matching `{scope_expression}`" if scope_expression else ""))
+    return Plan(summary=summary, value=fields, pins={"parent": parent.pk} if parent else {}, risk="write")
+
+
+def create_group(principal, *, cid="", plan=None, **request):
+    fields = (plan or plan_create_group(principal, **request)).value
+    g = ManagementGroup.objects.create(created_by=principal.name, **fields)
     audit(principal, "management_group.create", "success", target_type="ManagementGroup", target_id=g.id,
-          detail=f"name={name}", correlation_id=cid)
+          detail=f"name={g.name}", correlation_id=cid)
     return group_view(g)
 
 
-def update_group(principal, group_id, *, cid="", **fields):
-    g = _group(group_id)
+def plan_update_group(principal, group_id, *, pinned=None, **fields):
+    g = _pinned_group(group_id, pinned)
     fields = {k: v for k, v in fields.items() if v is not None}
     _validate_group_fields(fields)
     if "parent_id" in fields:
-        parent = _group(fields.pop("parent_id")) if fields.get("parent_id") else None
+        parent = _pinned_group(fields["parent_id"], pinned, "parent") if fields["parent_id"] else None
         p = parent
         while p is not None:
             if p.pk == g.pk:
                 raise ValidationError({"parent_id": "a group cannot be its own ancestor"})
             p = p.parent
-        g.parent = parent
+        fields["parent"] = parent
+        fields.pop("parent_id")
     if "name" in fields and ManagementGroup.objects.exclude(pk=g.pk).filter(name=fields["name"]).exists():
         raise ValidationError({"name": f"a group named '{fields['name']}' already exists"})
-    for k in ("name", "description", "membership_type", "scope_expression"):
-        if k in fields:
-            setattr(g, k, fields[k])
+    changes = ", ".join(f"{k} → {getattr(v, 'name', v)!r}" for k, v in sorted(fields.items())) or "nothing"
+    pins = {"group": g.pk, **({"parent": fields["parent"].pk} if fields.get("parent") else {})}
+    return Plan(summary=f"Update management group '{g.name}': {changes}"[:1000], value=(g, fields), pins=pins,
+                risk="write")
+
+
+def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
+    g, fields = (plan or plan_update_group(principal, group_id, **fields)).value
+    for k, v in fields.items():
+        setattr(g, k, v)
     g.save()
     audit(principal, "management_group.update", "success", target_type="ManagementGroup", target_id=g.id,
-          detail=",".join(sorted(fields)), correlation_id=cid)
+          detail=",".join(sorted("parent_id" if k == "parent" else k for k in fields)), correlation_id=cid)
     return group_view(g)
 
 
-def add_group_member(principal, group_id, agent_id, *, cid=""):
-    g = _group(group_id)
+def plan_add_group_member(principal, group_id, agent_id, pinned=None):
+    g = _pinned_group(group_id, pinned)
     if g.membership_type == ManagementGroup.DYNAMIC:
         raise ValidationError({"group": "a dynamic group's members come from its scope expression"})
     agent = Agent.objects.filter(pk=agent_id).first()
     if agent is None:
         raise NotFound(f"Agent not found: {agent_id}")
+    return Plan(summary=f"Add agent {agent.hostname or agent_id} ({agent_id}) to management group '{g.name}' "
+                        f"(whoever holds a role on that group gains it on this agent)",
+                value=(g, agent), pins={"group": g.pk, "agents": [agent_id]}, risk="write")
+
+
+def add_group_member(principal, group_id=None, agent_id=None, *, cid="", plan=None):
+    g, agent = (plan or plan_add_group_member(principal, group_id, agent_id)).value
     g.members.add(agent)
     audit(principal, "management_group.add_member", "success", target_type="ManagementGroup", target_id=g.id,
-          detail=f"agent_id={agent_id}", correlation_id=cid)
-    return {"group_id": g.id, "agent_id": agent_id, "added": True}
+          detail=f"agent_id={agent.agent_id}", correlation_id=cid)
+    return {"group_id": g.id, "agent_id": agent.agent_id, "added": True}
 
 
 def _may_manage_group_roles(principal, g, operation):
@@ -206,8 +247,8 @@ def list_group_roles(principal, group_id):
     return {"group_id": g.id, "roles": [{"username": r.user.get_username(), "role": r.role.name} for r in rows]}
 
 
-def assign_group_role(principal, group_id, username, role, *, cid=""):
-    g = _group(group_id)
+def plan_assign_group_role(principal, group_id, username, role, pinned=None):
+    g = _pinned_group(group_id, pinned)
     if not _may_manage_group_roles(principal, g, "Write"):
         raise PermissionDenied("ManagementGroup:Write")
     user = get_user_model().objects.filter(username=username).first()
@@ -218,8 +259,17 @@ def assign_group_role(principal, group_id, username, role, *, cid=""):
         raise NotFound(f"role not found: {role}")
     if role_obj.name == "Administrator":
         raise PermissionDenied("UserManagement:Write", "the Administrator role is granted globally, not on a group")
+    if pinned is not None and (pinned or {}).get("user") not in (None, user.pk):
+        raise NotFound(f"user not found: {username} (the account was replaced after the approval)")
+    return Plan(summary=f"Grant role {role_obj.name} on management group '{g.name}' to {username}",
+                value=(g, user, role_obj), pins={"group": g.pk, "user": user.pk}, risk="write",
+                facts={"permissions": sorted(f"{p.securable}:{p.operation}" for p in role_obj.permissions.all())})
+
+
+def assign_group_role(principal, group_id=None, username=None, role=None, *, cid="", plan=None):
+    g, user, role_obj = (plan or plan_assign_group_role(principal, group_id, username, role)).value
     with transaction.atomic():
         RoleAssignment.objects.get_or_create(user=user, role=role_obj, group=g)
     audit(principal, "management_group.assign_role", "success", target_type="ManagementGroup", target_id=g.id,
-          detail=f"username={username} role={role}", correlation_id=cid)
-    return {"group_id": g.id, "username": username, "role": role, "assigned": True}
+          detail=f"username={user.get_username()} role={role_obj.name}", correlation_id=cid)
+    return {"group_id": g.id, "username": user.get_username(), "role": role_obj.name, "assigned": True}

@@ -13,6 +13,7 @@ class ToolContext:
     request_id: object = None
     progress_token: object = None
     approval: object = None  # the consumed approval ticket on a gated recall
+    plan: object = None  # the call's mcp.registry.Plan, worked out before any side effect
     detail: list = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
     extra: dict = field(default_factory=dict)  # transport-provided extras (e.g. a progress sink)
 

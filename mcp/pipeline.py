@@ -13,12 +13,13 @@ import time
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.core.exceptions import ValidationError
 import jsonschema
 from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.errors import YuzuError
+from yuzu.errors import YuzuError, invalid_input
 from yuzu.metrics import (MCP_APPROVAL_BURNED, MCP_TOOL_ARGS_INVALID, MCP_TOOL_CALLS, MCP_TOOL_LATENCY,
                           MCP_TOOL_SECURITY_MISCONFIG)
 from yuzu.models import OPERATIONS, SECURABLES
@@ -96,7 +97,9 @@ def check_arguments(tool, arguments):
 
 
 def pre_checks(ctx, name, arguments):
-    """Everything up to and including RBAC. Returns (tool, handler_arguments)."""
+    """Everything before the handler: knownness, kill switch, service scope, tier, schema, RBAC, the
+    tool's own validation (its Plan) and the approval gate. Returns (tool, handler_arguments); the Plan
+    is on ``ctx.plan``."""
     cat = catalogue(ctx.catalogue)
     tool = cat.tools.get(name) if isinstance(name, str) else None
     ctx.tool = name if isinstance(name, str) and len(name) <= 128 else "unknown"
@@ -124,18 +127,27 @@ def pre_checks(ctx, name, arguments):
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
-    if requires_approval(principal.tier, tool.securable, tool.operation):
-        gate = approval_gate()
-        if gate is None:
-            _deny(ctx, rpc.TIER_DENIED, "this operation needs a human approval and this server has no approval store",
-                  remediation=TIER_REMEDIATION)
-        ctx.approval = gate(ctx, tool, args, arguments.get("approval_id"))  # raises RpcError on every refusal
     if tool.rbac and not _rbac_allows(principal, tool, args):
         perm = f"{tool.securable}:{tool.operation}"
-        if ctx.approval is not None:
-            MCP_APPROVAL_BURNED.labels(tool.name, "rbac_denied").inc()
         _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
               remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
+    try:
+        if requires_approval(principal.tier, tool.securable, tool.operation):
+            gate = approval_gate()
+            if gate is None:
+                _deny(ctx, rpc.TIER_DENIED, "this operation needs a human approval and this server has no approval "
+                      "store", remediation=TIER_REMEDIATION)
+            # The gate plans the call (mint: as asked; recall: pinned to what was approved) and raises
+            # RpcError on every refusal.
+            ctx.approval = gate(ctx, tool, args, arguments.get("approval_id"))
+        else:
+            ctx.plan = tool.plan(ctx, args)
+    except (YuzuError, ValidationError) as exc:
+        exc = invalid_input(exc) if isinstance(exc, ValidationError) else exc
+        # The call's own validation refused it before anything happened (no ticket, nothing consumed).
+        _deny(ctx, exc.rpc_code, exc.message, result=exc.audit_result, retry_after_ms=exc.retry_after_ms,
+              remediation=exc.remediation, **({"permission": exc.permission} if exc.permission else {}),
+              **exc.extra)
     return tool, args
 
 
@@ -189,6 +201,8 @@ def run_sync(ctx, name, arguments):
         outcome = tool.handler(ctx, args)
     except (ToolFailure, YuzuError) as exc:
         outcome = exc
+    except ValidationError as exc:
+        outcome = invalid_input(exc)
     except Exception:
         outcome = internal_error(ctx)
     try:

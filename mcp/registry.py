@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from django.apps import apps
 
+from yuzu.plans import Plan  # noqa: F401  (tools build Plans; see yuzu.plans)
+
 DEFAULT_CATALOGUE = "v1"
 EFFECTS = ("read", "additive", "destructive")
 SERVICE_SCOPE_CLASSES = ("denied", "confined")
@@ -53,6 +55,7 @@ class Tool:
     catalogue: str = DEFAULT_CATALOGUE
     poll: bool = False
     precondition: object = None
+    prepare: object = None  # prepare(ctx, args, pinned=None) -> yuzu.plans.Plan: the tool's one validation
     progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
     module: str = ""
 
@@ -66,6 +69,12 @@ class Tool:
         from yuzu.policy import requires_approval
 
         return any(requires_approval(t, self.securable, self.operation) for t in ("operator", "supervised"))
+
+    def plan(self, ctx, args, pinned=None):
+        """The call's Plan: the tool's own ``prepare``, or the arguments as they are."""
+        if self.prepare is not None:
+            return self.prepare(ctx, args, pinned=pinned)
+        return Plan(summary=f"{self.title}", value=args, risk=self.effect)
 
     @property
     def is_write(self):
@@ -156,14 +165,14 @@ def _cat(name):
 
 def tool(*, name, title, description, securable, operation, input_schema, output_schema=None, effect=None,
          idempotent=None, service_scope="denied", rbac=True, rbac_agent_arg=None, catalogue=DEFAULT_CATALOGUE,
-         poll=False, precondition=None, progress=False):
+         poll=False, precondition=None, prepare=None, progress=False):
     def register(fn):
         eff = effect or ("read" if operation == "Read" else "destructive")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
                  idempotent=(operation == "Read") if idempotent is None else idempotent,
                  service_scope=service_scope, rbac=rbac, rbac_agent_arg=rbac_agent_arg, catalogue=catalogue,
-                 poll=poll, precondition=precondition, progress=progress, module=fn.__module__)
+                 poll=poll, precondition=precondition, prepare=prepare, progress=progress, module=fn.__module__)
         cat = _cat(catalogue)
         if name in cat.tools and cat.tools[name].module != t.module:
             cat.duplicates.append(name)

@@ -155,6 +155,7 @@ def handle(req):
     ctx = ToolContext(principal=principal, cid=correlation_id(), catalogue=req.catalogue,
                       session_id=session.id if session else None, request_id=req_id)
     ctx.extra["protocol_version"] = session.protocol_version if session else LATEST_VERSION
+    ctx.extra["client"] = session.client if session else {}
     ctx.extra["progress_mode"] = req.progress_mode
     try:
         result = _dispatch(ctx, req, method, msg.get("params") or {})
@@ -227,8 +228,10 @@ def _initialize(ctx, req, params):
     }
     headers = {}
     if streaming_on():
+        info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
         try:
-            session = store().create(ctx.principal.key, version)
+            session = store().create(ctx.principal.key, version, _label(info.get("name"), 64),
+                                     _label(info.get("version"), 32))
         except SessionCapReached as exc:
             session_reject(ctx.principal, exc.reason)
             raise rpc.RpcError(rpc.SESSION_CAP, "too many MCP sessions; end one (DELETE) or wait for idle expiry",
@@ -238,6 +241,11 @@ def _initialize(ctx, req, params):
               detail=f"protocol={version}")
         headers["Mcp-Session-Id"] = session.id
     return Reply(200, rpc.result_response(ctx.request_id, result), headers)
+
+
+def _label(value, limit):
+    """A client-supplied name for display: printable, bounded, or empty."""
+    return "".join(c for c in value if c.isprintable())[:limit] if isinstance(value, str) else ""
 
 
 def _ping(ctx, req, params):

@@ -28,6 +28,12 @@ class Session:
     id: str
     principal: str
     protocol_version: str
+    client_name: str = ""  # the client's own clientInfo on initialize (shown to approvers; never trusted)
+    client_version: str = ""
+
+    @property
+    def client(self):
+        return {"name": self.client_name or None, "version": self.client_version or None}
 
 
 def new_session_id():
@@ -43,7 +49,7 @@ class MemorySessionStore:
         for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
             del self._sessions[sid]
 
-    def create(self, principal, protocol_version):
+    def create(self, principal, protocol_version, client_name="", client_version=""):
         now = time.time()
         with self._lock:
             self._gc(now)
@@ -51,7 +57,7 @@ class MemorySessionStore:
                 raise SessionCapReached("global_cap")
             if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
                 raise SessionCapReached("per_principal_cap")
-            session = Session(new_session_id(), principal, protocol_version)
+            session = Session(new_session_id(), principal, protocol_version, client_name, client_version)
             self._sessions[session.id] = (session, now + IDLE_TTL)
             return session
 
@@ -91,7 +97,7 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'per_principal_
 local exp = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], exp, ARGV[5])
 redis.call('ZADD', KEYS[2], exp, ARGV[5])
-redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7])
+redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7], 'client', ARGV[8], 'client_version', ARGV[9])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 return 'ok'
 """
@@ -109,14 +115,14 @@ class RedisSessionStore:
     def _keys(self, principal, sid):
         return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
 
-    def create(self, principal, protocol_version):
+    def create(self, principal, protocol_version, client_name="", client_version=""):
         sid = new_session_id()
         verdict = self._create(keys=self._keys(principal, sid),
                                args=[time.time(), IDLE_TTL, GLOBAL_CAP, PER_PRINCIPAL_CAP, sid, principal,
-                                     protocol_version])
+                                     protocol_version, client_name, client_version])
         if verdict != "ok":
             raise SessionCapReached(verdict)
-        return Session(sid, principal, protocol_version)
+        return Session(sid, principal, protocol_version, client_name, client_version)
 
     def validate(self, sid, principal):
         all_key, p_key, s_key = self._keys(principal, sid)
@@ -129,7 +135,7 @@ class RedisSessionStore:
         pipe.zadd(all_key, {sid: exp})
         pipe.zadd(p_key, {sid: exp})
         pipe.execute()
-        return Session(sid, principal, data.get("version", ""))
+        return Session(sid, principal, data.get("version", ""), data.get("client", ""), data.get("client_version", ""))
 
     def delete(self, sid, principal):
         all_key, p_key, s_key = self._keys(principal, sid)

@@ -244,12 +244,12 @@ def test_commands_reach_the_agent_and_response_frames_update_rows_and_counters(p
 
     async def scenario():
         comm, agent_id, _, _ = await enrolled_agent(token)
-        out = await db(start_execution)(op, plugin="os", action="info", params={"verbose": "1"},
+        out = await db(start_execution)(op, plugin="process", action="list", params={"name": "python"},
                                         agent_ids=[agent_id])
         assert out["status"] == "running" and out["agents_reached"] == 1
         command = await comm.receive_json_from(timeout=5)
         assert command["type"] == "command" and command["command_id"] == out["command_id"]
-        assert (command["plugin"], command["action"], command["parameters"]) == ("os", "info", {"verbose": "1"})
+        assert (command["plugin"], command["action"], command["parameters"]) == ("process", "list", {"name": "python"})
         assert command["expires_at"] > timezone.now().timestamp()
         cid, eid = out["command_id"], out["execution_id"]
 

@@ -2,8 +2,8 @@
 
 An MCP client (alice, operator tier) asks to delete a tag and gets a pending ticket (-32006). An approver
 (carol, Approver role, staff, TOTP device) logs in to the admin with password + TOTP, opens Approvals,
-sees the ticket, presses Approve with a stale MFA proof, is asked for a fresh code, lands back with the
-ticket approved; alice's recall (same tool + arguments + approval_id) then deletes the tag.
+sees what the ticket will do, presses Approve with a stale MFA proof, is asked for the authenticator code on the
+same page, approves with it; alice's recall (same tool + arguments + approval_id) then deletes the tag.
 
 Needs /usr/bin/chromium (`apt-get install -y chromium`; tests/system_deps.py installs it under `make test`)
 and the playwright package (requirements-test.txt). `playwright install` is never needed or used.
@@ -139,28 +139,32 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
             page.click("#yuzu-pending-approvals a")
             page.wait_for_url(f"{server.base}/admin/approvals/approval/")
             assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
-            row = page.locator("#result_list tbody tr", has_text=tid)
+            row = page.locator("#result_list tbody tr", has_text=tid[:8])
             assert row.count() == 1
             row_text = row.inner_text()
+            assert "Delete tag owner=payments from host-1 (host-1)" in row_text
             assert "delete_tag" in row_text and "alice" in row_text and "ago" in row_text
-            assert '"agent_id": "host-1"' in row.locator("pre.yuzu-arguments").inner_text()
             page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
 
-            # Review → Approve with a comment → the step-up prompt.
-            row.locator("a", has_text="Review").click()
+            # Review → Approve with a comment but no code: the proof is stale, the page says so.
+            row.locator("a.yuzu-review-link").click()
             page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
             assert page.inner_text("#ticket-tool") == "delete_tag"
             assert page.inner_text("#ticket-submitter") == "alice"
+            assert page.inner_text("#ticket-client") == "browser-test 0"
+            assert "host-1" in page.inner_text("#ticket-targets")
             page.fill("#id_comment", "CHG-42: owner tag retired")
             page.click("#approve-button")
-            page.wait_for_url("**/admin/stepup/**")
+            page.wait_for_selector(".messagelist")
+            assert "older than five minutes" in page.inner_text(".messagelist")
             assert off_thread(ticket_status, tid) == "pending"
 
-            # A fresh code (a later time step than the login's) → back, and approved.
+            # The authenticator code in the same form (a later time step than the login's) → approved.
             page.fill("#id_otp_token", off_thread(next_code, device))
-            page.click("#stepup-form input[type=submit]")
+            page.click("#approve-button")
             page.wait_for_url(f"{server.base}/admin/approvals/approval/")
-            assert f"Approved delete_tag ticket {tid}" in page.inner_text(".messagelist")
+            assert f"Approved: Delete tag owner=payments from host-1 (host-1) (ticket {tid}" in \
+                page.inner_text(".messagelist")
             assert page.inner_text("#yuzu-pending-approvals") == "Approvals (0 pending)"
             page.screenshot(path=str(tmp_path / "approvals-after.png"), full_page=True)
         finally:

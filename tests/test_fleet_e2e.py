@@ -5,7 +5,7 @@ run_periodic` for the sweep), a real agent (`python -m fleet.agent`, enrolled wi
 
 - os.info through the official client on a supervised token: -32006 first, approved, recalled, polled to
   `succeeded` honouring retry_after_ms, output read with query_responses;
-- an unknown plugin ends in a REJECTED response row;
+- an action the agent did not declare is refused (-32602) before anything is dispatched;
 - an agent SIGKILLed mid-execution ends in TIMEOUT through the sweep, not a hang;
 - a Celery worker SIGKILLed mid-execution and restarted loses no response (Redis only: embedded mode has
   no separate worker to restart).
@@ -311,17 +311,10 @@ def test_polling_a_running_execution_and_an_unknown_plugin_on_an_operator_token(
     [row] = calls["slow_responses"]["structured"]["responses"]
     assert (row["status"], row["output"], row["exit_code"]) == ("SUCCESS", "slow done\n", 0)
 
-    # An action no agent has: the agent answers REJECTED, which counts as a failure.
-    assert calls["unknown"]["structured"]["status"] == "running"
-    status = calls["unknown_status"]
-    assert_polled_honouring_the_hint(status)
-    final = status["structured"]
-    assert final["status"] == "completed"  # "completed" = terminal with at least one failure
-    assert (final["agents_responded"], final["agents_success"], final["agents_failure"]) == (1, 0, 1)
-    [row] = calls["unknown_responses"]["structured"]["responses"]
-    assert row["status"] == "REJECTED" and row["error"] == "unknown plugin/action: nosuch.thing"
-    stored = Response.objects.get(execution_id=final["id"])
-    assert (stored.agent_id, stored.status, stored.plugin) == (agent_id, Response.REJECTED, "nosuch")
+    # An action the agent did not declare in its catalogue: refused before anything is sent.
+    err = calls["unknown"]["error"]
+    assert err["code"] == -32602 and err["message"].startswith("unknown plugin/action: nosuch.thing")
+    assert not Execution.objects.filter(plugin="nosuch").exists()
 
 
 # --- failures -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from .audit import audit
 from .errors import NotFound
+from .plans import Plan
 
 MAX_FAILURES = 5
 LOCK_FOR = timedelta(minutes=15)
@@ -41,12 +42,24 @@ def record_failure(username):
               detail=f"failed_attempts={lock.failed_attempts}")
 
 
-def unlock_account(principal, username, *, cid=""):
+def plan_unlock_account(principal, username, pinned=None):
     from .models import AccountLockout
 
     user = get_user_model().objects.filter(username=username).first()
-    if user is None:
+    if user is None or (pinned is not None and (pinned or {}).get("user") not in (None, user.pk)):
         raise NotFound(f"user not found: {username}")
+    locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).values_list(
+        "locked_until", flat=True).first()
+    state = f"locked until {locked:%Y-%m-%d %H:%M} UTC" if locked else "not locked now"
+    return Plan(summary=f"Unlock the account of {username} ({state}) and reset its failed-login count",
+                value=user, pins={"user": user.pk}, risk="write")
+
+
+def unlock_account(principal, username=None, *, cid="", plan=None):
+    from .models import AccountLockout
+
+    user = (plan or plan_unlock_account(principal, username)).value
+    username = user.get_username()
     was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()
     AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None)
     audit(principal, "account.unlock", "success", target_type="User", target_id=username,

@@ -57,6 +57,23 @@ class YuzuError(Exception):
         return data
 
 
+def validation_message(detail):
+    """A Django/DRF validation error's detail (dict, list or text) as one line: ``field: message; …``."""
+    if isinstance(detail, dict):
+        return "; ".join(validation_message(v) if k in ("__all__", "non_field_errors") else
+                         f"{k}: {validation_message(v)}" for k, v in detail.items())
+    if isinstance(detail, list):
+        return "; ".join(validation_message(v) for v in detail)
+    return str(detail)
+
+
+def invalid_input(exc):
+    """A Django ValidationError raised by a service, as the YuzuError both faces render (400 / -32602)."""
+    detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+    return YuzuError(validation_message(detail), status=400, rpc_code=-32602,
+                     remediation="correct the request and retry")
+
+
 class NotFound(YuzuError):
     def __init__(self, message, **kw):
         kw.setdefault("status", 404)

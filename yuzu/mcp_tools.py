@@ -4,6 +4,7 @@ from mcp.registry import configure, prompt, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 
 from . import rbac, tokens
+from .accounts import plan_unlock_account as plan_unlock
 from .accounts import unlock_account as unlock_service
 from .api.views import check_permission as check_permission_service
 from .audit import query_audit
@@ -86,6 +87,7 @@ def list_api_tokens(ctx, args):
 
 @tool(name="create_api_token", title="Create an API token", securable="ApiToken", operation="Write",
       effect="additive", idempotent=False,
+      prepare=lambda ctx, a, pinned=None: tokens.plan_create_token(ctx.principal, **a),
       description="Mints a new token for the caller (self-scoped); the secret is returned once. Supervised tier "
                   "only, and approval-gated. MCP tokens must expire within 90 days; an MCP caller may only create "
                   "tokens of its own tier or lower that expire no later than itself (pass mcp_tier and expires_at).",
@@ -94,19 +96,18 @@ def list_api_tokens(ctx, args):
                         "approval_id": APPROVAL_ID}, ["name"]),
       output_schema=obj({"id": string(24), "token": string(80)}, ["id", "token"], additional=True))
 def create_api_token(ctx, args):
-    return tokens.create_token(ctx.principal, name=args["name"], expires_at=args.get("expires_at"),
-                               scope_service=args.get("scope_service", ""), mcp_tier=args.get("mcp_tier", ""),
-                               cid=ctx.cid)
+    return tokens.create_token(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="revoke_api_token", title="Revoke an API token", securable="ApiToken", operation="Delete",
       effect="destructive", idempotent=True,
+      prepare=lambda ctx, a, pinned=None: tokens.plan_revoke_token(ctx.principal, a["token_id"]),
       description="Revokes one of the caller's tokens (an administrator may revoke another user's). Supervised "
                   "tier only, approval-gated.",
       input_schema=obj({"token_id": TOKEN_ID, "approval_id": APPROVAL_ID}, ["token_id"]),
       output_schema=obj({"id": string(24), "revoked": boolean()}, ["id", "revoked"]))
 def revoke_api_token(ctx, args):
-    return tokens.revoke_token(ctx.principal, args["token_id"], cid=ctx.cid)
+    return tokens.revoke_token(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 @tool(name="rotate_api_token", title="Rotate an API token", securable="ApiToken", operation="Rotate",
@@ -133,12 +134,13 @@ def confirm_api_token_rotation(ctx, args):
 
 @tool(name="unlock_account", title="Unlock a user account", securable="UserManagement", operation="Write",
       effect="destructive", idempotent=True,
+      prepare=lambda ctx, a, pinned=None: plan_unlock(ctx.principal, a["username"], pinned),
       description="Clears a login lockout (after repeated failed logins). Supervised tier, approval-gated. "
                   "was_locked:false means it was not locked.",
       input_schema=obj({"username": string(150, minLength=1), "approval_id": APPROVAL_ID}, ["username"]),
       output_schema=obj({"username": string(150), "unlocked": boolean(), "was_locked": boolean()}, ["unlocked"]))
 def unlock_account(ctx, args):
-    return unlock_service(ctx.principal, args["username"], cid=ctx.cid)
+    return unlock_service(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 # --- resources -------------------------------------------------------------------------------

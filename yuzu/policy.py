@@ -2,6 +2,9 @@
 
 OPERATOR_ALLOWED = {
     ("Tag", "Write"), ("Tag", "Delete"), ("Execution", "Execute"), ("ApiToken", "Rotate"),
+    # Project decision: an operator token mints approval tickets (Tag:Delete), so it may withdraw its own
+    # (withdraw_approval). approve_request / reject_request share the pair and stay refused over MCP.
+    ("Approval", "Write"),
 }
 SUPERVISED_GATED = {
     ("Execution", "Execute"), ("Policy", "Write"), ("Security", "Write"), ("Security", "Execute"),

@@ -19,3 +19,20 @@ def require_fresh_mfa(principal, permission="ApiToken:Write"):
     if not mfa_is_fresh(principal):
         raise PermissionDenied(permission, "mfa_proof_missing: enter a fresh TOTP code (step-up) and retry",
                                remediation="open /admin/stepup/ and enter a current TOTP code")
+
+
+def prove(request, code):
+    """Check an authenticator code of the signed-in admin user; on success stamp a fresh MFA proof on the
+    session. A code is accepted once (django-otp remembers the last one used). Audited either way."""
+    from django_otp import match_token
+
+    from .audit import audit
+    from .auth import MFA_SESSION_KEY
+
+    device = match_token(request.user, code.strip()) if isinstance(code, str) and code.strip() else None
+    audit(request.user, "auth.mfa_stepup", "success" if device else "failure", target_type="User",
+          target_id=request.user.get_username())
+    if device is None:
+        return False
+    request.session[MFA_SESSION_KEY] = time.time()
+    return True

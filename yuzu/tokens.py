@@ -9,7 +9,8 @@ from django.utils.dateparse import parse_datetime
 
 from .audit import audit
 from .errors import NotFound, PermissionDenied, YuzuError
-from .models import ApiToken, MCP_TOKEN_MAX_DAYS
+from .models import ApiToken, MCP_TOKEN_MAX_DAYS, validate_token_fields
+from .plans import Plan
 from .policy import TIER_ORDER
 from .rbac import may
 from .stepup import require_fresh_mfa
@@ -69,15 +70,27 @@ def list_tokens(principal):
     return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user, audience=ApiToken.AUDIENCE_API)]
 
 
-def create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier="", cid=""):
+def plan_create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier="", pinned=None):
     if not name or len(name) > 256:
         raise ValidationError({"name": "name is required, at most 256 characters"})
     expires = parse_expiry(expires_at)
     check_ceiling(principal, mcp_tier or "", expires, permission="ApiToken:Write")
+    validate_token_fields(mcp_tier or "", expires, timezone.now())
     if scope_service:
         _check_service_scope(principal, scope_service)
-    token, raw = ApiToken.mint(principal.user, name, mcp_tier=mcp_tier or "", expires_at=expires,
-                               scope_service=scope_service or "")
+    what = (f"an MCP token of tier {mcp_tier}" if mcp_tier else "an API token with no MCP tier (full RBAC)")
+    until = f"expiring {expires:%Y-%m-%d %H:%M} UTC" if expires else "that never expires"
+    scope = f", confined to service {scope_service}" if scope_service else ""
+    return Plan(summary=f"Create {what} named '{name}' for {principal.name}, {until}{scope}",
+                value={"name": name, "mcp_tier": mcp_tier or "", "expires_at": expires,
+                       "scope_service": scope_service or ""}, risk="write")
+
+
+def create_token(principal, *, cid="", plan=None, **request):
+    fields = (plan or plan_create_token(principal, **request)).value
+    name, mcp_tier = fields["name"], fields["mcp_tier"]
+    token, raw = ApiToken.mint(principal.user, name, mcp_tier=mcp_tier, expires_at=fields["expires_at"],
+                               scope_service=fields["scope_service"])
     audit(principal, "api_token.create", "success", target_type="ApiToken", target_id=token.id,
           detail=f"name={name} mcp_tier={mcp_tier or '-'}", correlation_id=cid)
     return {**token_view(token), "token": raw}
@@ -107,7 +120,15 @@ def _own_token(principal, token_id, *, allow_admin=False):
     return token
 
 
-def revoke_token(principal, token_id, *, cid=""):
+def plan_revoke_token(principal, token_id, pinned=None):
+    token = _own_token(principal, token_id, allow_admin=True)
+    owner = "" if token.owner_id == principal.user.pk else f" of {token.owner.get_username()}"
+    return Plan(summary=f"Revoke API token '{token.name}' ({token.prefix}…){owner}: it stops working at once",
+                value=token.pk, risk="destructive")
+
+
+def revoke_token(principal, token_id=None, *, cid="", plan=None):
+    token_id = plan.value if plan is not None else token_id
     with transaction.atomic():
         token = _own_token(principal, token_id, allow_admin=True)
         if token.revoked_at is None:

@@ -54,6 +54,7 @@ class Plugin:
     risk: str
     params: dict
     run: Callable[[dict, Context], Result]
+    description: str = ""  # what it does, in one sentence — shown to the approver of a gated execution
 
 
 def ok(data):
@@ -362,28 +363,36 @@ def quarantine_release(params, ctx):
 # --- the registry ------------------------------------------------------------------------------
 
 PLUGINS = {p.name: p for p in [
-    Plugin("os.info", READ, schema(), os_info),
-    Plugin("system.uptime", READ, schema(), system_uptime),
-    Plugin("process.list", READ, schema({"name": {"type": "string", "maxLength": 256}, "limit": DIGITS}), process_list),
-    Plugin("disk.usage", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096}}), disk_usage),
-    Plugin("network.interfaces", READ, schema(), network_interfaces),
-    Plugin("reboot.pending", READ, schema(), reboot_pending),
+    Plugin("os.info", READ, schema(), os_info, "Reports the operating system, version, kernel and hostname."),
+    Plugin("system.uptime", READ, schema(), system_uptime, "Reports the boot time and uptime."),
+    Plugin("process.list", READ, schema({"name": {"type": "string", "maxLength": 256}, "limit": DIGITS}), process_list,
+           "Lists running processes (optionally those whose name contains `name`), with CPU and memory use."),
+    Plugin("disk.usage", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096}}), disk_usage,
+           "Reports used and free space of every mounted filesystem, or of the one holding `path`."),
+    Plugin("network.interfaces", READ, schema(), network_interfaces,
+           "Lists network interfaces with their addresses and link state."),
+    Plugin("reboot.pending", READ, schema(), reboot_pending, "Reports whether the system is waiting for a reboot."),
     Plugin("file.hash", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
                                       "algorithm": {"type": "string", "enum": list(HASH_ALGORITHMS)}}, ["path"]),
-           file_hash),
+           file_hash, "Hashes one file (sha256 by default); reads the file, changes nothing."),
     Plugin("service.status", READ, schema({"name": {"type": "string", "pattern": r"^[A-Za-z0-9@._:\\-]{1,256}$"}},
-                                          ["name"]), service_status),
+                                          ["name"]), service_status, "Reports whether one system service is running."),
     Plugin("script.run", WRITE, schema({"argv": {"type": "string", "minLength": 1, "maxLength": 65536},
-                                        "timeout": DIGITS}, ["argv"]), script_run),
+                                        "timeout": DIGITS}, ["argv"]), script_run,
+           "Runs one command line from the agent's allow-list (no shell) and returns its output; the command may "
+           "change the system."),
     Plugin("quarantine.quarantine", DESTRUCTIVE,
-           schema({"allow": {"type": "string", "maxLength": 4096, "pattern": r"^[0-9A-Fa-f.:/, ]*$"}}), quarantine),
-    Plugin("quarantine.release", DESTRUCTIVE, schema(), quarantine_release),
+           schema({"allow": {"type": "string", "maxLength": 4096, "pattern": r"^[0-9A-Fa-f.:/, ]*$"}}), quarantine,
+           "Cuts the device off the network except the yuzu server, DNS and the `allow` list (nftables; a dry run "
+           "unless the agent's operator enabled enforcement)."),
+    Plugin("quarantine.release", DESTRUCTIVE, schema(), quarantine_release,
+           "Removes the network quarantine from the device."),
 ]}
 
 
 def catalogue(registry=PLUGINS):
     """The ``plugins`` field of the register message."""
-    return {name: {"risk": p.risk, "params": p.params} for name, p in registry.items()}
+    return {name: {"risk": p.risk, "params": p.params, "description": p.description} for name, p in registry.items()}
 
 
 def execute(registry, plugin, action, params, ctx):
@@ -405,4 +414,4 @@ def simulated(registry=PLUGINS):
     def fake(name):
         return lambda params, ctx: ok({"simulated": True, "plugin": name, "params": params,
                                        "hostname": ctx.config.get("hostname", "")})
-    return {name: Plugin(name, p.risk, p.params, fake(name)) for name, p in registry.items()}
+    return {name: Plugin(name, p.risk, p.params, fake(name), p.description) for name, p in registry.items()}

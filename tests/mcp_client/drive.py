@@ -108,8 +108,8 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
          "args": {"execution_id": "@calls.execute.structured.execution_id"}},
     ],
     # An operator-tier token (no approval): a slow script.run (the agent must allow-list
-    # ["sh", "-c", "*"]) is polled while running, honouring retry_after_ms; an action no agent has ends
-    # in a REJECTED response row.
+    # ["sh", "-c", "*"]) is polled while running, honouring retry_after_ms; an action the agent did not
+    # declare is refused by the server (-32602) before anything is sent.
     "fleet_operator": [
         {"op": "list", "kind": "tools"},
         {"op": "call", "tool": "execute_instruction", "as": "slow",
@@ -122,11 +122,6 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
          "args": {"execution_id": "@calls.slow.structured.execution_id"}},
         {"op": "call", "tool": "execute_instruction", "as": "unknown",
          "args": {"plugin": "nosuch", "action": "thing", "agent_ids": ["$agent_id"]}},
-        {"op": "poll", "tool": "get_execution_status", "as": "unknown_status", "timeout": 30,
-         "args": {"execution_id": "@calls.unknown.structured.execution_id"},
-         "until": {"field": "status", "in": ["succeeded", "completed", "cancelled"]}},
-        {"op": "call", "tool": "query_responses", "as": "unknown_responses",
-         "args": {"execution_id": "@calls.unknown.structured.execution_id"}},
     ],
     # The smallest useful session: what the TS client and the benchmark also do.
     "smoke": [

@@ -7,7 +7,7 @@ from django.core.exceptions import RequestDataTooBig, ValidationError as DjangoV
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from yuzu.errors import YuzuError, correlation_id
+from yuzu.errors import YuzuError, correlation_id, invalid_input, validation_message
 
 log = logging.getLogger("yuzu.api")
 META = {"api_version": "v1"}
@@ -32,17 +32,6 @@ def error_body(status, message, cid, *, retry_after_ms=None, remediation=None, *
     return {"error": err, "meta": META}
 
 
-def _validation_message(detail):
-    if isinstance(detail, dict):
-        parts = []
-        for k, v in detail.items():
-            parts.append(f"{k}: {_validation_message(v)}" if k not in ("__all__", "non_field_errors") else _validation_message(v))
-        return "; ".join(parts)
-    if isinstance(detail, list):
-        return "; ".join(_validation_message(v) for v in detail)
-    return str(detail)
-
-
 def exception_handler(exc, context):
     request = context.get("request")
     cid = cid_of(request) if request is not None else correlation_id()
@@ -51,8 +40,8 @@ def exception_handler(exc, context):
         status, body = exc.status, error_body(exc.status, exc.message, cid, retry_after_ms=exc.retry_after_ms,
                                               remediation=exc.remediation, permission=exc.permission, **exc.extra)
     elif isinstance(exc, DjangoValidationError):
-        msg = _validation_message(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
-        status, body = 400, error_body(400, msg, cid, remediation="correct the request and retry")
+        err = invalid_input(exc)
+        status, body = 400, error_body(400, err.message, cid, remediation=err.remediation)
     elif isinstance(exc, RequestDataTooBig):
         status, body = 413, error_body(413, "request body exceeds 4 MiB", cid)
     elif isinstance(exc, (drf.NotAuthenticated, drf.AuthenticationFailed)):
@@ -62,10 +51,10 @@ def exception_handler(exc, context):
     elif isinstance(exc, drf.ParseError):
         status, body = 400, error_body(400, f"malformed JSON body: {exc.detail}", cid)
     elif isinstance(exc, drf.ValidationError):
-        status, body = 400, error_body(400, _validation_message(exc.detail), cid, remediation="correct the request and retry")
+        status, body = 400, error_body(400, validation_message(exc.detail), cid, remediation="correct the request and retry")
     elif isinstance(exc, drf.APIException):
         status = exc.status_code
-        body = error_body(status, _validation_message(exc.detail), cid)
+        body = error_body(status, validation_message(exc.detail), cid)
         if isinstance(exc, drf.Throttled) and exc.wait:
             body["error"]["retry_after_ms"] = int(exc.wait * 1000)
     elif isinstance(exc, __import__("django").http.Http404):

@@ -1,0 +1,29 @@
+"""What a call will do, worked out before anything happens (the "validate before side effects" rule).
+
+A capability's service exposes ``plan_<capability>(principal, …, pinned=None) -> Plan``: its ONE
+validation function. It runs every check that can run before a side effect (meaning of the input,
+lookups, permission on the objects, target resolution) and raises ``YuzuError`` / ``ValidationError`` on a
+refusal; the capability then acts on ``plan.value``. The MCP tool declares it as its ``prepare`` hook, so
+the approval gate can show a human exactly what will happen — ``summary``, ``risk``, ``facts`` — and pin
+``pins`` (what was resolved live, e.g. ``{"agents": [ids]}``). Re-planned with ``pinned=`` those pins, the
+call acts on what was approved and nothing else."""
+
+import re
+from dataclasses import dataclass, field
+
+#: parameter names whose values are secrets: stored redacted, shown redacted, sent only to the agent
+SENSITIVE_KEY_RE = re.compile(r"password|passwd|secret|token|key|credential", re.IGNORECASE)
+
+
+@dataclass
+class Plan:
+    summary: str
+    value: object = None
+    pins: dict = field(default_factory=dict)
+    risk: str = ""
+    facts: dict = field(default_factory=dict)
+
+
+def redact(params):
+    """Command parameters for display: values whose name marks a secret become [redacted]."""
+    return {k: "[redacted]" if SENSITIVE_KEY_RE.search(k) else v for k, v in (params or {}).items()}
