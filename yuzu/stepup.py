@@ -17,5 +17,6 @@ def require_fresh_mfa(principal):
     if principal.via != "session":
         return
     if not mfa_is_fresh(principal):
-        raise PermissionDenied("ApiToken:Write", "mfa_proof_missing: enter a fresh TOTP code (step-up) and retry",
-                               remediation="open /admin/stepup/ and enter a current TOTP code")
+        raise PermissionDenied("ApiToken:Write",
+                               "mfa_proof_missing: enter a fresh authenticator code (step-up) and retry",
+                               remediation="open /admin/stepup/ and enter the current code from your authenticator app")
