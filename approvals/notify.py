@@ -38,7 +38,7 @@ log = logging.getLogger("yuzu.approvals.notify")
 
 EVENT = "approval.requested"
 SUMMARY_MAX = 500
-BACKOFF_MAX = 3600.0
+BACKOFF_MAX = 1800.0  # under the Redis broker's 1 h visibility timeout, so a waiting retry is not redelivered
 
 
 class Undeliverable(Exception):
@@ -156,7 +156,7 @@ def email_content(message):
 # --- delivery (in the Celery task) -------------------------------------------------------------
 
 def backoff(attempt):
-    """Seconds to wait after failed attempt number ``attempt`` (1-based): BACKOFF × 2^(attempt-1), ≤ 1 h."""
+    """Seconds to wait after failed attempt number ``attempt`` (1-based): BACKOFF × 2^(attempt-1), ≤ 30 min."""
     return min(settings.YUZU_APPROVAL_NOTIFY_BACKOFF * 2 ** (attempt - 1), BACKOFF_MAX)
 
 

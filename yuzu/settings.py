@@ -208,7 +208,7 @@ YUZU_APPROVAL_EMAIL_TO = [a.strip() for a in os.environ.get("YUZU_APPROVAL_EMAIL
 YUZU_APPROVAL_WEBHOOK_URL = os.environ.get("YUZU_APPROVAL_WEBHOOK_URL", "").strip()
 YUZU_APPROVAL_WEBHOOK_SECRET = os.environ.get("YUZU_APPROVAL_WEBHOOK_SECRET", "")
 YUZU_APPROVAL_WEBHOOK_TIMEOUT = float(os.environ.get("YUZU_APPROVAL_WEBHOOK_TIMEOUT", "10"))
-# Each notification is tried at most this many times, waiting BACKOFF, 2×BACKOFF, 4×… seconds (≤ 1 h) between.
+# Each notification is tried at most this many times, waiting BACKOFF, 2×BACKOFF, 4×… seconds (≤ 30 min) between.
 YUZU_APPROVAL_NOTIFY_ATTEMPTS = int(os.environ.get("YUZU_APPROVAL_NOTIFY_ATTEMPTS", "5"))
 YUZU_APPROVAL_NOTIFY_BACKOFF = float(os.environ.get("YUZU_APPROVAL_NOTIFY_BACKOFF", "30"))
 
