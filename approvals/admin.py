@@ -191,10 +191,8 @@ class ApprovalAdmin(admin.ModelAdmin):
         principal = session_principal(request)
         error = None
         if request.POST.get("confirm") == "yes":
-            code = request.POST.get("otp_token", "")
-            if not mfa_is_fresh(principal) and not prove(request, code):
-                error = "That authenticator code is not valid. Enter the current code from your authenticator app."
-            else:
+            error = None if mfa_is_fresh(principal) else prove(request, request.POST.get("otp_token", ""))
+            if error is None:
                 comment = request.POST.get("comment", "")[:1024]
                 done, refused = 0, []
                 for t in tickets:
@@ -246,9 +244,9 @@ class ApprovalAdmin(admin.ModelAdmin):
                 return HttpResponseBadRequest("decision must be approve or reject")
             comment = request.POST.get("comment", "")[:1024]
             code = request.POST.get("otp_token", "")
-            if code.strip() and not mfa_is_fresh(session_principal(request)) and not prove(request, code):
-                code_error = "That authenticator code is not valid. Enter the current code from your authenticator app."
-            else:
+            if code.strip() and not mfa_is_fresh(session_principal(request)):
+                code_error = prove(request, code)
+            if code_error is None:
                 outcome = self._review(request, ticket, decision, comment)
                 if outcome is not None:
                     return outcome

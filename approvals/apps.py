@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_save
 
 
 class ApprovalsConfig(AppConfig):
@@ -9,5 +10,8 @@ class ApprovalsConfig(AppConfig):
         from mcp.pipeline import set_approval_gate
 
         from .gate import gate
+        from .notify import on_approval_saved
 
         set_approval_gate(gate)
+        # A new ticket tells the approvers (email, webhook) once its transaction commits.
+        post_save.connect(on_approval_saved, sender=self.get_model("Approval"), dispatch_uid="approvals.notify")

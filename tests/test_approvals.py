@@ -639,7 +639,7 @@ def test_admin_review_with_a_stale_proof_takes_the_code_in_the_same_post(mcp, ta
     assert audits("approval.approve")[-1].detail == "approver_assurance:mfa_proof_missing"
     # A wrong code: refused the same way, named as an authenticator code.
     r = c.post(review_url, {"decision": "approve", "comment": "change CHG-1", "otp_token": "000000"})
-    assert "authenticator code is not valid" in page_text(r) and Approval.objects.get(pk=tid).status == "pending"
+    assert "that authenticator code is not right" in page_text(r) and Approval.objects.get(pk=tid).status == "pending"
     approver.device.refresh_from_db()
     approver.device.throttle_reset()  # django-otp throttles a device after a wrong code
     # GET never changes anything (issue 10 item 12): there is no resume-on-GET any more.
@@ -668,7 +668,7 @@ def test_admin_bulk_reject_asks_for_a_comment_and_a_code(mcp, tagged_agent, appr
     assert confirm.status_code == 200 and "reject these 2 pending tickets?" in page_text(confirm)
     assert Approval.objects.filter(status="pending").count() == 2
     r = c.post("/admin/approvals/approval/", {**form, "confirm": "yes", "comment": "freeze", "otp_token": "000000"})
-    assert "authenticator code is not valid" in page_text(r)
+    assert "that authenticator code is not right" in page_text(r)
     assert Approval.objects.filter(status="pending").count() == 2
     approver.device.refresh_from_db()
     approver.device.throttle_reset()  # django-otp throttles a device after a wrong code

@@ -1,9 +1,10 @@
 """The approval surface in a real browser: Debian's chromium driven by Playwright against a real daphne.
 
 An MCP client (alice, operator tier) asks to delete a tag and gets a pending ticket (-32006). An approver
-(carol, Approver role, staff, TOTP device) logs in to the admin with password + TOTP, opens Approvals,
-sees what the ticket will do, presses Approve with a stale MFA proof, is asked for the authenticator code on the
-same page, approves with it; alice's recall (same tool + arguments + approval_id) then deletes the tag.
+(carol, Approver role, staff, TOTP device) logs in to the admin with password + authenticator code in one
+submission, opens Approvals, sees what the ticket will do, presses Approve with a stale MFA proof, is asked
+for the authenticator code on the same page, approves with it; alice's recall (same tool + arguments +
+approval_id) then deletes the tag.
 
 Needs /usr/bin/chromium (`apt-get install -y chromium`; tests/system_deps.py installs it under `make test`)
 and the playwright package (requirements-test.txt). `playwright install` is never needed or used.
@@ -118,14 +119,9 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
             page = browser.new_page(base_url=server.base)
             page.set_default_timeout(15000)
 
-            # Password + TOTP login, as django-otp's admin form asks for it: the first submission
-            # identifies the user and lists their devices; the second picks the device and the code.
+            # Password + authenticator code in one submission (carol has one device).
             page.goto("/admin/login/?next=/admin/")
             page.fill("#id_username", "carol")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_selector(f"#id_otp_device option[value='{device.persistent_id}']", state="attached")
-            page.select_option("#id_otp_device", device.persistent_id)
             page.fill("#id_password", PASSWORD)
             page.fill("#id_otp_token", code(device))
             page.click("input[type=submit][value='Log in']")

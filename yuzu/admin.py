@@ -1,54 +1,121 @@
 """The admin is password + TOTP (django-otp's OTPAdminSite). It also hosts the step-up page that
-refreshes the MFA proof sensitive actions (approving, token writes) require."""
+refreshes the MFA proof sensitive actions (approving, token writes) require.
+
+Login is one submission: with exactly one confirmed authenticator the code is checked against it (django-otp
+alone first answers "Please select a device"). Every message says "authenticator code" — never "token",
+which in yuzu means an API token."""
 
 import time
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.dispatch import receiver
 from django.shortcuts import redirect, render
 from django.urls import path
 from django.utils.http import url_has_allowed_host_and_scheme
-from django_otp import match_token
-from django_otp.admin import OTPAdminSite
+from django_otp import devices_for_user
+from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
 from .accounts import record_failure
 from .audit import audit
 from .auth import MFA_SESSION_KEY
+from .stepup import CODE_REQUIRED, CODE_REUSED, CODE_THROTTLED, CODE_WRONG, code_was_used, prove
 from .models import AccountLockout, ApiToken, AuditEvent, Role, RoleAssignment, RolePermission
+
+DEVICE_REQUIRED = "Choose the authenticator the code comes from."
+NO_DEVICE = "This account has no authenticator set up, so it cannot sign in here. Ask an administrator to add one."
+ACCOUNT_LOCKED = ("This account is locked after too many failed sign-ins. Try again after {until:%H:%M} UTC, or "
+                  "ask an administrator to unlock it.")
+
+
+class LoginForm(OTPAdminAuthenticationForm):
+    """Password + authenticator code in one submission; the device list only for several devices."""
+
+    otp_error_messages = {
+        **OTPAdminAuthenticationForm.otp_error_messages,
+        "token_required": CODE_REQUIRED, "invalid_token": CODE_WRONG, "device_required": DEVICE_REQUIRED,
+        "n_failed_attempts": CODE_THROTTLED, "verification_not_allowed": CODE_THROTTLED,
+    }
+    otp_token = forms.CharField(required=False, label="Authenticator code", max_length=16, widget=forms.TextInput(
+        attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "size": 8}))
+    show_devices = False
+
+    def _chosen_device(self, user):
+        device = super()._chosen_device(user)
+        if device is None and not self.cleaned_data.get("otp_device"):
+            # Runs inside clean_otp's transaction: lock the device as django-otp does for a chosen one.
+            devices = list(devices_for_user(user, confirmed=True, for_verify=True))
+            if not devices:
+                raise forms.ValidationError(NO_DEVICE, code="no_device")
+            if len(devices) == 1:
+                device = devices[0]
+        return device
+
+    def _verify_token(self, user, token, device=None):
+        try:
+            return super()._verify_token(user, token, device)
+        except forms.ValidationError as exc:
+            if exc.code == "invalid_token" and code_was_used(device, token):
+                raise forms.ValidationError(CODE_REUSED, code="reused_code") from None
+            raise
+
+    def _update_form(self, user):
+        # Not django-otp's: it re-renders the password into the page for a second submission we no
+        # longer need. Offer the device list only when there is a choice to make.
+        choices = self.device_choices(user)
+        self.fields["otp_device"].widget.choices = choices
+        self.show_devices = len(choices) > 2  # the blank entry + two or more devices
+
+    def get_invalid_login_error(self):
+        """A locked account with the right password learns it is locked (not "wrong password"); without the
+        password nobody learns whether an account exists or is locked."""
+        User = get_user_model()
+        user = User.objects.filter(**{User.USERNAME_FIELD: self.cleaned_data.get("username")}).first()
+        lock = AccountLockout.objects.filter(user=user).first() if user is not None else None
+        if lock is not None and lock.is_locked() and user.check_password(self.cleaned_data.get("password") or ""):
+            return forms.ValidationError(ACCOUNT_LOCKED.format(until=lock.locked_until), code="locked")
+        return super().get_invalid_login_error()
 
 
 class YuzuAdminSite(OTPAdminSite):
     site_header = "yuzu administration"
     site_title = "yuzu"
     index_title = "Fleet, approvals and access"
+    login_form = LoginForm
+    login_template = "admin/login.html"
 
     def get_urls(self):
         return [path("stepup/", self.admin_view(self.stepup_view), name="stepup")] + super().get_urls()
 
     def stepup_view(self, request):
-        """Ask for a current TOTP code and stamp a fresh MFA proof on the session."""
+        """Ask for the current authenticator code and stamp a fresh MFA proof on the session."""
         next_url = request.GET.get("next") or request.POST.get("next") or "/admin/"
         if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()}):
             next_url = "/admin/"
         form = StepUpForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
-            device = match_token(request.user, form.cleaned_data["otp_token"])
-            if device is not None:
-                request.session[MFA_SESSION_KEY] = time.time()
-                audit(request.user, "auth.mfa_stepup", "success", target_type="User", target_id=request.user.get_username())
+            problem = prove(request, form.cleaned_data["otp_token"])
+            if problem is None:
                 messages.success(request, "MFA proof refreshed.")
                 return redirect(next_url)
-            audit(request.user, "auth.mfa_stepup", "failure", target_type="User", target_id=request.user.get_username())
-            form.add_error("otp_token", "That code is not valid. Enter the current code from your authenticator.")
+            form.add_error("otp_token", problem)
         return render(request, "admin/stepup.html", {**self.each_context(request), "form": form, "next": next_url,
                                                      "title": "Confirm it's you"})
 
 
 class StepUpForm(forms.Form):
-    otp_token = forms.CharField(label="Authenticator code", max_length=8, min_length=6,
-                                widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True}))
+    otp_token = forms.CharField(label="Authenticator code", max_length=16,
+                                error_messages={"required": CODE_REQUIRED},
+                                widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True,
+                                                              "inputmode": "numeric", "size": 8}))
+
+    def clean_otp_token(self):
+        code = "".join(self.cleaned_data["otp_token"].split())
+        if not code.isdigit() or not 6 <= len(code) <= 8:
+            raise forms.ValidationError(CODE_REQUIRED)
+        return code
 
 
 admin.site.__class__ = YuzuAdminSite

@@ -20,3 +20,7 @@ MCP_APPROVAL_REFUSED = Counter("yuzu_mcp_approval_refused_total", "approval reca
 MCP_APPROVAL_MASKED = Counter("yuzu_mcp_approval_masked_denials_total", "consume refusals masked as 'already used'")
 MCP_APPROVAL_PRECONDITION = Counter("yuzu_mcp_approval_precondition_denied_total", "recalls refused by a pre-consume precondition")
 MCP_APPROVAL_BURNED = Counter("yuzu_mcp_approval_burned_total", "consumed tickets whose call was then refused", ["tool", "reason"])
+
+APPROVAL_NOTIFICATIONS = Counter(
+    "yuzu_approval_notifications_total", "approval notifications by channel and outcome (approvals.notify)",
+    ["channel", "outcome"])

@@ -185,6 +185,54 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": "/api/v1",
 }
 
+# Approval notifications (docs/approvals.md#notifications). Links in them point at YUZU_PUBLIC_URL.
+YUZU_PUBLIC_URL = os.environ.get("YUZU_PUBLIC_URL", f"http://{YUZU_BIND}").rstrip("/")
+# Django's email settings, from YUZU_EMAIL_*. Email notifications are on once a mail server (or a backend)
+# is configured; YUZU_APPROVAL_EMAIL=0/1 forces them off/on.
+EMAIL_BACKEND = os.environ.get("YUZU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = os.environ.get("YUZU_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("YUZU_EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("YUZU_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("YUZU_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_flag("YUZU_EMAIL_USE_TLS")
+EMAIL_USE_SSL = env_flag("YUZU_EMAIL_USE_SSL")
+EMAIL_TIMEOUT = float(os.environ.get("YUZU_EMAIL_TIMEOUT", "10"))
+DEFAULT_FROM_EMAIL = os.environ.get("YUZU_EMAIL_FROM", "yuzu@localhost")
+YUZU_APPROVAL_EMAIL = env_flag("YUZU_APPROVAL_EMAIL",
+                               bool(os.environ.get("YUZU_EMAIL_HOST") or os.environ.get("YUZU_EMAIL_BACKEND")))
+# Send to every active user who may approve globally (superusers, global Approval:Approve roles) ...
+YUZU_APPROVAL_EMAIL_APPROVERS = env_flag("YUZU_APPROVAL_EMAIL_APPROVERS", True)
+# ... and to these addresses (comma-separated), e.g. a team list.
+YUZU_APPROVAL_EMAIL_TO = [a.strip() for a in os.environ.get("YUZU_APPROVAL_EMAIL_TO", "").split(",") if a.strip()]
+# A JSON POST per new ticket, signed with HMAC-SHA256 under the shared secret.
+YUZU_APPROVAL_WEBHOOK_URL = os.environ.get("YUZU_APPROVAL_WEBHOOK_URL", "").strip()
+YUZU_APPROVAL_WEBHOOK_SECRET = os.environ.get("YUZU_APPROVAL_WEBHOOK_SECRET", "")
+YUZU_APPROVAL_WEBHOOK_TIMEOUT = float(os.environ.get("YUZU_APPROVAL_WEBHOOK_TIMEOUT", "10"))
+# Each notification is tried at most this many times, waiting BACKOFF, 2×BACKOFF, 4×… seconds (≤ 30 min) between.
+YUZU_APPROVAL_NOTIFY_ATTEMPTS = int(os.environ.get("YUZU_APPROVAL_NOTIFY_ATTEMPTS", "5"))
+YUZU_APPROVAL_NOTIFY_BACKOFF = float(os.environ.get("YUZU_APPROVAL_NOTIFY_BACKOFF", "30"))
+
+
+def _check_notification_settings():
+    from urllib.parse import urlsplit
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    if YUZU_APPROVAL_WEBHOOK_URL:
+        url = urlsplit(YUZU_APPROVAL_WEBHOOK_URL)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ImproperlyConfigured("YUZU_APPROVAL_WEBHOOK_URL must be an http:// or https:// URL")
+        if len(YUZU_APPROVAL_WEBHOOK_SECRET) < 16:
+            raise ImproperlyConfigured("YUZU_APPROVAL_WEBHOOK_SECRET must be set (at least 16 characters) "
+                                       "when YUZU_APPROVAL_WEBHOOK_URL is")
+    if not 1 <= YUZU_APPROVAL_NOTIFY_ATTEMPTS <= 20:
+        raise ImproperlyConfigured("YUZU_APPROVAL_NOTIFY_ATTEMPTS must be between 1 and 20")
+    if YUZU_APPROVAL_NOTIFY_BACKOFF < 0 or YUZU_APPROVAL_WEBHOOK_TIMEOUT <= 0:
+        raise ImproperlyConfigured("YUZU_APPROVAL_NOTIFY_BACKOFF must be ≥ 0 and YUZU_APPROVAL_WEBHOOK_TIMEOUT > 0")
+
+
+_check_notification_settings()
+
 # MCP kill switches and transport knobs (docs/mcp.md).
 YUZU_MCP_DISABLE = env_flag("YUZU_MCP_DISABLE")
 YUZU_MCP_READ_ONLY = env_flag("YUZU_MCP_READ_ONLY")

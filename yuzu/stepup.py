@@ -2,7 +2,16 @@
 
 import time
 
+from django_otp.oath import TOTP
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
 from .errors import PermissionDenied
+
+CODE_REQUIRED = "Enter the 6-digit code your authenticator app shows for yuzu."
+CODE_WRONG = "That authenticator code is not right. Enter the code your authenticator app shows now."
+CODE_REUSED = ("That authenticator code was already used. Wait for the next one (the code changes every 30 "
+               "seconds) and enter it.")
+CODE_THROTTLED = "Too many wrong authenticator codes in a row. Wait a few seconds, then enter the current code."
 
 MFA_FRESH_SECONDS = 300
 
@@ -17,22 +26,50 @@ def require_fresh_mfa(principal, permission="ApiToken:Write"):
     if principal.via != "session":
         return
     if not mfa_is_fresh(principal):
-        raise PermissionDenied(permission, "mfa_proof_missing: enter a fresh TOTP code (step-up) and retry",
-                               remediation="open /admin/stepup/ and enter a current TOTP code")
+        raise PermissionDenied(permission, "mfa_proof_missing: enter a fresh authenticator code (step-up) and retry",
+                               remediation="open /admin/stepup/ and enter the current code from your authenticator app")
+
+
+def code_was_used(device, code):
+    """True when ``code`` is one this TOTP device already accepted (its time step is at or before the last
+    accepted one): then "wrong code" would mislead — the person typed the right code a second time."""
+    if not isinstance(device, TOTPDevice) or device.last_t < 0:
+        return False
+    try:
+        token = int(code)
+    except (TypeError, ValueError):
+        return False
+    totp = TOTP(device.bin_key, device.step, device.t0, device.digits, device.drift)
+    totp.time = time.time()
+    for offset in range(-device.tolerance, device.tolerance + 1):
+        totp.drift = device.drift + offset
+        if totp.t() <= device.last_t and totp.token() == token:
+            return True
+    return False
 
 
 def prove(request, code):
     """Check an authenticator code of the signed-in admin user; on success stamp a fresh MFA proof on the
-    session. A code is accepted once (django-otp remembers the last one used). Audited either way."""
-    from django_otp import match_token
+    session and return None, otherwise the message to show. A code is accepted once (django-otp remembers
+    the last one used) and a device is throttled after wrong codes. Audited either way."""
+    from django_otp import devices_for_user, match_token
 
     from .audit import audit
     from .auth import MFA_SESSION_KEY
 
-    device = match_token(request.user, code.strip()) if isinstance(code, str) and code.strip() else None
+    code = code.strip() if isinstance(code, str) else ""
+    devices = list(devices_for_user(request.user, confirmed=True))
+    throttled = bool(devices) and all(not d.verify_is_allowed()[0] for d in devices if hasattr(d, "verify_is_allowed"))
+    device = match_token(request.user, code) if code else None
     audit(request.user, "auth.mfa_stepup", "success" if device else "failure", target_type="User",
           target_id=request.user.get_username())
-    if device is None:
-        return False
-    request.session[MFA_SESSION_KEY] = time.time()
-    return True
+    if device is not None:
+        request.session[MFA_SESSION_KEY] = time.time()
+        return None
+    if not code:
+        return CODE_REQUIRED
+    if throttled:
+        return CODE_THROTTLED
+    if any(code_was_used(d, code) for d in devices):
+        return CODE_REUSED
+    return CODE_WRONG
