@@ -52,6 +52,8 @@ def registry_check(app_configs=None, **kwargs):
                 err(f"tool '{name}' needs a decision-grade description", name, "mcp.E008")
             for pname, prop in _free_text(t.input_schema):
                 err(f"tool '{name}' free-text argument '{pname}' needs maxLength", name, "mcp.E009")
+            for pname in _unbounded_integers(t.input_schema):
+                err(f"tool '{name}' integer argument '{pname}' needs minimum and maximum", name, "mcp.E010")
     return errors
 
 
@@ -70,3 +72,16 @@ def _free_text(schema, prefix=""):
                 yield prefix + pname + "[]", items
             if items.get("type") == "object":
                 yield from _free_text(items, prefix + pname + "[].")
+
+
+def _unbounded_integers(schema, prefix=""):
+    """Integer properties without both bounds (an out-of-range number must be a -32602, never a crash)."""
+    for pname, prop in (schema.get("properties") or {}).items():
+        if not isinstance(prop, dict):
+            continue
+        if prop.get("type") == "integer" and not ("minimum" in prop and "maximum" in prop):
+            yield prefix + pname
+        if prop.get("type") == "object":
+            yield from _unbounded_integers(prop, prefix + pname + ".")
+        if prop.get("type") == "array" and isinstance(prop.get("items"), dict):
+            yield from _unbounded_integers(prop["items"], prefix + pname + "[].")

@@ -36,7 +36,8 @@ def test_each_kind_of_drift_is_an_error(scratch):
     declare("t_freetext", input_schema=obj({"q": {"type": "string"}}))
     declare("t_annot", operation="Write", effect="read")
     declare("t_terse", description="short")
-    assert ids() == ["mcp.E002", "mcp.E003", "mcp.E005", "mcp.E007", "mcp.E008", "mcp.E009"]
+    declare("t_unbounded", input_schema=obj({"since": {"type": "integer", "minimum": 0}}))
+    assert ids() == ["mcp.E002", "mcp.E003", "mcp.E005", "mcp.E007", "mcp.E008", "mcp.E009", "mcp.E010"]
 
 
 def test_duplicate_declarations(scratch):

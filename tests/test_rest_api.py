@@ -162,3 +162,22 @@ def test_openapi_document_is_valid(mint):
 def test_api_docs_page(mint):
     r = api(mint("alice", "Viewer")).get("/api/v1/docs")
     assert r.status_code == 200 and b"redoc" in r.content.lower()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_out_of_range_numeric_filters_are_400_not_500(client, mint):
+    """Issue 10 item 8: GET /api/v1/audit?since=99999999999999 answered 500 (datetime overflow)."""
+    from .mcp_http import McpClient
+
+    token = mint("auditor", role="Administrator")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    for query in ("since=99999999999999", "until=-1", "since=1e3", "since=" + "9" * 400, "limit=0", "limit=501"):
+        r = client.get(f"/api/v1/audit?{query}", **auth)
+        assert r.status_code == 400, (query, r.content)
+        assert r.json()["error"]["message"].split(" ")[0] in ("since", "until", "limit")
+    assert client.get("/api/v1/audit?since=253402300799", **auth).status_code == 200
+    mcp = McpClient(mint("auditor2", role="Administrator", tier="readonly"))
+    mcp.initialize()
+    for args in ({"since": 99999999999999}, {"until": -1}, {"since": 10 ** 30}):
+        err = mcp.call("query_audit_log", args).error
+        assert err["code"] == -32602 and "arguments do not match the tool input schema" in err["message"], args

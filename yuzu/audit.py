@@ -33,6 +33,10 @@ def event_view(e):
             "correlation_id": e.correlation_id or None}
 
 
+#: the largest epoch second a filter accepts (9999-12-31T23:59:59Z): every datetime Python can hold
+EPOCH_MAX = 253402300799
+
+
 def query_audit(*, principal=None, action=None, target_type=None, since=None, until=None, limit=50):
     """Newest first. ``since``/``until`` are epoch seconds; ``action`` matches a prefix."""
     from datetime import datetime, timezone as tz

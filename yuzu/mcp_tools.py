@@ -7,7 +7,7 @@ from . import rbac, tokens
 from .accounts import plan_unlock_account as plan_unlock
 from .accounts import unlock_account as unlock_service
 from .api.views import check_permission as check_permission_service
-from .audit import query_audit
+from .audit import EPOCH_MAX, query_audit
 from .models import OPERATIONS, SECURABLES
 
 INSTRUCTIONS = """yuzu operates a fleet of endpoints. Work in this order: classify the question \
@@ -34,7 +34,7 @@ TOKEN_ID = string(64, "The token id (24 hex), from list_api_tokens", minLength=1
                   "result}. Filters combine with AND; action matches a prefix (e.g. 'mcp.'). An empty list means "
                   "no row matched the filters.",
       input_schema=obj({"principal": string(150), "action": string(128), "target_type": string(64),
-                        "since": integer(0, description="epoch seconds"), "until": integer(0, description="epoch seconds"),
+                        "since": integer(0, EPOCH_MAX, "epoch seconds"), "until": integer(0, EPOCH_MAX, "epoch seconds"),
                         "limit": integer(1, 500, "default 50")}),
       output_schema=obj({"events": array(AUDIT_ROW), "count": integer(0)}, ["events", "count"]))
 def query_audit_log(ctx, args):
