@@ -24,7 +24,7 @@ from functools import partial
 from jsonschema import Draft202012Validator
 
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, Value, When
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from yuzu import rbac
@@ -452,12 +452,28 @@ def execution_view(ex):
     }
 
 
+def visible_executions(principal):
+    """Executions the principal may read: all with a fleet-wide Execution:Read; otherwise the ones it
+    dispatched and the ones whose every target lies in its Execution:Read groups (like response rows,
+    confined to the caller's management groups — another group's execution, or one that spans groups,
+    reads as absent)."""
+    qs = Execution.objects.all()
+    if rbac.group_scope(principal, "Execution", "Read") is None:
+        return qs
+    mine = visible_agents(principal, "Execution", "Read").values("agent_id")
+    elsewhere = AgentExecStatus.objects.filter(execution=OuterRef("pk")).exclude(agent_id__in=mine)
+    return qs.filter(Q(dispatched_by=principal.name) | (Q(agents_targeted__gt=0) & ~Exists(elsewhere)))
+
+
 def execution_status(principal, execution_id):
-    return execution_view(_execution(execution_id))
+    ex = visible_executions(principal).filter(pk=execution_id).first() if isinstance(execution_id, str) else None
+    if ex is None:
+        raise NotFound(f"Execution not found: {execution_id}")
+    return execution_view(ex)
 
 
 def list_executions(principal, *, definition_id=None, status=None, limit=50):
-    qs = Execution.objects.all()
+    qs = visible_executions(principal)
     if definition_id is not None:
         qs = qs.filter(definition_id=definition_id)
     if status is not None:

@@ -245,7 +245,7 @@ def _progress(execution_id):
 
 
 def _final(execution_id, receipt):
-    view = executions.execution_status(None, execution_id)
+    view = executions.execution_view(Execution.objects.get(pk=execution_id))
     return {**receipt, "status": view["status"], "agents_responded": view["agents_responded"],
             "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
 

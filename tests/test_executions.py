@@ -413,3 +413,35 @@ def test_quarantine_dispatches_what_the_agents_plugin_accepts(agents, principal,
     assert later["agents_reached"] == 1
     with pytest.raises(NotFound):
         quarantine_device(principal("nobody", None), "q2")
+
+
+def test_execution_reads_are_confined_to_the_callers_groups(start, agents, op, principal, client):
+    """Issue 10 item 10: list_executions / get_execution_status (and REST) showed every execution to anyone
+    holding Execution:Read on one group."""
+    agents("web-1", "db-1")
+    web, db_ = ManagementGroup.objects.create(name="web"), ManagementGroup.objects.create(name="db")
+    web.members.add("web-1")
+    db_.members.add("db-1")
+    on_web = start(agent_ids=["web-1"])["execution_id"]
+    on_db = start(agent_ids=["db-1"])["execution_id"]
+    on_both = start(agent_ids=["web-1", "db-1"])["execution_id"]
+    owner = principal("wendy", "ITServiceOwner", group=web)
+    mine = start(principal=owner, agent_ids=["web-1"])["execution_id"]
+
+    def listed(p):
+        return {row["id"] for row in ex_svc.list_executions(p)["executions"]}
+
+    assert listed(op) == {on_web, on_db, on_both, mine}  # a fleet-wide reader
+    assert listed(owner) == {on_web, mine}
+    assert ex_svc.execution_status(owner, on_web)["id"] == on_web
+    for hidden in (on_db, on_both):
+        with pytest.raises(NotFound, match="Execution not found"):
+            ex_svc.execution_status(owner, hidden)
+    # The REST twins read the same.
+    from yuzu.models import ApiToken
+
+    _, raw = ApiToken.mint(owner.user, "rest")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+    assert {r["id"] for r in client.get("/api/v1/executions", **auth).json()["data"]["executions"]} == {on_web, mine}
+    assert client.get(f"/api/v1/executions/{on_db}", **auth).status_code == 404
+    assert client.get(f"/api/v1/executions/{on_web}", **auth).status_code == 200
