@@ -198,3 +198,34 @@ def test_admin_static_files_are_served_by_the_asgi_app():
     status, body = async_to_sync(fetch)("/static/admin/css/base.css")
     assert status == 200 and "body" in body
     assert async_to_sync(fetch)("/static/admin/css/nope.css")[0] == 404
+
+
+def test_tokens_are_read_only_in_the_admin_except_an_audited_revoke(staff, make_user):
+    """Issue 10 item 11: staff could change a token's tier, un-revoke it or move its expiry with no step-up
+    and no yuzu audit row."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from yuzu.models import ApiToken, AuditEvent
+
+    user, device = staff
+    owner = make_user("olive", "Operator")
+    token, _ = ApiToken.mint(owner, "ci", mcp_tier="readonly", expires_at=timezone.now() + timedelta(days=5))
+    other, _ = ApiToken.mint(owner, "cli")
+    c = Client()
+    assert login(c, code(device)).status_code == 302
+    change = f"/admin/yuzu/apitoken/{token.pk}/change/"
+    page = c.get(change)
+    assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
+    r = c.post(change, {"name": "ci", "mcp_tier": "", "expires_at_0": "2099-01-01", "expires_at_1": "00:00:00"})
+    assert r.status_code == 403
+    token.refresh_from_db()
+    assert token.mcp_tier == "readonly" and token.expires_at < timezone.now() + timedelta(days=6)
+    assert c.post(f"/admin/yuzu/apitoken/{token.pk}/delete/", {"post": "yes"}).status_code == 403
+
+    r = c.post("/admin/yuzu/apitoken/", {"action": "revoke", "_selected_action": [token.pk, other.pk]})
+    assert r.status_code == 302
+    assert ApiToken.objects.filter(pk__in=[token.pk, other.pk], revoked_at__isnull=False).count() == 2
+    rows = AuditEvent.objects.filter(action="api_token.revoke", principal=user.username)
+    assert sorted(rows.values_list("target_id", flat=True)) == sorted([token.pk, other.pk])

@@ -156,22 +156,35 @@ class RoleAssignmentAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
+    """Read-only except revoke: a token's tier, expiry or revocation never changes here without the rules
+    (ceiling, step-up, audit) the token service applies. Tokens are minted by the API / mint_token."""
+
     list_display = ("name", "owner", "prefix", "mcp_tier", "audience", "created_at", "expires_at", "last_used_at", "revoked_at")
     list_filter = ("mcp_tier", "audience")
-    readonly_fields = ("id", "prefix", "owner", "created_at", "last_used_at", "rotated_from", "audience")
     fields = ("id", "name", "owner", "prefix", "mcp_tier", "scope_service", "audience", "created_at", "expires_at",
               "last_used_at", "revoked_at", "retire_at", "rotated_from")
+    readonly_fields = fields
     actions = ["revoke"]
 
-    def has_add_permission(self, request):  # tokens are minted by the API / mint_token, shown once
+    def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke selected tokens")
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Revoke selected tokens", permissions=["view"])
     def revoke(self, request, queryset):
         from django.utils import timezone
 
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        audit(request.user, "api_token.revoke", "success", target_type="ApiToken", detail=f"admin bulk revoke count={n}")
+        ids = list(queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True))
+        ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        for token_id in ids:
+            audit(request.user, "api_token.revoke", "success", target_type="ApiToken", target_id=token_id,
+                  detail="admin revoke")
+        messages.success(request, f"Revoked {len(ids)} token{'s' if len(ids) != 1 else ''}.")
 
 
 @admin.register(AuditEvent)
