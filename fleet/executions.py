@@ -33,7 +33,7 @@ from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, Yu
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
-from .models import AgentExecStatus, AgentInventory, Execution, Response
+from .models import Agent, AgentExecStatus, AgentInventory, Execution, Response
 from .scope import ScopeError, parse, to_q
 from .services import visible_agents
 
@@ -175,10 +175,16 @@ class Order:
 
 
 def _describe(order, how):
+    """``Run os.info with name=sshd on web-1, web-2`` (up to three agents by name) or ``… on 40 agents <how>``."""
     shown = redact(order.params)
     with_params = (" with " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))[:300]) if shown else ""
     n = len(order.targets)
-    return f"Run {order.plugin}.{order.action}{with_params} on {n} agent{'s' if n != 1 else ''} {how}"
+    if 0 < n <= 3:
+        names = dict(Agent.objects.filter(pk__in=order.targets).values_list("agent_id", "hostname"))
+        where = ", ".join(names.get(a) or a for a in order.targets)
+    else:
+        where = f"{n} agent{'s' if n != 1 else ''} {how}"
+    return f"Run {order.plugin}.{order.action}{with_params} on {where}"
 
 
 def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, expires_in=300,
