@@ -152,14 +152,10 @@ def pre_checks(ctx, name, arguments):
 
 
 def _rbac_allows(principal, tool, args):
-    agent_id = args.get(tool.rbac_agent_arg) if tool.rbac_agent_arg else None
-    if agent_id:
-        from django.apps import apps
-
-        agent = apps.get_model("fleet", "Agent").objects.filter(pk=agent_id).first()
-        if agent is not None:
-            return rbac.may(principal, tool.securable, tool.operation, agent=agent)
-        # Unknown device: fall through to the any-scope gate; the handler answers "not found".
+    """The tool's object permission when it declares one, else the permission on any scope (admit, then
+    the handler filters what the caller may see)."""
+    if tool.object_permission is not None:
+        return tool.object_permission(principal, tool, args)
     return rbac.has_any(principal, tool.securable, tool.operation)
 
 
