@@ -20,6 +20,8 @@ GROUP = obj({"id": string(32), "name": string(128), "description": string(1024),
              "membership_type": enum(["static", "dynamic"]), "scope_expression": nullable(string(8192))},
             additional=True)
 GROUP_ID = string(128, "Group id (32 hex) or exact name", minLength=1)
+SCOPE_ARG = {"scope": string(8192, "Scope expression, e.g. ostype == linux AND tag:env == prod", minLength=1),
+             "expression": string(8192, "The same as scope (its older name)", minLength=1)}
 
 
 @tool(name="list_agents", title="List agents", securable="Infrastructure", operation="Read",
@@ -440,22 +442,25 @@ def get_definition(ctx, args):
 
 
 @tool(name="validate_scope", title="Validate a scope", securable="Infrastructure", operation="Read", rbac=False,
-      description="Parses a scope expression: {valid:true, expression:<canonical>} or {valid:false, error, "
-                  "position}. Matches nothing; use preview_scope_targets to see which agents it selects.",
-      input_schema=obj({"expression": string(8192, minLength=1)}, ["expression"]),
+      description="Parses a scope expression (`scope`, the name execute_instruction uses; `expression` is "
+                  "accepted too): {valid:true, expression:<canonical>} or {valid:false, error, position}. Matches "
+                  "nothing; use preview_scope_targets to see which agents it selects.",
+      input_schema=obj({**SCOPE_ARG}, anyOf=[{"required": ["scope"]}, {"required": ["expression"]}]),
       output_schema=obj({"valid": boolean(), "expression": string(8192), "error": string(1024),
                          "position": integer(0)}, ["valid"]))
 def validate_scope(ctx, args):
-    return inventory.validate_scope(args["expression"])
+    return inventory.validate_scope(inventory.scope_argument(args))
 
 
 @tool(name="preview_scope_targets", title="Preview scope targets", securable="Infrastructure", operation="Read",
-      description="The agents (you may see) a scope expression matches now. total:0 means none match.",
-      input_schema=obj({"expression": string(8192, minLength=1), "limit": integer(1, 1000)}, ["expression"]),
+      description="The agents (you may see) a scope expression (`scope`, or its alias `expression`) matches "
+                  "now. total:0 means none match.",
+      input_schema=obj({**SCOPE_ARG, "limit": integer(1, 1000)},
+                       anyOf=[{"required": ["scope"]}, {"required": ["expression"]}]),
       output_schema=obj({"expression": string(8192), "total": integer(0), "agents": array(AGENT),
                          "result_truncated_by_cap": boolean()}, ["total", "agents"]))
 def preview_scope_targets(ctx, args):
-    return inventory.preview_scope_targets(ctx.principal, args["expression"], args.get("limit", 100))
+    return inventory.preview_scope_targets(ctx.principal, inventory.scope_argument(args), args.get("limit", 100))
 
 
 @tool(name="discover_scope_kinds", title="Scope language", securable="Infrastructure", operation="Read",

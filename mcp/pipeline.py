@@ -14,8 +14,6 @@ import time
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
-import jsonschema
-from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -27,6 +25,7 @@ from yuzu.policy import requires_approval, tier_allows
 
 from . import jsonrpc as rpc
 from .registry import ToolFailure, catalogue
+from .schema import error_path, first_error
 
 log = logging.getLogger("yuzu.mcp")
 TIER_REMEDIATION = "use a higher-tier MCP token, or the REST API / dashboard"
@@ -51,22 +50,6 @@ def approval_gate():
     return _approval_gate
 
 
-# "integer" is strict: 1.0 is not an integer argument (a float where an id or a count belongs is a bug).
-StrictValidator = jsonschema.validators.extend(
-    Draft202012Validator,
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool)),
-)
-_validators = {}
-
-
-def validator_for(tool):
-    v = _validators.get((tool.catalogue, tool.name))
-    if v is None:
-        v = _validators[(tool.catalogue, tool.name)] = StrictValidator(tool.input_schema)
-    return v
-
-
 def a4(cid, retry_after_ms=None, remediation=None, **extra):
     data = {"correlation_id": cid, "retry_after_ms": retry_after_ms, "remediation": remediation}
     data.update(extra)
@@ -86,14 +69,12 @@ def _deny(ctx, code, message, result="denied", detail="", stamp_cid=False, **dat
 
 
 def schema_error_message(error):
-    path = "/" + "/".join(str(p) for p in error.absolute_path)
-    return f"arguments do not match the tool input schema at '{path}': {error.message}"
+    return f"arguments do not match the tool input schema at '{error_path(error)}': {error.message}"
 
 
 def check_arguments(tool, arguments):
     """Returns None or the first validation error, deterministic (by path)."""
-    errors = sorted(validator_for(tool).iter_errors(arguments), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    return errors[0] if errors else None
+    return first_error(tool.input_schema, arguments)
 
 
 def pre_checks(ctx, name, arguments):

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from pinned static files: no CDN, works offline
     "channels",
     "yuzu",
     "mcp.apps.McpConfig",
@@ -183,6 +184,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "v1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "tryItOutEnabled": False},
+    "OAS_VERSION": "3.1.0",  # the tool schemas are JSON Schema 2020-12 (type: [x, "null"])
+    "COMPONENT_SPLIT_REQUEST": False,
 }
 
 # Approval notifications (docs/approvals.md#notifications). Links in them point at YUZU_PUBLIC_URL.

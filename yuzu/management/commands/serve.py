@@ -32,7 +32,10 @@ class Command(BaseCommand):
             procs["sweeper"] = [py, manage, "run_periodic"]
         for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
             procs[name] = argv
-        self.stdout.write(f"yuzu serving on http://{settings.YUZU_BIND}/ ({', '.join(procs)}); Ctrl-C stops it.")
+        base = f"http://{settings.YUZU_BIND}"
+        self.stdout.write(f"yuzu serving on {base}/ ({', '.join(procs)}); Ctrl-C stops it.\n"
+                          f"  admin and approvals: {base}/admin/   MCP: {base}/mcp/v1/\n"
+                          f"  REST API reference:  {base}/api/v1/docs   (OpenAPI: {base}/api/v1/openapi.json)")
         running = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in procs.items()}
         stop = {"now": False}
 
