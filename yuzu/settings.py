@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("YUZU_VAR_DIR", BASE_DIR / "var"))
@@ -190,9 +191,12 @@ YUZU_MCP_DISABLE = env_flag("YUZU_MCP_DISABLE")
 YUZU_MCP_READ_ONLY = env_flag("YUZU_MCP_READ_ONLY")
 YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
 YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
-# Test-only profile for the MCP conformance suite, whose CLI cannot send a token: a request with no
-# credentials at all acts as this (Viewer) user. Never set it on a real server.
-YUZU_MCP_TEST_ANONYMOUS_USER = os.environ.get("YUZU_MCP_TEST_ANONYMOUS_USER", "")
+# A removed test-only switch that made unauthenticated MCP calls act as a user. A server started with it set
+# refuses to start rather than leave anyone believing it still does something (the conformance test now
+# reaches daphne through a proxy that adds a token: tests/auth_proxy.py).
+if "YUZU_MCP_TEST_ANONYMOUS_USER" in os.environ:
+    raise ImproperlyConfigured("YUZU_MCP_TEST_ANONYMOUS_USER is no longer supported: every MCP call needs a token "
+                               "(see docs/mcp-conformance.md); unset it")
 
 LOGGING = {
     "version": 1,
