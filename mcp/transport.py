@@ -185,10 +185,18 @@ class McpConsumer(AsyncHttpConsumer):
         domain, _ = split_domain_port(host)
         if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
             return _refuse(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
+        # Origin on every request, whatever the streaming mode: with the admin session cookie also accepted,
+        # this check and the JSON-only body below are what keep another site's page (even one on another port
+        # of this host, which the browser treats as same-site) from calling tools with an admin's cookie.
         origin = self.headers.get("origin")
-        if origin is not None and streaming_on() and not self.origin_allowed(origin, host):
+        if origin is not None and not self.origin_allowed(origin, host):
             return _refuse(403, rpc.ORIGIN_REJECTED, "Origin not allowed",
                            data={"correlation_id": correlation_id(), "retry_after_ms": None})
+        if method == "POST":
+            # application/json cannot be sent cross-origin without a CORS preflight, which yuzu never grants.
+            media_type = self.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media_type != "application/json":
+                return _refuse(415, rpc.INVALID_REQUEST, "Content-Type must be application/json")
         return None
 
     @staticmethod
