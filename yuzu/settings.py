@@ -13,8 +13,22 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# var/ holds the embedded database (sessions, TOTP seeds, bridge profile environments) and the secret key:
+# yuzu creates it 0700 and every file it puts there 0600, by explicit modes rather than a process umask (a
+# umask would be inherited by what these processes start: bridge workers in tmux, the agent's commands).
+# An existing install looser than that is reported by the yuzu.W001 system check, not changed.
 VAR_DIR = Path(os.environ.get("YUZU_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def private_file(path, content=None):
+    """Create ``path`` with mode 0600 (and ``content``) unless it exists; an existing file is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(content or "")
 
 
 def env_flag(name, default=False):
@@ -33,8 +47,7 @@ def _secret_key():
     if not path.exists():
         import secrets
 
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        private_file(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 
@@ -127,6 +140,12 @@ else:
         }
     }
 DATABASE_IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
+SQLITE_FILE = None  # the embedded database's file, when there is one
+if DATABASES["default"]["ENGINE"].endswith("sqlite3") and not DATABASES["default"]["NAME"].startswith((":", "file:")):
+    SQLITE_FILE = Path(DATABASES["default"]["NAME"])
+    if SQLITE_FILE.parent.is_dir():
+        # Created empty and private before SQLite first opens it: its -wal and -shm files take the same mode.
+        private_file(SQLITE_FILE)
 
 REDIS_URL = os.environ.get("YUZU_REDIS_URL", "")
 if REDIS_URL:

@@ -33,7 +33,10 @@ class Command(BaseCommand):
         for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
             procs[name] = argv
         self.stdout.write(f"yuzu serving on http://{settings.YUZU_BIND}/ ({', '.join(procs)}); Ctrl-C stops it.")
-        running = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in procs.items()}
+        # celery beat writes its schedule under var/ and starts nothing else: it alone runs with a private
+        # umask (the others keep the caller's, which bridge workers and agent commands inherit).
+        running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1)
+                   for name, argv in procs.items()}
         stop = {"now": False}
 
         def on_signal(signum, frame):
