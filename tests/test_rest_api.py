@@ -69,10 +69,16 @@ def test_malformed_json_and_wrong_shape_are_400(mint):
     assert r.status_code == 400
 
 
+@pytest.mark.django_db(transaction=True)
 def test_oversized_body_is_413(mint):
-    c = api(mint("alice", "Viewer"))
-    r = post(c, "/api/v1/rbac/check", b"{" + b" " * (4 * 1024 * 1024 + 10) + b"}")
-    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    """Through the ASGI application, as a server runs it: bodies are bounded before Django sees them
+    (yuzu/bodylimit.py; tests/test_transport_security.py streams them to a real daphne)."""
+    from .mcp_http import request
+
+    headers = {"authorization": f"Bearer {mint('alice', 'Viewer')}"}
+    r = request(body=b"{" + b" " * (4 * 1024 * 1024 + 10) + b"}", headers=headers, path="/api/v1/rbac/check")
+    assert r.status == 413 and r.json()["error"]["code"] == 413
+    assert r.json()["error"]["message"] == "request body exceeds 4 MiB" and CID.match(r.headers["x-correlation-id"])
 
 
 def test_unknown_ids_are_404(mint):
