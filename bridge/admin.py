@@ -15,9 +15,7 @@ class ProfileAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True, description="spawnable now")
     def spawnable(self, obj):
-        from .services import SubscriptionGuard
-
-        return SubscriptionGuard.spawnable(obj)
+        return obj.spawnable
 
 
 class ReadOnly(admin.ModelAdmin):

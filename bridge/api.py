@@ -20,8 +20,9 @@ from yuzu.api.views import principal_of
 from yuzu.auth import AuthError, authenticate
 from yuzu.models import ApiToken
 
-from . import services
-from .services import BridgeFailure
+from . import reads, workers
+from .failures import BridgeFailure
+from .identity import identify
 
 
 class WorkerTokenAuthentication(authentication.BaseAuthentication):
@@ -46,7 +47,7 @@ def _primary(request, operation):
     principal = principal_of(request)
     rbac.check(principal, "Bridge", operation, any_scope=True)
     try:
-        return services.identify(principal)
+        return identify(principal)
     except BridgeFailure as exc:
         raise exc.as_yuzu_error() from None
 
@@ -66,15 +67,15 @@ HOOK = {"type": "object", "maxProperties": 64, "description": "The worker's life
 def members_view(request):
     if request.method == "GET":
         caller = _primary(request, "Read")
-        rows = services.list_workers(caller)
+        rows = reads.list_workers(caller)
         return ok(rows, count=len(rows))
     caller = _primary(request, "Execute")
     profile = payload(request, SPAWN).get("profile")
     try:
-        member = services.spawn(caller, profile, primary_pane=_pane_hint(request), cid=cid_of(request))
+        member = workers.spawn(caller, profile, primary_pane=_pane_hint(request), cid=cid_of(request))
     except BridgeFailure as exc:
         raise exc.as_yuzu_error() from None
-    return ok(services.worker_view(member), status=201)
+    return ok(member.to_dict(), status=201)
 
 
 @contract("DELETE", "Stop a worker (idempotent)", response=tool_output("bridge_stop", "bridge"))
@@ -82,7 +83,7 @@ def members_view(request):
 def member_detail(request, pane_id):
     caller = _primary(request, "Execute")
     try:
-        return ok(services.stop(caller, pane_id, primary_pane=_pane_hint(request), cid=cid_of(request)))
+        return ok(workers.stop(caller, pane_id, primary_pane=_pane_hint(request), cid=cid_of(request)))
     except BridgeFailure as exc:
         raise exc.as_yuzu_error() from None
 
@@ -94,6 +95,6 @@ def member_detail(request, pane_id):
 def member_events(request, pane_id):
     data = payload(request, HOOK)
     try:
-        return ok(services.hook_event(principal_of(request), pane_id, data))
+        return ok(workers.hook_event(principal_of(request), pane_id, data))
     except BridgeFailure as exc:
         raise exc.as_yuzu_error() from None

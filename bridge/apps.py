@@ -1,6 +1,8 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from .profiles import seed_profiles
+
 
 class BridgeConfig(AppConfig):
     name = "bridge"
@@ -11,6 +13,4 @@ class BridgeConfig(AppConfig):
 
 
 def _seed_profiles(sender, **kwargs):
-    from .profiles import seed_profiles
-
     seed_profiles()

@@ -13,8 +13,11 @@ YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and a
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
+
+from .terminal import DEFAULT_SOCKET_NAME, SOCKET_ENV_VAR
 
 
 def _float(name, default):
@@ -38,15 +41,11 @@ def bridge_url():
 
 def events_url(session_id):
     """The hook sink for one worker, derived from the bridge URL (same host)."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(bridge_url())
     return urlunsplit((parts.scheme, parts.netloc, f"/api/v1/bridge/members/{session_id}/events", "", ""))
 
 
 def socket_name():
-    from .terminal import DEFAULT_SOCKET_NAME, SOCKET_ENV_VAR
-
     return os.environ.get(SOCKET_ENV_VAR) or DEFAULT_SOCKET_NAME
 
 

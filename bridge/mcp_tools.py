@@ -6,11 +6,12 @@ that worker; any other authenticated caller is a primary, addressing only its ow
 """
 
 from mcp.pipeline import hop
-from mcp.registry import configure, tool
+from mcp.registry import ToolFailure, configure, tool
 from mcp.schema import array, boolean, enum, integer, nullable, obj, string
 
-from . import rendezvous, services
-from .services import BridgeFailure
+from . import reads, rendezvous, turns, workers
+from .failures import BridgeFailure
+from .identity import identify, whoami
 
 INSTRUCTIONS = """This is the bridge: one gateway between a primary agent session and its worker sessions. \
 Who you are comes from your token (bridge_whoami tells you).
@@ -46,14 +47,14 @@ INBOX_ITEM = obj({"id": string(32), "kind": enum(["reply", "question", "note", "
 
 async def _caller(ctx):
     try:
-        return await hop(services.identify)(ctx.principal)
+        return await hop(identify)(ctx.principal)
     except BridgeFailure as exc:
         raise exc.as_tool_failure() from None
 
 
 def _caller_sync(ctx):
     try:
-        return services.identify(ctx.principal)
+        return identify(ctx.principal)
     except BridgeFailure as exc:
         raise exc.as_tool_failure() from None
 
@@ -65,8 +66,6 @@ def _fail(exc):
 def _result(out):
     """An error outcome (worker_gone, delivery_failed) is a tool failure; any other outcome a result."""
     if isinstance(out, dict) and out.get("outcome") == "error":
-        from mcp.registry import ToolFailure
-
         err = out.get("error") or {}
         raise ToolFailure(err.get("message", "bridge error"), {"code": err.get("code", "error"),
                                                               "retryable": bool(err.get("retryable"))})
@@ -96,7 +95,7 @@ async def bridge_send(ctx, args):
     timeout_ms = args.get("timeoutMs", 600000)
     wait = args.get("wait", True)
     try:
-        prepared = await hop(services.prepare_send)(
+        prepared = await hop(turns.prepare_send)(
             caller, args["content"], session=args.get("sessionId"), timeout_ms=timeout_ms, wait=wait,
             auto_spawn=args.get("autoSpawn", True), turn_id=args.get("turnId"), cid=ctx.cid)
     except BridgeFailure as exc:
@@ -121,7 +120,7 @@ async def bridge_send(ctx, args):
 def bridge_reply(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        return services.reply(caller, args["content"], final=args.get("final", True), cid=ctx.cid)
+        return turns.reply(caller, args["content"], final=args.get("final", True), cid=ctx.cid)
     except BridgeFailure as exc:
         raise _fail(exc) from None
 
@@ -139,7 +138,7 @@ async def bridge_ask(ctx, args):
     caller = await _caller(ctx)
     timeout_ms = args.get("timeoutMs", 600000)
     try:
-        turn_pk, turn_id, seq = await hop(services.prepare_ask)(caller, args["content"], cid=ctx.cid)
+        turn_pk, turn_id, seq = await hop(turns.prepare_ask)(caller, args["content"], cid=ctx.cid)
     except BridgeFailure as exc:
         raise _fail(exc) from None
     ctx.note(f"turn={turn_id}")
@@ -157,7 +156,7 @@ async def bridge_ask(ctx, args):
 def bridge_status(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        return services.status(caller, args.get("sessionId"))
+        return reads.status(caller, args.get("sessionId"))
     except BridgeFailure as exc:
         raise _fail(exc) from None
 
@@ -173,11 +172,11 @@ def bridge_status(ctx, args):
 def bridge_spawn(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        m = services.spawn(caller, args.get("profile"), cid=ctx.cid)
+        m = workers.spawn(caller, args.get("profile"), cid=ctx.cid)
     except BridgeFailure as exc:
         raise _fail(exc) from None
     ctx.note(f"session={m.session_id}")
-    return services.worker_view(m)
+    return m.to_dict()
 
 
 @tool(name="bridge_list", title="List workers", securable="Bridge", operation="Read", catalogue="bridge",
@@ -187,7 +186,7 @@ def bridge_spawn(ctx, args):
       output_schema=obj({"workers": array(WORKER), "count": integer(0)}, ["workers", "count"]))
 def bridge_list(ctx, args):
     caller = _caller_sync(ctx)
-    rows = services.list_workers(caller)
+    rows = reads.list_workers(caller)
     return {"workers": rows, "count": len(rows)}
 
 
@@ -202,7 +201,7 @@ def bridge_list(ctx, args):
 def bridge_stop(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        return services.stop(caller, args["paneId"], cid=ctx.cid)
+        return workers.stop(caller, args["paneId"], cid=ctx.cid)
     except BridgeFailure as exc:
         raise _fail(exc) from None
 
@@ -223,7 +222,7 @@ async def bridge_poll(ctx, args):
     if timeout_ms > 0:
         items = await rendezvous.wait_inbox(caller.inbox_key, limit, timeout_ms)
     else:
-        items = await hop(services.inbox_items)(caller.inbox_key, limit)
+        items = await hop(reads.inbox_items)(caller.inbox_key, limit)
     return {"items": items, "count": len(items)}
 
 
@@ -235,7 +234,7 @@ async def bridge_poll(ctx, args):
       output_schema=obj({"acked": array(string(64)), "unknown": array(string(64))}, ["acked", "unknown"]))
 def bridge_ack(ctx, args):
     caller = _caller_sync(ctx)
-    return services.ack(caller, args["ids"])
+    return turns.ack(caller, args["ids"])
 
 
 @tool(name="bridge_profiles", title="Spawnable profiles", securable="Bridge", operation="Read", catalogue="bridge",
@@ -248,7 +247,7 @@ def bridge_ack(ctx, args):
                                                ["name"], additional=True))}, ["profiles"]))
 def bridge_profiles(ctx, args):
     _caller_sync(ctx)
-    return {"profiles": services.list_profiles()}
+    return {"profiles": reads.list_profiles()}
 
 
 @tool(name="bridge_whoami", title="Who am I to the bridge", securable="Bridge", operation="Read", catalogue="bridge",
@@ -259,7 +258,7 @@ def bridge_profiles(ctx, args):
                          "terminalId": string(128), "profile": string(64), "name": string(150),
                          "primary": string(150)}, ["role", "sessionId", "name"]))
 def bridge_whoami(ctx, args):
-    return services.whoami(_caller_sync(ctx))
+    return whoami(_caller_sync(ctx))
 
 
 @tool(name="bridge_read", title="Read a worker's terminal", securable="Bridge", operation="Read", catalogue="bridge",
@@ -274,7 +273,7 @@ def bridge_whoami(ctx, args):
 def bridge_read(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        return services.read(caller, args.get("sessionId"), args.get("source", "recent"))
+        return reads.read(caller, args.get("sessionId"), args.get("source", "recent"))
     except BridgeFailure as exc:
         raise _fail(exc) from None
 
@@ -290,6 +289,6 @@ def bridge_read(ctx, args):
 def bridge_cancel(ctx, args):
     caller = _caller_sync(ctx)
     try:
-        return services.cancel(caller, args.get("sessionId"), cid=ctx.cid)
+        return turns.cancel(caller, args.get("sessionId"), cid=ctx.cid)
     except BridgeFailure as exc:
         raise _fail(exc) from None

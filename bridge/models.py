@@ -1,22 +1,40 @@
-"""The bridge's state (spec docs/bridge.md): profiles, worker members, their message FIFOs, turns
-(the rendezvous records) and the primaries' inboxes.
+"""The bridge's state (docs/bridge.md) and every change to it: profiles, worker members, their message
+FIFOs, turns (the rendezvous records) and the primaries' inboxes.
 
-Everything a waiter needs is persisted here FIRST; the channel layer only wakes waiters, so a wake
-lost across processes (or one that fired before the waiter subscribed) is recovered by re-reading
-the row.
+Invariants the methods below keep:
+
+* **Row first, then the wake.** Everything a waiter needs is persisted here before anyone is woken;
+  the channel layer only says "re-read now" (bridge/wakeups.py), so a wake lost across processes, or
+  one that fired before the waiter subscribed, is recovered by re-reading the row.
+* **An outcome is never lost** (``Turn.hand_over``): it becomes the turn's ``pending`` outcome when a
+  waiter is live (``waiter_until`` in the future, nothing pending yet), else an ``InboxItem`` that
+  bridge_poll returns until bridge_ack.
+* **Each state machine has one vocabulary**, the ``TextChoices`` its field uses: ``AgentStatus`` for a
+  member's status (and its hook status), ``Turn.State``, ``Message.State``, ``InboxItem.Kind``, ``Role``
+  for who opened a turn.
+* **Claims are conditional UPDATEs**: a message goes queued → delivered once (``Message.claim``), so
+  two pollers cannot both paste it.
+* **Lock order: Member, then Turn.** Methods documented "on a locked row" expect the caller's
+  ``transaction.atomic()`` to hold ``select_for_update()`` on that row; the others take their own locks.
 """
 
 import secrets
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
+from yuzu.models import ApiToken
+
+from .failures import error_outcome
 from .status import AgentStatus
+from .wakeups import ask_group, inbox_group, turn_group, wake_on_commit
 
 MAX_CONTENT_BYTES = 64 * 1024
-STATUS_CHOICES = [(s.value, s.value) for s in AgentStatus]
+#: The profile bridge_send falls back to when none is flagged default.
+FALLBACK_PROFILE_NAME = "claude-worker"
 
 
 def new_session_id():
@@ -29,6 +47,10 @@ def new_turn_id():
 
 def new_inbox_id():
     return "i" + secrets.token_hex(10)
+
+
+def _iso(dt):
+    return dt.isoformat() if dt else None
 
 
 def _validate_argv(value):
@@ -48,19 +70,34 @@ def _validate_keys(value):
         raise ValidationError("interrupt keys must be a JSON list of tmux key names")
 
 
+class Role(models.TextChoices):
+    """Who a bridge caller is (decided from its token, bridge/identity.py) and who opened a turn."""
+
+    PRIMARY = "primary", "primary"
+    WORKER = "worker", "worker"
+
+
+class ProfileQuerySet(models.QuerySet):
+    def default(self):
+        """The profile bridge_send auto-spawns: the first enabled one flagged default, else the fallback."""
+        enabled = self.filter(enabled=True)
+        return (enabled.filter(is_default=True).order_by("id").first()
+                or enabled.filter(name=FALLBACK_PROFILE_NAME).first())
+
+
 class Profile(models.Model):
     """How to start one kind of worker. ``env`` is what the worker gets (and never leaves the bridge
     through a tool); ``argv``, ``cwd`` and env values may use ``{python}``, ``{repo}`` and
     ``{addendum}`` placeholders."""
 
-    KIND_CLAUDE = "claude-code"
-    KIND_STANDIN = "standin"
-    KIND_OTHER = "other"
-    KINDS = [(KIND_CLAUDE, "Claude Code"), (KIND_STANDIN, "stand-in agent (tests)"), (KIND_OTHER, "other")]
+    class Kind(models.TextChoices):
+        CLAUDE = "claude-code", "Claude Code"
+        STANDIN = "standin", "stand-in agent (tests)"
+        OTHER = "other", "other"
 
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=512, blank=True)
-    agent_kind = models.CharField(max_length=32, choices=KINDS, default=KIND_CLAUDE)
+    agent_kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.CLAUDE)
     argv = models.JSONField(default=list, validators=[_validate_argv],
                             help_text='JSON list, e.g. ["claude"]; placeholders {python} {repo} {addendum}')
     env = models.JSONField(default=dict, blank=True, validators=[_validate_env],
@@ -80,6 +117,8 @@ class Profile(models.Model):
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = ProfileQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -87,13 +126,48 @@ class Profile(models.Model):
         return self.name
 
     def clean(self):
-        if not self.requires_api_base_url and self.agent_kind != self.KIND_STANDIN:
+        if not self.requires_api_base_url and self.agent_kind != self.Kind.STANDIN:
             raise ValidationError({"requires_api_base_url": "only a stand-in profile may be exempt from the "
                                                             "subscription guard"})
+
+    @property
+    def spawnable(self):
+        """The SubscriptionGuard's rule (bridge/guard.py): the profile's env sets ANTHROPIC_BASE_URL (the
+        worker runs off the machine's subscription), or it is a stand-in that declares itself exempt
+        (it calls no model)."""
+        exempt = not self.requires_api_base_url and self.agent_kind == self.Kind.STANDIN
+        return exempt or bool(str((self.env or {}).get("ANTHROPIC_BASE_URL", "")).strip())
+
+    def to_dict(self, default_id=None):
+        """What bridge_profiles shows: never ``env``."""
+        return {"name": self.name, "description": self.description, "agentKind": self.agent_kind,
+                "default": self.pk == default_id, "blockedInjectable": self.blocked_injectable,
+                "spawnable": self.spawnable}
+
+
+class MemberQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(stopped_at__isnull=True)
+
+    def lookup(self, world_key, ident):
+        """A member of this primary's world by session id, pane id or terminal id; live ones first."""
+        return (self.select_related("profile", "current_turn")
+                .filter(owner_key=world_key).filter(Q(session_id=ident) | Q(pane_id=ident) | Q(terminal_id=ident))
+                .order_by(F("stopped_at").asc(nulls_first=True), "-id").first())
 
 
 class Member(models.Model):
     """One worker: a pane the bridge started, owned by the primary that spawned it."""
+
+    class Source(models.TextChoices):
+        """Where the current status came from (most trusted first)."""
+
+        BRIDGE = "bridge", "the bridge (starting, stopped)"
+        PANE = "pane", "pane death"
+        HOOK = "hook", "lifecycle hook"
+        TITLE = "title", "pane title"
+        SCREEN = "screen", "screen rules"
+        NONE = "none", "nothing matched"
 
     session_id = models.CharField(max_length=32, unique=True, default=new_session_id, editable=False)
     name = models.CharField(max_length=128)
@@ -102,10 +176,10 @@ class Member(models.Model):
     socket_name = models.CharField(max_length=128)
     terminal_id = models.CharField(max_length=128, blank=True)
     pane_id = models.CharField(max_length=32, blank=True, db_index=True)
-    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=AgentStatus.STARTING.value)
+    status = models.CharField(max_length=16, choices=AgentStatus.choices, default=AgentStatus.STARTING)
     status_since = models.DateTimeField(default=timezone.now)
-    status_source = models.CharField(max_length=16, blank=True)
-    hook_status = models.CharField(max_length=16, blank=True, choices=STATUS_CHOICES)
+    status_source = models.CharField(max_length=16, blank=True, choices=Source.choices)
+    hook_status = models.CharField(max_length=16, blank=True, choices=AgentStatus.choices)
     hook_event = models.CharField(max_length=64, blank=True)
     hook_at = models.DateTimeField(null=True, blank=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bridge_members")
@@ -117,6 +191,8 @@ class Member(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     stopped_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=256, blank=True)
+
+    objects = MemberQuerySet.as_manager()
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -132,22 +208,133 @@ class Member(models.Model):
     def agent_status(self):
         return AgentStatus(self.status)
 
+    @property
+    def busy(self):
+        """Something is queued or in flight, or a turn is open."""
+        return self.messages.filter(state__in=Message.IN_FLIGHT).exists() or (
+            self.current_turn_id is not None and self.current_turn.active)
+
+    # -- state changes ---------------------------------------------------------------------------
+
+    def pane_started(self, pane_id, terminal_id):
+        Member.objects.filter(pk=self.pk).update(pane_id=pane_id, terminal_id=terminal_id)
+        self.pane_id, self.terminal_id = pane_id, terminal_id
+
+    def set_status(self, status, source, now=None):
+        """Record what the StatusPoller observed; ``status_since`` moves only when the status changes."""
+        now = now or timezone.now()
+        if self.status != status:
+            Member.objects.filter(pk=self.pk).update(status=status, status_since=now, status_source=source)
+            self.status, self.status_since, self.status_source = status, now, source
+        elif self.status_source != source:
+            Member.objects.filter(pk=self.pk).update(status_source=source)
+            self.status_source = source
+
+    def record_hook(self, status, event, now=None):
+        """A lifecycle hook of the worker reported ``status`` (trusted for YUZU_BRIDGE_HOOK_TRUST_SECONDS)."""
+        now = now or timezone.now()
+        Member.objects.filter(pk=self.pk).update(hook_status=status, hook_event=event, hook_at=now)
+        self.hook_status, self.hook_event, self.hook_at = status, event, now
+
+    def queue(self, content, *, owner_key, deadline=None):
+        """On a locked live member: a new turn carrying ``content`` as the next FIFO entry. ``deadline``
+        is the live waiter's (None: detached, outcomes go to the inbox)."""
+        turn = Turn.objects.create(member=self, owner_key=owner_key, detached=deadline is None,
+                                   waiter_until=deadline)
+        Message.objects.create(member=self, turn=turn, content=content)
+        return turn
+
+    def locked_current_turn(self):
+        """On a locked member: its current turn, locked (Member, then Turn), or None."""
+        if self.current_turn_id is None:
+            return None
+        turn = Turn.objects.select_for_update().filter(pk=self.current_turn_id).first()
+        if turn is not None:
+            turn.member = self
+        return turn
+
+    def open_own_turn(self):
+        """On a locked member: a turn the worker opens itself (a bridge_ask outside any delegated turn),
+        now its current turn."""
+        turn = Turn.objects.create(member=self, owner_key=self.owner_key, origin=Role.WORKER, detached=True)
+        self.current_turn = turn
+        self.save(update_fields=["current_turn"])
+        return turn
+
+    def mark_gone(self, reason, now=None):
+        """The worker is gone (stopped, its pane died, its spawn failed): stopped with status GONE, its
+        token revoked, its queue failed and its open turns ended ``gone`` — waiters get worker_gone, a
+        detached turn's failure goes to the inbox. Idempotent; takes its own locks."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            m = Member.objects.select_for_update().get(pk=self.pk)
+            if m.stopped_at is None:
+                m.stopped_at, m.stop_reason = now, reason[:256]
+                m.status, m.status_since, m.status_source = AgentStatus.GONE, now, Member.Source.BRIDGE
+                m.save(update_fields=["stopped_at", "stop_reason", "status", "status_since", "status_source"])
+            if m.token_id:
+                ApiToken.objects.filter(pk=m.token_id, revoked_at__isnull=True).update(revoked_at=now)
+            m.messages.filter(state__in=Message.IN_FLIGHT).update(state=Message.State.FAILED,
+                                                                  error=f"worker_gone: {reason}"[:512])
+            for t in Turn.objects.select_for_update().filter(member=m, state__in=Turn.ACTIVE):
+                out = error_outcome("worker_gone", f"worker {m.session_id} is gone ({reason})", t.turn_id)
+                out["sessionId"] = m.session_id
+                t.end(Turn.State.GONE, out, now)
+        self.stopped_at = self.stopped_at or now
+
+    # -- output shapes -----------------------------------------------------------------------------
+
+    def to_dict(self):
+        return {"sessionId": self.session_id, "name": self.name, "terminalId": self.terminal_id,
+                "paneId": self.pane_id, "profile": self.profile_name, "status": self.status,
+                "agent_status": self.status, "statusSince": _iso(self.status_since), "live": self.live}
+
+    def status_dict(self, now=None):
+        """``to_dict`` plus the queue and rendezvous state (bridge_status, bridge_list)."""
+        now = now or timezone.now()
+        view = self.to_dict()
+        turns = self.turns.all()
+        view.update({
+            "queueDepth": self.messages.filter(state__in=Message.IN_FLIGHT).count(),
+            "rendezvousOpen": turns.filter(Q(waiter_until__gt=now) | Q(state=Turn.State.QUESTION)).exists(),
+            "currentTurnId": self.current_turn.turn_id if self.current_turn_id and self.current_turn.active else None,
+            "openTurns": turns.filter(state__in=Turn.ACTIVE).count(),
+            "statusSource": self.status_source or None,
+        })
+        if not self.live:
+            view["stoppedAt"] = _iso(self.stopped_at)
+            view["stopReason"] = self.stop_reason
+        return view
+
+
+class TurnQuerySet(models.QuerySet):
+    def stranded(self, before):
+        """Turns holding a pending outcome whose waiter's deadline passed before ``before`` (its process died)."""
+        return self.filter(pending__isnull=False, waiter_until__lt=before)
+
 
 class Turn(models.Model):
     """One exchange with a worker; the rendezvous record. ``pending`` holds an outcome for the live
     waiter (``waiter_until`` in the future); with no live waiter, outcomes go to the inbox."""
 
-    OPEN, QUESTION, REPLIED, TURN_DONE, TIMEOUT, CANCELLED, GONE, ERROR = (
-        "open", "question", "replied", "turn_done", "timeout", "cancelled", "gone", "error")
-    STATES = (OPEN, QUESTION, REPLIED, TURN_DONE, TIMEOUT, CANCELLED, GONE, ERROR)
-    ACTIVE = (OPEN, QUESTION, TIMEOUT)  # a worker may still reply/ask on these
+    class State(models.TextChoices):
+        OPEN = "open", "open"
+        QUESTION = "question", "question (the worker waits for an answer)"
+        REPLIED = "replied", "replied"
+        TURN_DONE = "turn_done", "turn done (no reply)"
+        TIMEOUT = "timeout", "timeout (the primary stopped waiting)"
+        CANCELLED = "cancelled", "cancelled"
+        GONE = "gone", "gone (the worker vanished)"
+        ERROR = "error", "error (delivery failed)"
+
+    ACTIVE = (State.OPEN, State.QUESTION, State.TIMEOUT)  # a worker may still reply/ask on these
 
     turn_id = models.CharField(max_length=32, unique=True, default=new_turn_id, editable=False)
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="turns")
     owner_key = models.CharField(max_length=64, db_index=True)
-    origin = models.CharField(max_length=8, default="primary")  # primary | worker (a spontaneous ask)
+    origin = models.CharField(max_length=8, choices=Role.choices, default=Role.PRIMARY)
     detached = models.BooleanField(default=False)
-    state = models.CharField(max_length=16, choices=[(s, s) for s in STATES], default=OPEN)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.OPEN)
     outcome = models.JSONField(null=True, blank=True)
     question = models.TextField(blank=True)
     answer = models.TextField(blank=True)
@@ -158,6 +345,8 @@ class Turn(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TurnQuerySet.as_manager()
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -172,23 +361,145 @@ class Turn(models.Model):
 
     @property
     def group(self):
-        return f"bridge.turn.{self.turn_id}"
+        return turn_group(self.turn_id)
 
     @property
     def ask_group(self):
-        return f"bridge.ask.{self.turn_id}"
+        return ask_group(self.turn_id)
+
+    @property
+    def open_question(self):
+        """The worker asked and nobody has answered yet."""
+        return self.state == self.State.QUESTION and self.ask_seq > self.answer_seq
+
+    def waiter_live(self, now):
+        return self.waiter_until is not None and self.waiter_until > now and self.pending is None
+
+    # -- the outcome delivery rule (on a locked row) ------------------------------------------------
+
+    def hand_over(self, outcome, now):
+        """Give ``outcome`` to the turn's live waiter (``pending``), else to the primary's inbox.
+        Returns the mode, "resolved" or "queued". The caller saves the turn and wakes its waiter."""
+        if self.waiter_live(now):
+            self.pending = outcome
+            return "resolved"
+        InboxItem.deliver(self.owner_key, outcome)
+        return "queued"
+
+    def end(self, state, outcome, now=None, *, notify=True):
+        """Close the turn with ``outcome`` (handed over unless ``notify=False``), save it and wake both
+        of its waiters. Returns the hand-over mode (None when not notified)."""
+        now = now or timezone.now()
+        self.state, self.outcome, self.closed_at, self.updated_at = state, outcome, now, now
+        mode = self.hand_over(outcome, now) if notify else None
+        self.save()
+        wake_on_commit(self.group, self.ask_group)
+        return mode
+
+    def ask(self, content, now=None):
+        """The worker asks ``content`` on this turn: the question goes to the primary's waiter or inbox.
+        Returns the hand-over mode."""
+        now = now or timezone.now()
+        self.ask_seq += 1
+        self.state, self.question, self.updated_at = self.State.QUESTION, content, now
+        out = {"outcome": "question", "text": content, "turnId": self.turn_id, "sessionId": self.member.session_id}
+        mode = self.hand_over(out, now)
+        self.save()
+        wake_on_commit(self.group)
+        return mode
+
+    def answer_question(self, content, deadline=None, now=None):
+        """The primary answers the open question; it waits again until ``deadline`` (None: detached).
+        Wakes the worker's bridge_ask."""
+        now = now or timezone.now()
+        self.answer, self.answer_seq, self.state, self.updated_at = content, self.ask_seq, self.State.OPEN, now
+        self.waiter_until = deadline
+        self.detached = self.detached or deadline is None
+        self.save()
+        wake_on_commit(self.ask_group)
+
+    def cancel(self, now=None):
+        """Abandon the turn: its queued messages fail, a live waiter gets ``cancelled`` (no inbox item).
+        Returns whether a message of it had already reached the pane (so the worker should be interrupted)."""
+        now = now or timezone.now()
+        delivered = self.messages.filter(state__in=[Message.State.DELIVERED, Message.State.PICKED_UP]).exists()
+        self.messages.filter(state=Message.State.QUEUED).update(state=Message.State.FAILED, error="cancelled")
+        out = {"outcome": "cancelled", "turnId": self.turn_id, "sessionId": self.member.session_id}
+        if self.waiter_live(now):
+            self.pending = out
+        self.end(self.State.CANCELLED, out, now, notify=False)
+        return delivered
+
+    def take_pending(self):
+        """The live waiter takes its outcome."""
+        out = self.pending
+        self.pending, self.waiter_until = None, None
+        self.save(update_fields=["pending", "waiter_until"])
+        return out
+
+    def stop_waiting(self, now=None):
+        """The waiter's deadline passed: outcomes from now on go to the inbox; an open turn itself goes
+        on as ``timeout`` (the worker may still reply)."""
+        self.waiter_until = None
+        if self.state == self.State.OPEN:
+            self.state, self.updated_at = self.State.TIMEOUT, now or timezone.now()
+        self.save(update_fields=["waiter_until", "state", "updated_at"])
+        return {"outcome": "timeout", "turnId": self.turn_id, "sessionId": self.member.session_id}
+
+    def release_waiter(self):
+        """The waiter went away (its client disconnected, or its process died): a pending outcome moves
+        to the inbox, and so will later ones."""
+        if self.pending is not None:
+            InboxItem.deliver(self.owner_key, self.pending)
+        self.pending, self.waiter_until = None, None
+        self.save(update_fields=["pending", "waiter_until"])
+
+    def ask_result(self, seq, final, now=None):
+        """For the worker's bridge_ask number ``seq``: the answer, or how the turn ended; None to keep
+        waiting. At the deadline (``final``) the unanswered question is withdrawn → timeout."""
+        if self.answer_seq >= seq:
+            return {"answer": self.answer, "turnId": self.turn_id}
+        if self.state == self.State.GONE:
+            return error_outcome("worker_gone", "this worker was stopped", self.turn_id)
+        if self.state == self.State.CANCELLED:
+            return {"outcome": "cancelled", "turnId": self.turn_id}
+        if not self.active:
+            return {"outcome": "cancelled", "turnId": self.turn_id, "reason": f"turn ended ({self.state})"}
+        if final:
+            if self.state == self.State.QUESTION and self.ask_seq == seq:
+                self.state, self.updated_at = self.State.OPEN, now or timezone.now()
+                self.save(update_fields=["state", "updated_at"])
+            return {"outcome": "timeout", "turnId": self.turn_id}
+        return None
+
+    def resolve_turn_done(self, tail, *, notify=True):
+        """Turn-done fallback: the worker went idle after picking the turn up, without bridge_reply; the
+        outcome is the terminal's tail (``notify=False``: a turn the worker opened itself just closes).
+        False if the turn had already ended. Takes its own locks."""
+        with transaction.atomic():
+            t = Turn.objects.select_for_update().select_related("member").get(pk=self.pk)
+            if not t.active:
+                return False
+            out = {"outcome": "turn_done", "text": tail, "turnId": t.turn_id, "sessionId": t.member.session_id}
+            t.end(self.State.TURN_DONE, out, notify=notify)
+        return True
 
 
 class Message(models.Model):
     """One entry of a worker's FIFO: text the Injector pastes into the pane in a safe window."""
 
-    QUEUED, DELIVERED, PICKED_UP, FAILED = "queued", "delivered", "picked_up", "failed"
-    STATES = (QUEUED, DELIVERED, PICKED_UP, FAILED)
+    class State(models.TextChoices):
+        QUEUED = "queued", "queued"
+        DELIVERED = "delivered", "delivered (awaiting pickup)"
+        PICKED_UP = "picked_up", "picked up"
+        FAILED = "failed", "failed"
+
+    IN_FLIGHT = (State.QUEUED, State.DELIVERED)  # still the worker's business: its queue depth
 
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="messages")
     turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
     content = models.TextField()
-    state = models.CharField(max_length=16, choices=[(s, s) for s in STATES], default=QUEUED)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
     picked_up_at = models.DateTimeField(null=True, blank=True)
@@ -202,19 +513,74 @@ class Message(models.Model):
         if len(self.content.encode("utf-8")) > MAX_CONTENT_BYTES:
             raise ValidationError({"content": "content exceeds 64 KiB"})
 
+    def claim(self, now=None):
+        """queued → delivered, once (a second poller cannot claim it too); its turn becomes the member's
+        current turn. False if it was no longer queued."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            if not Message.objects.filter(pk=self.pk, state=self.State.QUEUED).update(
+                    state=self.State.DELIVERED, delivered_at=now):
+                return False
+            Member.objects.filter(pk=self.member_id).update(current_turn=self.turn_id, last_delivered_at=now)
+        self.state, self.delivered_at = self.State.DELIVERED, now
+        return True
+
+    def mark_picked_up(self, how="working"):
+        """delivered → picked_up: the worker took it (``how`` says what showed it, when not WORKING)."""
+        Message.objects.filter(pk=self.pk, state=self.State.DELIVERED).update(
+            state=self.State.PICKED_UP, picked_up_at=timezone.now(), error="" if how == "working" else f"pickup: {how}")
+
+    def fail_delivery(self, error):
+        """The terminal refused the paste: the message is dropped, and its turn ends with a retryable
+        delivery_failed for its sender — the FIFO moves on."""
+        now = timezone.now()
+        with transaction.atomic():
+            Message.objects.filter(pk=self.pk).update(state=self.State.FAILED, error=str(error)[:512])
+            t = Turn.objects.select_for_update().select_related("member").filter(pk=self.turn_id).first()
+            if t is not None and t.active:
+                out = error_outcome("delivery_failed", f"the message could not be delivered to the worker's pane: "
+                                                       f"{error}", t.turn_id, retryable=True)
+                out["sessionId"] = t.member.session_id
+                t.end(Turn.State.ERROR, out, now)
+
+
+class InboxItemQuerySet(models.QuerySet):
+    def pending(self, key):
+        """Unacknowledged items for a principal, oldest first."""
+        return self.filter(recipient_key=key, acked_at__isnull=True).order_by("id")
+
+    def ack(self, key, ids):
+        """Acknowledge a principal's items. Returns (acked, unknown) in the order given; another
+        principal's id is unknown. Acking twice is harmless."""
+        ids = list(dict.fromkeys(ids))
+        mine = set(self.filter(recipient_key=key, item_id__in=ids).values_list("item_id", flat=True))
+        self.filter(recipient_key=key, item_id__in=mine, acked_at__isnull=True).update(acked_at=timezone.now())
+        return [i for i in ids if i in mine], [i for i in ids if i not in mine]
+
 
 class InboxItem(models.Model):
     """A detached delivery for a principal (a reply with no live waiter, a question, a note, an
     error): returned by bridge_poll on every poll until bridge_ack (at-least-once)."""
 
-    KINDS = ("reply", "question", "note", "error")  # payload.outcome says reply or turn_done
+    class Kind(models.TextChoices):  # payload.outcome says reply or turn_done
+        REPLY = "reply", "reply"
+        QUESTION = "question", "question"
+        NOTE = "note", "note"
+        ERROR = "error", "error"
+
+        @classmethod
+        def of(cls, outcome):
+            return {"question": cls.QUESTION, "reply": cls.REPLY, "turn_done": cls.REPLY, "note": cls.NOTE,
+                    "cancelled": cls.NOTE}.get(outcome.get("outcome"), cls.ERROR)
 
     item_id = models.CharField(max_length=32, unique=True, default=new_inbox_id, editable=False)
     recipient_key = models.CharField(max_length=64, db_index=True)
-    kind = models.CharField(max_length=16, choices=[(k, k) for k in KINDS])
+    kind = models.CharField(max_length=16, choices=Kind.choices)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
     acked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InboxItemQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -222,3 +588,13 @@ class InboxItem(models.Model):
 
     def __str__(self):
         return f"{self.item_id} {self.kind} → {self.recipient_key}"
+
+    @classmethod
+    def deliver(cls, key, outcome):
+        """Queue ``outcome`` for principal ``key`` and wake its bridge_poll."""
+        item = cls.objects.create(recipient_key=key, kind=cls.Kind.of(outcome), payload=outcome)
+        wake_on_commit(inbox_group(key))
+        return item
+
+    def to_dict(self):
+        return {**(self.payload or {}), "id": self.item_id, "kind": self.kind, "createdAt": _iso(self.created_at)}

@@ -26,13 +26,15 @@ import threading
 import time
 from datetime import timedelta
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from . import conf, services
+from . import conf
 from .models import Member, Message, Turn
 from .status import AgentStatus, load_rules
 from .terminal import PaneNotFound, TerminalError
+from .turns import sweep
+from .workers import backend, observe, terminate
 
 log = logging.getLogger("yuzu.bridge.poller")
 
@@ -40,7 +42,7 @@ log = logging.getLogger("yuzu.bridge.poller")
 class StatusPoller:
     def __init__(self, socket_name=None, interval=None, grace_polls=None, rules=None):
         self.socket_name = socket_name or conf.socket_name()
-        self.backend = services.backend(self.socket_name)
+        self.backend = backend(self.socket_name)
         self.interval = interval if interval is not None else conf.poll_interval()
         self.grace_polls = grace_polls if grace_polls is not None else conf.pickup_grace_polls()
         self.rules = rules if rules is not None else load_rules()
@@ -74,8 +76,6 @@ class StatusPoller:
         path = conf.pause_file()
         if path is None or not path.exists():
             return False
-        from django.db import connections
-
         connections.close_all()
         path.with_name(path.name + ".ack").touch()
         return True
@@ -94,20 +94,20 @@ class StatusPoller:
             self.waiting_polls.pop(sid, None)
         if time.monotonic() - self._last_sweep > 2.0:
             self._last_sweep = time.monotonic()
-            services.sweep()
+            sweep()
             # A spawn that never got its pane (its server process died mid-spawn) is not a worker.
             stale = timezone.now() - timedelta(seconds=60)
             for m in Member.objects.filter(stopped_at__isnull=True, socket_name=self.socket_name, pane_id="",
                                            created_at__lt=stale):
-                services.terminate(m, "its spawn never completed", close=False)
+                terminate(m, "its spawn never completed", close=False)
 
     # -- one worker ----------------------------------------------------------------------------
 
     def step(self, m):
         try:
-            st, source, _ = services.observe(m, self.backend, self.rules)
+            st, source, _ = observe(m, self.backend, self.rules)
         except PaneNotFound:
-            st, source = AgentStatus.GONE, "pane"
+            st, source = AgentStatus.GONE, Member.Source.PANE
         except TerminalError as exc:
             # A pane killed under us can answer oddly ("no current target"); ask the server which
             # panes exist before calling it a hiccup.
@@ -118,41 +118,41 @@ class StatusPoller:
             if not gone:  # a tmux hiccup: say nothing this tick
                 log.warning("observing %s: %s", m.session_id, exc)
                 return
-            st, source = AgentStatus.GONE, "pane"
+            st, source = AgentStatus.GONE, Member.Source.PANE
         if st is AgentStatus.GONE:
             self.waiting_polls.pop(m.session_id, None)
-            services.terminate(m, "its pane exited", close=True)
+            terminate(m, "its pane exited", close=True)
             log.info("worker %s is gone", m.session_id)
             return
-        services.set_status(m, st, source)
+        m.set_status(st, source)
         profile = m.profile
         blocked_ok = profile.blocked_injectable if profile is not None else True
 
-        inflight = Message.objects.select_related("turn").filter(member=m, state=Message.DELIVERED).order_by("id").first()
+        inflight = m.messages.select_related("turn").filter(state=Message.State.DELIVERED).order_by("id").first()
         if inflight is not None:
             turn_over = inflight.turn is None or not inflight.turn.active
             if st.counts_as_pickup or turn_over:
-                services.mark_picked_up(inflight, "working" if st.counts_as_pickup else "turn ended")
+                inflight.mark_picked_up("working" if st.counts_as_pickup else "turn ended")
                 self.waiting_polls.pop(m.session_id, None)
             else:
                 n = self.waiting_polls[m.session_id] = self.waiting_polls.get(m.session_id, 0) + 1
                 if n >= self.grace_polls and st in (AgentStatus.IDLE, AgentStatus.BLOCKED):
-                    services.mark_picked_up(inflight, f"grace after {n} polls")
+                    inflight.mark_picked_up(f"grace after {n} polls")
                     self.waiting_polls.pop(m.session_id, None)
                 else:
                     return  # at most one message per turn: wait for the pickup
 
         turn = Turn.objects.filter(pk=m.current_turn_id).first() if m.current_turn_id else None
         if turn is not None and turn.active:
-            delegated = Message.objects.filter(turn=turn).exists()  # else a worker's own ask
-            picked = Message.objects.filter(turn=turn, state=Message.PICKED_UP).exists()
+            delegated = turn.messages.exists()  # else a worker's own ask
+            picked = turn.messages.filter(state=Message.State.PICKED_UP).exists()
             ended = st is AgentStatus.IDLE or (st is AgentStatus.BLOCKED and blocked_ok)
             if ended and (picked or not delegated):
                 try:
                     tail = self.backend.read_tail(m.pane_id, conf.tail_lines())
                 except TerminalError as exc:
                     tail = f"(terminal unreadable: {exc})"
-                if services.resolve_turn_done(turn, tail, notify=delegated):
+                if turn.resolve_turn_done(tail, notify=delegated):
                     log.info("turn %s of %s: turn_done fallback", turn.turn_id, m.session_id)
                 return  # deliver the next message on a later tick, from a fresh status
             return  # a turn is open: nothing new goes in
@@ -160,18 +160,18 @@ class StatusPoller:
         injectable = st is AgentStatus.IDLE or (st is AgentStatus.BLOCKED and blocked_ok)
         if not injectable:
             return
-        head = Message.objects.filter(member=m, state=Message.QUEUED).order_by("id").first()
-        if head is None or not services.claim_delivery(head):
+        head = m.messages.filter(state=Message.State.QUEUED).order_by("id").first()
+        if head is None or not head.claim():
             return
         try:
             self.backend.paste(m.pane_id, head.content)
         except PaneNotFound:
-            services.fail_delivery(head, "the worker's pane is gone")
-            services.terminate(m, "its pane vanished during a delivery")
+            head.fail_delivery("the worker's pane is gone")
+            terminate(m, "its pane vanished during a delivery")
             return
         except TerminalError as exc:
             log.warning("delivery to %s failed: %s", m.session_id, exc)
-            services.fail_delivery(head, exc)
+            head.fail_delivery(exc)
             return
         self.waiting_polls[m.session_id] = 0
         log.info("delivered message %s (turn %s) to %s", head.pk, head.turn_id, m.session_id)

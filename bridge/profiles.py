@@ -3,6 +3,8 @@ overwritten, so an administrator's edits stay)."""
 
 import json
 
+from django.apps import apps
+
 #: Claude Code hooks posting lifecycle events to the bridge's hook sink with the worker's own token.
 #: The hook command runs in the worker's shell environment, so the token stays in that pane's env.
 HOOK_COMMAND = ('curl -s -m 3 -X POST -H "Authorization: Bearer $YUZU_BRIDGE_TOKEN" '
@@ -50,9 +52,9 @@ SEEDS = {
 }
 
 
-def seed_profiles(Profile=None):
-    if Profile is None:
-        from .models import Profile
+def seed_profiles():
+    """Create the missing seeds; returns their names."""
+    Profile = apps.get_model("bridge", "Profile")
     created = []
     for name, fields in SEEDS.items():
         _, made = Profile.objects.get_or_create(name=name, defaults=fields)

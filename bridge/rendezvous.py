@@ -1,10 +1,10 @@
 """The blocking half of the rendezvous: waits that hold an MCP call open without a thread.
 
 A waiter makes its own channel on the channel layer, joins the turn's group and awaits ``receive``
-with a timeout. The truth is the Turn row (bridge/services.py writes the outcome there first); a
-wake only says "re-read now". The row is also re-read every ``YUZU_BRIDGE_RECHECK_SECONDS`` so a
-wake lost across processes (the in-memory layer does not cross them) or one sent before the waiter
-subscribed still resolves it. With YUZU_REDIS_URL set (channels-redis), a reply handled by another
+with a timeout. The truth is the Turn row (bridge/turns.py writes the outcome there first); a
+wake only says "re-read now" (bridge/wakeups.py). The row is also re-read every
+``YUZU_BRIDGE_RECHECK_SECONDS`` so a wake lost across processes (the in-memory layer does not cross them)
+or one sent before the waiter subscribed still resolves it. With YUZU_REDIS_URL set (channels-redis), a reply handled by another
 server process wakes the waiter at once.
 """
 
@@ -16,7 +16,9 @@ from channels.layers import get_channel_layer
 
 from mcp.pipeline import hop
 
-from . import conf, services
+from . import conf, turns
+from .reads import inbox_items
+from .wakeups import ask_group, inbox_group, turn_group
 
 log = logging.getLogger("yuzu.bridge")
 
@@ -68,13 +70,13 @@ async def wait_turn(prepared, timeout_ms):
     """The primary's bridge_send wait: exactly one outcome (reply, question, turn_done, timeout,
     cancelled) or an error outcome (worker_gone, delivery_failed)."""
     deadline = _deadline(timeout_ms)
-    group = f"bridge.turn.{prepared.turn_id}"
     try:
-        return await _wait([group], lambda final: services.take_outcome(prepared.turn_pk, final), deadline)
+        return await _wait([turn_group(prepared.turn_id)], lambda final: turns.take_outcome(prepared.turn_pk, final),
+                           deadline)
     except asyncio.CancelledError:
         # The client went away (daphne cancels the request): later outcomes go to the inbox.
         try:
-            await asyncio.shield(hop(services.release_waiter)(prepared.turn_pk))
+            await asyncio.shield(hop(turns.release_waiter)(prepared.turn_pk))
         finally:
             raise
 
@@ -82,7 +84,7 @@ async def wait_turn(prepared, timeout_ms):
 async def wait_answer(turn_pk, turn_id, seq, timeout_ms):
     """The worker's bridge_ask wait: {answer} once the primary answers, else timeout/cancelled."""
     deadline = _deadline(timeout_ms)
-    return await _wait([f"bridge.ask.{turn_id}"], lambda final: services.check_answer(turn_pk, seq, final), deadline)
+    return await _wait([ask_group(turn_id)], lambda final: turns.check_answer(turn_pk, seq, final), deadline)
 
 
 async def wait_inbox(key, limit, timeout_ms):
@@ -90,7 +92,7 @@ async def wait_inbox(key, limit, timeout_ms):
     deadline = _deadline(timeout_ms)
 
     def check(final):
-        items = services.inbox_items(key, limit)
+        items = inbox_items(key, limit)
         return items if items or final else None
 
-    return await _wait([services.inbox_group(key)], check, deadline)
+    return await _wait([inbox_group(key)], check, deadline)

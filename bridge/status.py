@@ -1,6 +1,8 @@
 """Agent status detection for status-gated delivery (bridge spec §5).
 
-Pure Python, no Django. Sources, most trusted first:
+Pure functions: no settings, no database. ``AgentStatus`` is a Django ``TextChoices`` so that the one
+vocabulary of a worker's status is also the choices of ``Member.status`` and ``Member.hook_status``.
+Sources, most trusted first:
 
 1. the agent's lifecycle hooks posting to the bridge -> :func:`status_from_hook`;
 2. the pane title -> :func:`status_from_title` (Claude Code puts a braille
@@ -21,7 +23,6 @@ Pure Python, no Django. Sources, most trusted first:
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import re
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from django.db.models import TextChoices
 
 __all__ = [
     "AgentStatus",
@@ -51,16 +54,15 @@ IDLE_TITLE_MARK = "\u2733"  # ✳
 BRAILLE_FIRST, BRAILLE_LAST = 0x2800, 0x28FF
 
 
-class AgentStatus(str, enum.Enum):
-    IDLE = "IDLE"
-    WORKING = "WORKING"
-    BLOCKED = "BLOCKED"
-    UNKNOWN = "UNKNOWN"
-    STARTING = "STARTING"  # kept by the bridge: pane started, agent not up yet
-    GONE = "GONE"  # kept by the bridge: pane/agent gone
+class AgentStatus(TextChoices):
+    """A worker's status (``str(status)`` is its value, "IDLE", not "AgentStatus.IDLE")."""
 
-    def __str__(self) -> str:  # "IDLE", not "AgentStatus.IDLE"
-        return self.value
+    IDLE = "IDLE", "idle"
+    WORKING = "WORKING", "working"
+    BLOCKED = "BLOCKED", "blocked (awaiting input)"
+    UNKNOWN = "UNKNOWN", "unknown"
+    STARTING = "STARTING", "starting"  # kept by the bridge: pane started, agent not up yet
+    GONE = "GONE", "gone"  # kept by the bridge: pane/agent gone
 
     @property
     def injectable(self) -> bool:

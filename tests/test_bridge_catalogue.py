@@ -6,10 +6,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from bridge import services
+from bridge.failures import BridgeFailure
+from bridge.guard import SubscriptionGuard, substitute, worker_env
 from bridge.models import Member, Profile
 from bridge.profiles import seed_profiles
-from bridge.services import BridgeFailure, SubscriptionGuard
 from yuzu.models import ApiToken
 from yuzu.rbac import Principal
 
@@ -129,12 +129,12 @@ def test_tiers_and_rbac(mint):
 
 def test_guard_and_worker_env(make_user, monkeypatch):
     p = Profile.objects.get(name="claude-worker")
-    assert not SubscriptionGuard.spawnable(p)
+    assert not p.spawnable
     with pytest.raises(BridgeFailure) as exc:
         SubscriptionGuard.check_spawn(p)
     assert exc.value.code == "subscription_boundary" and exc.value.status == 403
     p.env = {"ANTHROPIC_BASE_URL": "https://gateway.example/anthropic", "ANTHROPIC_AUTH_TOKEN": "sk-worker"}
-    assert SubscriptionGuard.spawnable(p)
+    assert p.spawnable
     SubscriptionGuard.check_spawn(p, primary_pane="other-socket:%3", socket_name="yuzu-bridge")
     with pytest.raises(BridgeFailure):
         SubscriptionGuard.check_spawn(p, primary_pane="%3", socket_name="yuzu-bridge")
@@ -144,7 +144,7 @@ def test_guard_and_worker_env(make_user, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "nope")
     user = make_user("alice", "Operator")
     m = Member(owner=user, owner_key="u1.t1", profile_name=p.name, socket_name="s")
-    env = services.worker_env(p, m, "yuzu_" + "0" * 64)
+    env = worker_env(p, m, "yuzu_" + "0" * 64)
     assert env["ANTHROPIC_BASE_URL"] == "https://gateway.example/anthropic"
     assert env["ANTHROPIC_AUTH_TOKEN"] == "sk-worker" and "ANTHROPIC_API_KEY" not in env
     assert "AWS_SECRET_ACCESS_KEY" not in env
@@ -154,12 +154,12 @@ def test_guard_and_worker_env(make_user, monkeypatch):
         - ({"HOME"} if "HOME" not in env else set())
     # A profile cannot override the bridge's own variables.
     p.env["YUZU_BRIDGE_TOKEN"] = "mine"
-    assert services.worker_env(p, m, "yuzu_x")["YUZU_BRIDGE_TOKEN"] == "yuzu_x"
+    assert worker_env(p, m, "yuzu_x")["YUZU_BRIDGE_TOKEN"] == "yuzu_x"
     # Placeholders: exact tokens only (JSON braces in an argument survive).
     s = Profile.objects.get(name="standin")
-    argv = services.substitute(list(s.argv), s)
+    argv = substitute(list(s.argv), s)
     assert argv[0].endswith("python") or "python" in argv[0]
-    claude = services.substitute(list(Profile.objects.get(name="claude-worker").argv), p)
+    claude = substitute(list(Profile.objects.get(name="claude-worker").argv), p)
     assert '"Bearer ${YUZU_BRIDGE_TOKEN}"' in claude[2] and claude[-1] == p.system_prompt_addendum
 
 

@@ -27,8 +27,8 @@ def test_delegation_reply(primary, bridge):
     assert r["outcome"] == "reply" and r["text"] == "the answer is 42" and r["turnId"], r.structured
     assert time.monotonic() - t0 < 15
     turn = Turn.objects.get(turn_id=r["turnId"])
-    assert turn.state == Turn.REPLIED and turn.pending is None
-    assert Message.objects.get(turn=turn).state in (Message.DELIVERED, Message.PICKED_UP)
+    assert turn.state == Turn.State.REPLIED and turn.pending is None
+    assert Message.objects.get(turn=turn).state in (Message.State.DELIVERED, Message.State.PICKED_UP)
     from yuzu.models import AuditEvent
 
     actions = set(AuditEvent.objects.filter(action__startswith="bridge.").values_list("action", flat=True))
@@ -82,7 +82,7 @@ def test_turn_done_fallback_returns_terminal_tail(primary, bridge):
     assert not r.is_error, (r.structured, bridge.logs())
     assert r["outcome"] == "turn_done", r.structured
     assert "turn done (no reply)" in r["text"]
-    assert Turn.objects.get(turn_id=r["turnId"]).state == Turn.TURN_DONE
+    assert Turn.objects.get(turn_id=r["turnId"]).state == Turn.State.TURN_DONE
 
 
 def test_timeout_then_late_reply_lands_in_poll(primary, bridge):
@@ -150,7 +150,7 @@ def test_never_injected_while_working(primary, bridge):
     wait_status(p, w["sessionId"], {"WORKING"})
     r = p.call("bridge_send", {"content": "reply:must wait", "sessionId": w["sessionId"], "timeoutMs": 1500})
     assert r["outcome"] == "timeout"
-    assert Message.objects.get(turn__turn_id=r["turnId"]).state == Message.QUEUED
+    assert Message.objects.get(turn__turn_id=r["turnId"]).state == Message.State.QUEUED
     st = status_of(p, w["sessionId"])
     assert st["agent_status"] == "WORKING" and st["queueDepth"] == 1
     screen = p.call("bridge_read", {"sessionId": w["sessionId"], "source": "visible"})["text"]
@@ -164,7 +164,7 @@ def test_never_injected_while_unknown(primary, bridge):
     w = spawn_standin(p, "mute")
     r = p.call("bridge_send", {"content": "hello there", "sessionId": w["sessionId"], "timeoutMs": 1500})
     assert r["outcome"] == "timeout"
-    assert Message.objects.get(turn__turn_id=r["turnId"]).state == Message.QUEUED
+    assert Message.objects.get(turn__turn_id=r["turnId"]).state == Message.State.QUEUED
     assert status_of(p, w["sessionId"])["agent_status"] == "UNKNOWN"
     detection = p.call("bridge_read", {"sessionId": w["sessionId"], "source": "detection"})["detection"]
     assert detection["status"] == "UNKNOWN"

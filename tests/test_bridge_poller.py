@@ -7,12 +7,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from bridge import services
+from bridge import workers
+from bridge.identity import WORKER, Caller
 from bridge.mcp_tools import _result
 from bridge.models import InboxItem, Member, Message, Profile, Turn
 from bridge.poller import StatusPoller
 from bridge.profiles import seed_profiles
 from bridge.terminal import PaneInfo, PaneNotFound, TerminalBackend, TerminalError
+from bridge.turns import reply, sweep, take_outcome
 from mcp.registry import ToolFailure
 
 pytestmark = pytest.mark.django_db
@@ -83,7 +85,7 @@ class FakeBackend(TerminalBackend):
 @pytest.fixture
 def fake(monkeypatch):
     b = FakeBackend()
-    monkeypatch.setitem(services._backends, SOCKET, b)
+    monkeypatch.setitem(workers._backends, SOCKET, b)
     return b
 
 
@@ -132,7 +134,7 @@ def test_idle_delivers_working_picks_up_idle_ends_turn(fake, world):
     fake.idle("%1")
     p.tick()  # turn-done fallback with the tail; the next message waits for a fresh tick
     assert state(t1) == "turn_done"
-    out = services.take_outcome(t1.pk)
+    out = take_outcome(t1.pk)
     assert out["outcome"] == "turn_done" and "(tail)" in out["text"]
     assert fake.panes["%1"]["pasted"] == ["first"]
     p.tick()
@@ -160,8 +162,8 @@ def test_reply_before_pickup_counts_as_pickup(fake, world):
     t1, _ = send(m, "quick"), send(m, "then")
     p = poller()
     p.tick()
-    caller = services.Caller(principal=None, role=services.WORKER, member=Member.objects.get(pk=m.pk))
-    assert services.reply(caller, "done already")["mode"] == "resolved"
+    caller = Caller(principal=None, role=WORKER, member=Member.objects.get(pk=m.pk))
+    assert reply(caller, "done already")["mode"] == "resolved"
     p.tick()
     assert Message.objects.get(turn=t1).state == "picked_up"
     p.tick()
@@ -218,7 +220,7 @@ def test_delivery_failure_drops_the_message_with_an_error(fake, world):
     p = poller()
     p.tick()
     assert Message.objects.get(turn=t1).state == "failed" and state(t1) == "error"
-    out = services.take_outcome(t1.pk)
+    out = take_outcome(t1.pk)
     assert out["error"]["code"] == "delivery_failed" and out["error"]["retryable"] is True
     with pytest.raises(ToolFailure) as exc:
         _result(out)
@@ -237,7 +239,7 @@ def test_gone_fails_the_queue_and_the_waiters(fake, world):
     assert m.status == "GONE" and m.stopped_at is not None
     assert set(Message.objects.filter(member=m).values_list("state", flat=True)) == {"failed"}
     assert state(t1) == "gone" and state(t2) == "gone"
-    assert services.take_outcome(t1.pk)["error"]["code"] == "worker_gone"  # the live waiter
+    assert take_outcome(t1.pk)["error"]["code"] == "worker_gone"  # the live waiter
     item = InboxItem.objects.get()  # the detached turn's failure is not lost
     assert item.kind == "error" and item.payload["turnId"] == t2.turn_id
 
@@ -245,17 +247,17 @@ def test_gone_fails_the_queue_and_the_waiters(fake, world):
 def test_late_outcome_and_stranded_pending_reach_the_inbox(fake, world):
     m = world()
     t = send(m, "x")
-    assert services.take_outcome(t.pk, final=True)["outcome"] == "timeout"
+    assert take_outcome(t.pk, final=True)["outcome"] == "timeout"
     assert state(t) == "timeout"
-    caller = services.Caller(principal=None, role=services.WORKER, member=m)
+    caller = Caller(principal=None, role=WORKER, member=m)
     Member.objects.filter(pk=m.pk).update(current_turn=t)
     caller.member.refresh_from_db()
-    assert services.reply(caller, "late")["mode"] == "queued"
+    assert reply(caller, "late")["mode"] == "queued"
     assert InboxItem.objects.get().payload["text"] == "late"
     # A pending outcome whose waiter died (its deadline long past) is swept into the inbox.
     t2 = send(m, "y")
     Turn.objects.filter(pk=t2.pk).update(pending={"outcome": "reply", "text": "orphan", "turnId": t2.turn_id},
                                          waiter_until=timezone.now() - timedelta(seconds=60))
-    assert services.sweep() == 1
+    assert sweep() == 1
     assert InboxItem.objects.filter(payload__text="orphan").exists()
-    assert services.sweep() == 0
+    assert sweep() == 0

@@ -8,6 +8,7 @@ stand-in; every pane is closed afterwards. ``primary(username)``: an MCP client 
 """
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -69,8 +70,6 @@ def wait_status(p, sid, want, timeout=10):
 
 def pane_env(stack, pane_id, timeout=10):
     """The environment of the program running in a pane (read from /proc once it has exec'd)."""
-    from pathlib import Path
-
     pid = next(x.pid for x in stack.backend().list_panes() if x.pane_id == pane_id)
 
     def read():

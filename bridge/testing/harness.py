@@ -18,7 +18,15 @@ from pathlib import Path
 
 import httpx
 
-from yuzu.testing import ROOT, free_port, server_env, spawn, start_daphne, wait_until  # noqa: F401  (re-exported)
+from bridge.terminal import TmuxBackend
+from yuzu.testing import (  # noqa: F401  (re-exported)
+    ROOT,
+    free_port,
+    server_env,
+    spawn,
+    start_daphne,
+    wait_until,
+)
 
 PROTOCOL = "2025-11-25"
 
@@ -67,8 +75,6 @@ class BridgeStack:
         return self.base + "/api/v1"
 
     def backend(self):
-        from bridge.terminal import TmuxBackend
-
         return TmuxBackend(self.socket_name)
 
     def logs(self):

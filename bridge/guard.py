@@ -1,0 +1,94 @@
+"""The SubscriptionGuard: workers stay off the primary's subscription and away from the primary's pane.
+
+Invariants:
+
+* **No worker on the primary's subscription.** A profile whose env lacks ANTHROPIC_BASE_URL would start
+  a worker on the subscription the machine is logged in with (the primary's): its spawn is refused with
+  ``subscription_boundary``, unless the profile is a stand-in that declares itself exempt
+  (``requires_api_base_url=False``; it calls no model). The rule is ``Profile.spawnable``.
+* **A worker's environment is built from nothing** (``worker_env``): PATH/HOME/LANG of the bridge process,
+  TERM, the profile's env, then the bridge's own YUZU_BRIDGE_* variables (which a profile cannot
+  override). No other variable of the bridge process — none of its ANTHROPIC_* — reaches a worker.
+* **No tool takes or returns an environment value**; only this module reads a profile's env for a spawn.
+* **Not beside the primary's pane.** A primary that says where its own pane lives (REST header
+  ``X-Bridge-Pane``) must not live on the bridge's private tmux server: the bridge closes panes there and
+  may shut that server down.
+"""
+
+import os
+import sys
+
+from . import conf
+from .failures import BridgeFailure
+
+#: environment variables a worker may inherit from the bridge process; nothing else ever is.
+INHERITED_ENV = ("PATH", "HOME", "LANG")
+BRIDGE_ENV = ("YUZU_BRIDGE_URL", "YUZU_BRIDGE_TOKEN", "YUZU_BRIDGE_SESSION_ID", "YUZU_BRIDGE_EVENTS_URL")
+
+
+class SubscriptionGuard:
+    """The spawn and stop checks (see the module docstring)."""
+
+    @staticmethod
+    def check_spawn(profile, primary_pane=None, socket_name=None):
+        if not profile.spawnable:
+            raise BridgeFailure(
+                "subscription_boundary",
+                f"profile '{profile.name}' does not set ANTHROPIC_BASE_URL, so a worker started from it would run "
+                "on the primary's subscription; an administrator must set it in the profile's env (admin → "
+                "Bridge → Profiles) before it can be spawned")
+        SubscriptionGuard.check_primary_pane(primary_pane, socket_name or conf.socket_name())
+
+    @staticmethod
+    def check_primary_pane(primary_pane, socket_name, member=None):
+        if not primary_pane:
+            return
+        sock, sep, pane = primary_pane.rpartition(":")
+        on_bridge_server = (sock or socket_name) == socket_name
+        if member is not None and on_bridge_server and pane in (member.pane_id, member.terminal_id):
+            raise BridgeFailure("subscription_boundary", "that pane is the primary's own pane")
+        if member is None and on_bridge_server:
+            raise BridgeFailure(
+                "subscription_boundary",
+                f"the primary's own pane ({primary_pane}) lives on the bridge's tmux server '{socket_name}'; the "
+                "bridge will not manage workers beside it. Run the primary in another tmux server")
+
+
+def _placeholders(profile):
+    return {"{python}": sys.executable, "{repo}": conf.repo_root(), "{addendum}": profile.system_prompt_addendum}
+
+
+def substitute(value, profile):
+    """Replace the exact placeholders {python} {repo} {addendum} (nothing else: JSON braces in an
+    argument stay as they are)."""
+    if isinstance(value, str):
+        for k, v in _placeholders(profile).items():
+            value = value.replace(k, v)
+        return value
+    if isinstance(value, list):
+        return [substitute(v, profile) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, profile) for k, v in value.items()}
+    return value
+
+
+def _term():
+    for base in ("/usr/share/terminfo", "/lib/terminfo", "/etc/terminfo"):
+        if os.path.exists(os.path.join(base, "t", "tmux-256color")):
+            return "tmux-256color"
+    return "screen-256color"
+
+
+def worker_env(profile, member, raw_token):
+    """The worker's whole environment: PATH/HOME/LANG from the bridge (never any ANTHROPIC_* or other
+    variable of the bridge process), TERM, the profile's env, then the bridge's own variables."""
+    env = {k: os.environ[k] for k in INHERITED_ENV if os.environ.get(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    env["TERM"] = _term()
+    for k, v in substitute(dict(profile.env or {}), profile).items():
+        if k not in BRIDGE_ENV:
+            env[k] = str(v)
+    env.update({"YUZU_BRIDGE_URL": conf.bridge_url(), "YUZU_BRIDGE_TOKEN": raw_token,
+                "YUZU_BRIDGE_SESSION_ID": member.session_id, "YUZU_BRIDGE_EVENTS_URL": conf.events_url(member.session_id)})
+    return env

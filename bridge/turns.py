@@ -1,0 +1,204 @@
+"""Turns: the synchronous half of the rendezvous — what bridge_send, bridge_reply, bridge_ask, bridge_cancel
+and bridge_ack write, and what a blocked call reads (the waits themselves are in bridge/rendezvous.py).
+
+Invariants:
+
+* **Checked before anything is stored.** Content is plain text of at most 64 KiB (``check_content``),
+  the caller has the tool's role, the worker and the turn are the caller's own; only then is a turn,
+  a message or an answer written.
+* **Every outcome is written to its Turn row first** (reply, question, turn_done, worker_gone,
+  delivery_failed, cancelled): as the turn's ``pending`` outcome if a waiter is live, else as an
+  InboxItem for the primary (``Turn.hand_over``). Waiters are woken only after the commit, and the
+  audit row of a send, reply or ask commits with the change it records, so a woken caller finds both.
+* **A timeout never loses a reply.** A waiter gives up atomically (``take_outcome(final=True)``); an
+  outcome after that goes to the inbox; an outcome stranded on a waiter whose process died is swept
+  there (``sweep``). The inbox returns an item on every bridge_poll until bridge_ack.
+* **A question is answered once**: ``answer_seq`` catches up with ``ask_seq``; answering a turn with no
+  open question is ``no_question``.
+* **Lock order: Member, then Turn** (bridge/models.py).
+"""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from yuzu.audit import audit
+from yuzu.errors import YuzuError
+
+from .failures import BridgeFailure
+from .identity import PRIMARY, WORKER, require
+from .models import MAX_CONTENT_BYTES, InboxItem, Member, Turn
+from .terminal import TerminalError, unpasteable
+from .workers import backend, resolve_worker
+
+log = logging.getLogger("yuzu.bridge")
+
+
+def check_content(content):
+    """The one gate for bridge_send / bridge_reply / bridge_ask text, before anything is stored or sent.
+    Control characters are refused, not stripped: text that reaches a worker's terminal must be exactly
+    what its sender wrote, and an ESC could break out of the bracketed paste (docs/bridge.md)."""
+    if len(content.encode("utf-8")) > MAX_CONTENT_BYTES:
+        raise YuzuError("content exceeds 64 KiB (65536 bytes of UTF-8)", status=413, rpc_code=-32602,
+                        remediation="send less text, or point the worker at a file")
+    bad = unpasteable(content)
+    if bad is not None:
+        raise YuzuError(f"content holds a {bad}; only tab, newline and carriage return are allowed", status=400,
+                        rpc_code=-32602, remediation="remove terminal escape sequences and other control characters")
+
+
+@dataclass
+class Prepared:
+    turn_pk: int
+    turn_id: str
+    session_id: str
+    wait: bool
+    deadline: object = None  # aware datetime
+
+
+def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True, auto_spawn=True, turn_id=None,
+                 cid=""):
+    """bridge_send before the wait: queue the message on a new turn (or answer a question)."""
+    require(caller, PRIMARY, "bridge_send")
+    check_content(content)
+    now = timezone.now()
+    deadline = now + timedelta(milliseconds=timeout_ms)
+    if turn_id:
+        with transaction.atomic():
+            t = (Turn.objects.select_for_update().select_related("member")
+                 .filter(turn_id=turn_id, owner_key=caller.world_key).first())
+            if t is None:
+                raise BridgeFailure("unknown_turn", f"no turn '{turn_id}' of yours")
+            if session and session not in (t.member.session_id, t.member.pane_id, t.member.terminal_id,
+                                           t.member.profile_name):
+                raise BridgeFailure("unknown_turn", f"turn '{turn_id}' is not with worker '{session}'")
+            if t.state == Turn.State.GONE or not t.member.live:
+                raise BridgeFailure("worker_gone", f"worker {t.member.session_id} is gone")
+            if not t.open_question:
+                raise BridgeFailure("no_question", f"turn '{turn_id}' has no open question (state {t.state}); "
+                                                   "send without turnId to start a new turn")
+            t.answer_question(content, deadline if wait else None, now)
+            audit(caller.principal, "bridge.send", "success", target_type="BridgeMember",
+                  target_id=t.member.session_id, detail=f"answer turn={t.turn_id} wait={wait}", correlation_id=cid)
+        return Prepared(t.pk, t.turn_id, t.member.session_id, wait, deadline)
+    member = resolve_worker(caller, session, auto_spawn=auto_spawn, cid=cid)
+    with transaction.atomic():
+        m = Member.objects.select_for_update().get(pk=member.pk)
+        if not m.live:
+            raise BridgeFailure("worker_gone", f"worker {m.session_id} is gone ({m.stop_reason})")
+        t = m.queue(content, owner_key=caller.world_key, deadline=deadline if wait else None)
+        audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
+              detail=f"turn={t.turn_id} wait={wait} bytes={len(content.encode('utf-8'))}", correlation_id=cid)
+    return Prepared(t.pk, t.turn_id, m.session_id, wait, deadline)
+
+
+def take_outcome(turn_pk, final=False):
+    """The primary's waiter: take the pending outcome; at the deadline (``final``), give up → timeout."""
+    if not final and not Turn.objects.filter(pk=turn_pk, pending__isnull=False).exists():
+        return None  # the common re-read: no write lock taken
+    with transaction.atomic():
+        t = Turn.objects.select_for_update().select_related("member").get(pk=turn_pk)
+        if t.pending is not None:
+            return t.take_pending()
+        if final:
+            return t.stop_waiting()
+        return None
+
+
+def release_waiter(turn_pk):
+    """The waiter went away early (client disconnected): later outcomes go to the inbox."""
+    with transaction.atomic():
+        t = Turn.objects.select_for_update().filter(pk=turn_pk).first()
+        if t is not None:
+            t.release_waiter()
+
+
+def reply(caller, content, *, final=True, cid=""):
+    require(caller, WORKER, "bridge_reply")
+    check_content(content)
+    with transaction.atomic():
+        m = Member.objects.select_for_update().get(pk=caller.member.pk)
+        t = m.locked_current_turn()
+        base = {"text": content, "sessionId": m.session_id, "turnId": t.turn_id if t else None}
+        if not final:
+            InboxItem.deliver(m.owner_key, {"outcome": "note", **base})
+            mode = "queued"
+        elif t is not None and t.active:
+            mode = t.end(Turn.State.REPLIED, {"outcome": "reply", **base})
+        else:  # no open turn (spontaneous, or its turn already ended): detached
+            InboxItem.deliver(m.owner_key, {"outcome": "reply", **base, "late": True})
+            mode = "queued"
+        audit(caller.principal, "bridge.reply", "success", target_type="BridgeMember", target_id=m.session_id,
+              detail=f"turn={t.turn_id if t else '-'} final={final} mode={mode}", correlation_id=cid)
+    return {"delivered": True, "mode": mode, "turnId": t.turn_id if t else None}
+
+
+def prepare_ask(caller, content, *, cid=""):
+    """bridge_ask before the wait: surface the question on the worker's turn. Returns (turn pk, turn id, seq)."""
+    require(caller, WORKER, "bridge_ask")
+    check_content(content)
+    with transaction.atomic():
+        m = Member.objects.select_for_update().get(pk=caller.member.pk)
+        t = m.locked_current_turn()
+        if t is None or not t.active:
+            t = m.open_own_turn()
+        mode = t.ask(content)
+        audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
+              detail=f"turn={t.turn_id} mode={mode}", correlation_id=cid)
+    return t.pk, t.turn_id, t.ask_seq
+
+
+def check_answer(turn_pk, seq, final=False):
+    """The worker's ask waiter: the answer, or an ending; None to keep waiting."""
+    if not final and Turn.objects.filter(pk=turn_pk, answer_seq__lt=seq, state=Turn.State.QUESTION).exists():
+        return None  # still unanswered: no write lock taken
+    with transaction.atomic():
+        return Turn.objects.select_for_update().get(pk=turn_pk).ask_result(seq, final)
+
+
+def cancel(caller, ident=None, *, cid=""):
+    require(caller, PRIMARY, "bridge_cancel")
+    m = resolve_worker(caller, ident)
+    with transaction.atomic():
+        cur = Turn.objects.select_for_update().filter(pk=m.current_turn_id, state__in=Turn.ACTIVE).first() \
+            if m.current_turn_id else None
+        t = cur or Turn.objects.select_for_update().filter(member=m, state__in=Turn.ACTIVE).order_by("id").first()
+        if t is None:
+            return {"cancelled": False, "sessionId": m.session_id, "turnId": None, "interrupted": False}
+        t.member = m
+        delivered = t.cancel()
+    interrupted = False
+    if delivered and m.pane_id:
+        keys = (m.profile.interrupt_keys if m.profile else None) or ["Escape"]
+        try:
+            backend(m.socket_name).send_keys(m.pane_id, *keys)
+            interrupted = True
+        except TerminalError as exc:
+            log.warning("interrupting %s: %s", m.session_id, exc)
+    audit(caller.principal, "bridge.cancel", "success", target_type="BridgeMember", target_id=m.session_id,
+          detail=f"turn={t.turn_id} interrupted={interrupted}", correlation_id=cid)
+    return {"cancelled": True, "sessionId": m.session_id, "turnId": t.turn_id, "interrupted": interrupted}
+
+
+def ack(caller, ids):
+    acked, unknown = InboxItem.objects.ack(caller.inbox_key, ids)
+    return {"acked": acked, "unknown": unknown}
+
+
+def sweep(now=None, grace=10):
+    """Never lose an outcome: a pending outcome whose waiter is long past its deadline (its process
+    died) moves to the inbox."""
+    before = (now or timezone.now()) - timedelta(seconds=grace)
+    if not Turn.objects.stranded(before).exists():
+        return 0  # the common case: no write lock taken
+    moved = 0
+    with transaction.atomic():
+        for t in Turn.objects.select_for_update().stranded(before):
+            if t.pending is None:  # JSON null
+                continue
+            t.release_waiter()
+            moved += 1
+    return moved

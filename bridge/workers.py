@@ -1,0 +1,208 @@
+"""Workers: their panes and their lifecycle — spawn, address, observe, stop.
+
+Invariants:
+
+* **Guard before side effects.** A spawn resolves its profile and passes the SubscriptionGuard
+  (bridge/guard.py) before any row, token or pane exists; a refusal is audited ``denied``.
+* **One token per worker, for its pane only.** The worker's token (audience "bridge", expiring after
+  YUZU_BRIDGE_WORKER_TOKEN_HOURS) is minted with its Member in one transaction and handed only to the
+  pane's environment; no tool ever returns it. A pane that cannot start leaves a stopped Member and a
+  revoked token, never a live worker without a pane.
+* **A primary addresses only its own workers** (``resolve_worker``, ``Member.objects.lookup``): by
+  sessionId, paneId, terminal id or profile name, inside the caller's world.
+* **Stopping is idempotent** and ends everything the worker had: pane closed, token revoked, queue
+  failed, open turns ended ``gone`` (``terminate`` → ``Member.mark_gone``).
+* **Status comes from the most trusted source** (``observe``): pane death → GONE; a hook status newer
+  than the last delivery and within YUZU_BRIDGE_HOOK_TRUST_SECONDS; the pane title; the screen rules.
+* The bridge only ever touches panes on its own tmux server (``backend``), one per installation.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from yuzu.audit import audit
+from yuzu.models import ApiToken
+
+from . import conf
+from .failures import BridgeFailure
+from .guard import SubscriptionGuard, substitute, worker_env
+from .identity import PRIMARY, identify, require
+from .models import Member, Profile
+from .status import (
+    AgentStatus,
+    classify,
+    matching_rule,
+    status_from_hook,
+    status_from_title,
+)
+from .terminal import TerminalError, TmuxBackend
+
+log = logging.getLogger("yuzu.bridge")
+
+_backends = {}
+
+
+def backend(socket_name=None):
+    """The terminal backend of a tmux server (default: this installation's)."""
+    name = socket_name or conf.socket_name()
+    b = _backends.get(name)
+    if b is None:
+        b = _backends[name] = TmuxBackend(name)
+    return b
+
+
+def resolve_profile(name=None):
+    if name:
+        profile = Profile.objects.filter(name=name, enabled=True).first()
+        if profile is None:
+            raise BridgeFailure("unknown_profile", f"no enabled profile '{name}'; bridge_profiles lists them")
+        return profile
+    profile = Profile.objects.default()
+    if profile is None:
+        raise BridgeFailure("unknown_profile", "no default profile is configured; pass profile")
+    return profile
+
+
+def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
+    """Start a worker pane from a profile. Returns the Member."""
+    require(caller, PRIMARY, "bridge_spawn")
+    profile = resolve_profile(profile_name)
+    sock = conf.socket_name()
+    try:
+        SubscriptionGuard.check_spawn(profile, primary_pane, sock)
+    except BridgeFailure as exc:
+        audit(caller.principal, "bridge.spawn", "denied", target_type="BridgeProfile", target_id=profile.name,
+              detail=f"reason={exc.code}", correlation_id=cid)
+        raise
+    now = timezone.now()
+    with transaction.atomic():
+        member = Member(owner=caller.principal.user, owner_key=caller.world_key, profile=profile,
+                        profile_name=profile.name, socket_name=sock)
+        member.name = f"{profile.name}-{member.session_id[-4:]}"
+        token, raw = ApiToken.mint(caller.principal.user, f"bridge worker {member.session_id}",
+                                   audience=ApiToken.AUDIENCE_BRIDGE,
+                                   expires_at=now + timedelta(hours=conf.worker_token_hours()), now=now)
+        member.token = token
+        member.save()
+    argv = substitute(list(profile.argv or []), profile)
+    cwd = substitute(profile.cwd, profile) or conf.repo_root()
+    try:
+        info = backend(sock).start(f"bridge-{member.session_id}", argv, worker_env(profile, member, raw), cwd)
+    except TerminalError as exc:
+        member.mark_gone(f"spawn failed: {exc}")
+        audit(caller.principal, "bridge.spawn", "failure", target_type="BridgeMember", target_id=member.session_id,
+              detail=f"profile={profile.name} error={exc}", correlation_id=cid)
+        raise BridgeFailure("spawn_failed", f"could not start a pane for profile '{profile.name}': {exc}",
+                            retryable=True) from None
+    member.pane_started(info.pane_id, info.terminal_id)
+    audit(caller.principal, "bridge.spawn", "success", target_type="BridgeMember", target_id=member.session_id,
+          detail=f"profile={profile.name} pane={info.pane_id} socket={sock}", correlation_id=cid)
+    return member
+
+
+def _choose(members):
+    """Among several candidate workers, prefer one with nothing queued and no open turn."""
+    return next((m for m in members if not m.busy), members[0])
+
+
+def resolve_worker(caller, ident=None, *, auto_spawn=False, cid=""):
+    """The worker a primary addresses: sessionId / paneId / terminal id / profile name; by default
+    the sole worker, else the default profile's worker, else (auto_spawn) a new one."""
+    world = caller.world_key
+    live = list(Member.objects.live().select_related("profile", "current_turn").filter(owner_key=world))
+    if ident:
+        exact = Member.objects.lookup(world, ident)
+        if exact is not None:
+            if not exact.live:
+                raise BridgeFailure("worker_gone", f"worker {exact.session_id} is gone ({exact.stop_reason})")
+            return exact
+        by_profile = [m for m in live if m.profile_name == ident]
+        if by_profile:
+            return _choose(by_profile)
+        if Profile.objects.filter(name=ident, enabled=True).exists():
+            if auto_spawn:
+                return spawn(caller, ident, cid=cid)
+            raise BridgeFailure("no_worker", f"no live worker of profile '{ident}'; bridge_spawn starts one")
+        raise BridgeFailure("unknown_worker", f"no worker '{ident}' of yours; bridge_list shows your workers")
+    if len(live) == 1:
+        return live[0]
+    default = Profile.objects.default()
+    if live:
+        cands = [m for m in live if default is not None and m.profile_name == default.name]
+        if cands:
+            return _choose(cands)
+        raise BridgeFailure("ambiguous_worker", "several workers and none of the default profile; pass sessionId "
+                            "(one of " + ", ".join(m.session_id for m in live[:20]) + ")")
+    if auto_spawn:
+        if default is None:
+            raise BridgeFailure("no_worker", "no worker and no default profile to spawn; call bridge_spawn(profile)")
+        return spawn(caller, default.name, cid=cid)
+    raise BridgeFailure("no_worker", "you have no live worker; bridge_spawn starts one")
+
+
+def stop(caller, ident, *, primary_pane=None, cid=""):
+    """Tear down a worker. Idempotent: stopping a stopped or unknown worker succeeds (wasRunning false)."""
+    require(caller, PRIMARY, "bridge_stop")
+    m = Member.objects.lookup(caller.world_key, ident)
+    if m is None:
+        return {"paneId": ident, "sessionId": None, "stopped": True, "wasRunning": False}
+    SubscriptionGuard.check_primary_pane(primary_pane, m.socket_name, m)
+    was = m.live
+    terminate(m, "stopped by the primary")
+    audit(caller.principal, "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
+          detail=f"pane={m.pane_id} was_running={was}", correlation_id=cid)
+    return {"paneId": m.pane_id or ident, "sessionId": m.session_id, "stopped": True, "wasRunning": was}
+
+
+def terminate(member, reason, *, close=True):
+    """The worker is gone (stopped, or its pane died): close its pane, then ``Member.mark_gone``."""
+    if close and member.pane_id:
+        try:
+            backend(member.socket_name).close(member.pane_id)
+        except TerminalError as exc:
+            log.warning("closing pane %s of %s: %s", member.pane_id, member.session_id, exc)
+    member.mark_gone(reason)
+
+
+def observe(m, b=None, rules=None, now=None):
+    """(status, source, detail) for one member: pane death → GONE; a recent hook status (newer than
+    the last delivery) → it; else the pane title; else the screen rules."""
+    now = now or timezone.now()
+    if not m.pane_id:
+        return AgentStatus.STARTING, Member.Source.BRIDGE, {}
+    b = b or backend(m.socket_name)
+    if not b.alive(m.pane_id):
+        return AgentStatus.GONE, Member.Source.PANE, {}
+    if m.hook_status and m.hook_at and m.hook_status != AgentStatus.GONE and \
+            (now - m.hook_at).total_seconds() <= conf.hook_trust_seconds() and \
+            (m.last_delivered_at is None or m.hook_at >= m.last_delivered_at):
+        return AgentStatus(m.hook_status), Member.Source.HOOK, {"event": m.hook_event}
+    title = b.title(m.pane_id)
+    by_title = status_from_title(title)
+    if by_title is AgentStatus.WORKING:
+        return by_title, Member.Source.TITLE, {"title": title}
+    screen = b.read_screen(m.pane_id)
+    st = classify(title, screen, rules)
+    rule = matching_rule(screen, rules)
+    if by_title is not None and st is by_title:
+        source = Member.Source.TITLE
+    else:
+        source = Member.Source.SCREEN if rule is not None else Member.Source.NONE
+    return st, source, {"title": title, "rule": rule.name if rule is not None else None}
+
+
+def hook_event(principal, ident, body):
+    """The hook sink: a worker's own lifecycle hooks, authenticated with that worker's token."""
+    caller = identify(principal)
+    m = caller.member
+    if m is None or ident not in (m.session_id, m.pane_id):
+        raise BridgeFailure("unknown_worker", "this token is not the token of that worker")
+    payload = body.get("payload") if isinstance(body.get("payload"), dict) else body
+    event = str(body.get("event") or body.get("hook_event_name") or payload.get("hook_event_name") or "")[:64]
+    st = status_from_hook(event, payload)
+    if st is not None:
+        m.record_hook(st, event)
+    return {"sessionId": m.session_id, "event": event or None, "status": st.value if st else None}
