@@ -1,7 +1,7 @@
 """The bridge's knobs, all from the environment (read when used, so a test may set them per process).
 
 YUZU_BRIDGE_URL                  the /mcp/bridge/ URL workers are given (settings.YUZU_BRIDGE_URL)
-YUZU_BRIDGE_TMUX_SOCKET          the private tmux socket name (default yuzu-bridge)
+YUZU_BRIDGE_TMUX_SOCKET          the private tmux socket name (default: derived from the data directory)
 YUZU_BRIDGE_POLL_INTERVAL        StatusPoller/Injector interval in seconds (default 0.4)
 YUZU_BRIDGE_PICKUP_GRACE_POLLS   polls to wait for a WORKING pickup before assuming a fast turn (default 4)
 YUZU_BRIDGE_RECHECK_SECONDS      a waiter re-reads its turn row at least this often (default 1.0)
@@ -11,13 +11,12 @@ YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carr
 YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and acknowledges with <file>.ack)
 """
 
+import hashlib
 import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
-
-from .terminal import DEFAULT_SOCKET_NAME, SOCKET_ENV_VAR
 
 
 def _float(name, default):
@@ -46,7 +45,15 @@ def events_url(session_id):
 
 
 def socket_name():
-    return os.environ.get(SOCKET_ENV_VAR) or DEFAULT_SOCKET_NAME
+    """This installation's private tmux server (``tmux -L <name>``): $YUZU_BRIDGE_TMUX_SOCKET, else
+    ``yuzu-bridge-`` + a digest of the data directory (settings.VAR_DIR, resolved). Two installations on
+    one host have two data directories, so they never share a tmux server; daphne and the poller of one
+    installation share its data directory, so they agree."""
+    explicit = os.environ.get("YUZU_BRIDGE_TMUX_SOCKET", "").strip()
+    if explicit:
+        return explicit
+    digest = hashlib.sha256(str(Path(settings.VAR_DIR).resolve()).encode()).hexdigest()[:12]
+    return f"yuzu-bridge-{digest}"
 
 
 def poll_interval():

@@ -1,7 +1,14 @@
 """The two profiles `make run` seeds (idempotently, on every migrate; an existing profile is never
-overwritten, so an administrator's edits stay)."""
+overwritten, so an administrator's edits stay).
+
+Which one is the default is decided when the first of them is created: ``claude-worker`` on a host where
+Claude Code's CLI (``claude``) is on the PATH, else ``standin`` — so the first bridge_send of a fresh
+installation without Claude Code reaches a worker that can answer. A profile is made default only when
+no profile is default yet.
+"""
 
 import json
+import shutil
 
 from django.apps import apps
 
@@ -34,7 +41,6 @@ SEEDS = {
         "requires_api_base_url": True,
         "system_prompt_addendum": WORKER_ADDENDUM,
         "interrupt_keys": ["Escape"],
-        "is_default": True,
     },
     "standin": {
         "description": "The scripted stand-in agent (bridge/testing/standin.py): calls no model and bills "
@@ -47,17 +53,22 @@ SEEDS = {
         "requires_api_base_url": False,
         "system_prompt_addendum": "",
         "interrupt_keys": ["Escape"],
-        "is_default": False,
     },
 }
+
+
+def default_seed():
+    """The seed that becomes the default: claude-worker where its CLI is installed, else the stand-in."""
+    return "claude-worker" if shutil.which(SEEDS["claude-worker"]["argv"][0]) else "standin"
 
 
 def seed_profiles():
     """Create the missing seeds; returns their names."""
     Profile = apps.get_model("bridge", "Profile")
+    default = None if Profile.objects.filter(is_default=True).exists() else default_seed()
     created = []
     for name, fields in SEEDS.items():
-        _, made = Profile.objects.get_or_create(name=name, defaults=fields)
+        _, made = Profile.objects.get_or_create(name=name, defaults={**fields, "is_default": name == default})
         if made:
             created.append(name)
     return created

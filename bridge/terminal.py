@@ -40,19 +40,13 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 __all__ = [
-    "DEFAULT_SOCKET_NAME",
     "unpasteable",
-    "SOCKET_ENV_VAR",
     "PaneInfo",
     "PaneNotFound",
     "TerminalBackend",
     "TerminalError",
     "TmuxBackend",
 ]
-
-SOCKET_ENV_VAR = "YUZU_BRIDGE_TMUX_SOCKET"
-DEFAULT_SOCKET_NAME = "yuzu-bridge"
-
 
 class TerminalError(Exception):
     """A terminal-backend operation failed (tmux missing, error, timeout)."""
@@ -165,7 +159,7 @@ class TmuxBackend(TerminalBackend):
 
     def __init__(
         self,
-        socket_name: str | None = None,
+        socket_name: str,
         *,
         tmux: str = "tmux",
         timeout: float = 10.0,
@@ -174,9 +168,9 @@ class TmuxBackend(TerminalBackend):
         history_limit: int = 10000,
         paste_enter_delay: float = 0.05,
     ) -> None:
-        self.socket_name = socket_name or os.environ.get(SOCKET_ENV_VAR) or DEFAULT_SOCKET_NAME
-        if "/" in self.socket_name:
-            raise ValueError(f"socket name must not contain '/': {self.socket_name!r}")
+        if not socket_name or "/" in socket_name:
+            raise ValueError(f"a socket name is required and must not contain '/': {socket_name!r}")
+        self.socket_name = socket_name
         self.tmux = tmux
         self.timeout = timeout
         self.width = width

@@ -286,6 +286,8 @@ def test_two_primaries_are_isolated(primary, bridge):
 
 
 def test_subscription_guard_refuses_claude_worker_without_base_url(primary, bridge, mint):
+    Profile.objects.update(is_default=False)  # as seeded on a host with Claude Code's CLI
+    Profile.objects.filter(name="claude-worker").update(is_default=True)
     p = primary()
     r = p.call("bridge_spawn", {"profile": "claude-worker"})
     assert r.is_error and r.structured["error"]["code"] == "subscription_boundary", r.structured

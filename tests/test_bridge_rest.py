@@ -54,6 +54,8 @@ def test_rest_members_parity(bridge, primary, mint):
 
 
 def test_rest_rbac_and_guard(bridge, mint):
+    Profile.objects.update(is_default=False)  # as seeded on a host with Claude Code's CLI
+    Profile.objects.filter(name="claude-worker").update(is_default=True)
     viewer = mint("vic", role="Viewer")
     assert rest(bridge, "GET", "/bridge/members", viewer).status_code == 200  # Bridge:Read
     r = rest(bridge, "POST", "/bridge/members", viewer, json={"profile": "standin"})

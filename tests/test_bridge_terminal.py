@@ -24,8 +24,6 @@ import pytest
 
 from bridge.status import AgentStatus, classify, status_from_title
 from bridge.terminal import (
-    DEFAULT_SOCKET_NAME,
-    SOCKET_ENV_VAR,
     PaneNotFound,
     TerminalError,
     TmuxBackend,
@@ -65,12 +63,15 @@ def default_server_sessions():
 # -- backend -------------------------------------------------------------------
 
 
-def test_socket_name_default_and_env(monkeypatch):
-    monkeypatch.delenv(SOCKET_ENV_VAR, raising=False)
-    assert TmuxBackend().socket_name == DEFAULT_SOCKET_NAME == "yuzu-bridge"
-    monkeypatch.setenv(SOCKET_ENV_VAR, "from-env")
-    assert TmuxBackend().socket_name == "from-env"
+def test_socket_name_is_explicit():
+    """No default server: the bridge names its own, one per installation (bridge.conf.socket_name, tested in
+    tests/test_bridge_first_contact.py), so no code path can fall back to a name another installation shares."""
     assert TmuxBackend("explicit").socket_name == "explicit"
+    with pytest.raises(TypeError):
+        TmuxBackend()
+    for bad in ("", "a/b"):
+        with pytest.raises(ValueError):
+            TmuxBackend(bad)
 
 
 def test_env_is_exactly_what_was_passed(monkeypatch, tmp_path):
