@@ -12,9 +12,12 @@ Design notes
   shell) and a timeout; failures raise :class:`TerminalError`, and a pane (or
   the whole private server) that no longer exists raises
   :class:`PaneNotFound`.
-* A pane runs ``env -i K=V ... argv``: the program sees exactly the ``env`` it
-  was given, never the tmux server's environment (nor the ``TMUX``/``TERM``
-  variables tmux adds).
+* A pane runs ``python bridge/launch.py <env file> argv``: the program sees
+  exactly the ``env`` it was given, never the tmux server's environment (nor
+  the ``TMUX``/``TERM`` variables tmux adds), and the values travel in a 0600
+  file the launcher deletes before it exec's the program — never on a command
+  line (tmux keeps its first client's argv for the server's lifetime, readable
+  by every user with ``ps``).
 * ``remain-on-exit`` is set globally on the private server *before* the pane is
   created (same tmux invocation), so even a program that exits at once leaves a
   dead pane behind: death is observable via :meth:`alive`.
@@ -28,12 +31,16 @@ Design notes
 from __future__ import annotations
 
 import abc
+import contextlib
+import json
 import os
 import re
 import shutil
 import signal
 import stat
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -134,6 +141,7 @@ _PANE_FORMAT = "#{pane_id}\t#{session_name}\t#{pane_pid}"
 # (8-bit CSI and friends). tmux's paste-buffer turns every LF into CR anyway, so CR can do nothing LF cannot.
 _UNPASTEABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _SESSION_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 
 
 def unpasteable(text: str) -> str | None:
@@ -179,7 +187,6 @@ class TmuxBackend(TerminalBackend):
         # A short pause between the paste and its Enter, so an app that
         # debounces paste handling sees them as two events.
         self.paste_enter_delay = paste_enter_delay
-        self._env_program = shutil.which("env") or "/usr/bin/env"
 
     def __repr__(self) -> str:
         return f"TmuxBackend(socket_name={self.socket_name!r})"
@@ -252,11 +259,9 @@ class TmuxBackend(TerminalBackend):
             raise TerminalError("argv must not be empty")
         if "=" in argv[0]:
             raise TerminalError(f"argv[0] must not contain '=': {argv[0]!r}")
-        assignments = []
         for key, value in env.items():
             if not key or "=" in key or "\0" in key or "\0" in str(value):
                 raise TerminalError(f"invalid environment variable name/value: {key!r}")
-            assignments.append(f"{key}={value}")
         session = _SESSION_NAME_RE.sub("_", name) or "pane"
         new_session = ["new-session", "-d", "-P", "-F", _PANE_FORMAT,
                        "-s", session, "-n", session,
@@ -266,18 +271,26 @@ class TmuxBackend(TerminalBackend):
             if not os.path.isdir(cwd):
                 raise TerminalError(f"cwd is not a directory: {cwd!r}")
             new_session += ["-c", cwd]
-        command = [self._env_program, "-i", *assignments, *argv]
+        fd, env_file = tempfile.mkstemp(suffix=".json", dir=self._env_dir())  # 0600, unguessable name
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({k: str(v) for k, v in env.items()}, f)
+        command = [sys.executable, _LAUNCHER, env_file, *argv]
         new_session += [_tmux_arg(a) for a in command]
         # One invocation: start the server if needed, make dead panes stay,
         # then create the session -- no window in which a fast-exiting
         # program could take its pane with it.
-        out = self._run(
-            "start-server", ";",
-            "set-option", "-g", "remain-on-exit", "on", ";",
-            "set-option", "-g", "history-limit", str(self.history_limit), ";",
-            *new_session,
-            label=f"tmux new-session {session!r}",
-        )
+        try:
+            out = self._run(
+                "start-server", ";",
+                "set-option", "-g", "remain-on-exit", "on", ";",
+                "set-option", "-g", "history-limit", str(self.history_limit), ";",
+                *new_session,
+                label=f"tmux new-session {session!r}",
+            )
+        except TerminalError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(env_file)  # the pane never started: its launcher will not remove it
+            raise
         lines = [ln for ln in out.splitlines() if ln.strip()]
         if not lines:
             raise TerminalError(f"tmux new-session printed no pane for {session!r}")
@@ -400,11 +413,27 @@ class TmuxBackend(TerminalBackend):
         tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
         return os.path.join(os.path.realpath(tmpdir), f"tmux-{os.getuid()}", self.socket_name)
 
+    def _env_dir(self) -> str:
+        """This server's private directory for launcher env files (0700, ours), swept of any file a
+        launcher never got to (a pane killed before it ran) once it is a minute old."""
+        path = os.path.join(tempfile.gettempdir(), f"yuzu-bridge-env-{os.getuid()}-{self.socket_name}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            raise TerminalError(f"{path} is not a private directory of this user; refusing to write secrets there")
+        for entry in os.scandir(path):
+            with contextlib.suppress(OSError):
+                if time.time() - entry.stat().st_mtime > 60:
+                    os.unlink(entry.path)
+        return path
+
     def shutdown(self) -> None:
         try:
             self._run("kill-server")
         except PaneNotFound:
             pass
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), f"yuzu-bridge-env-{os.getuid()}-{self.socket_name}"),
+                      ignore_errors=True)
         # tmux leaves the socket file behind; remove ours (only if a socket).
         try:
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -456,3 +457,30 @@ def test_standin_exit_kills_the_pane(backend, fake_bridge, standin):
     wait_until(lambda: backend.exit_status(standin.pane_id) is not None, what="exit status")
     assert backend.exit_status(standin.pane_id) == 0
     assert fake_bridge.calls == []
+
+
+def test_a_workers_secrets_never_appear_on_a_command_line(tmp_path):
+    """tmux keeps its first client's argv as the server's own for the server's lifetime, and every user can
+    read it (ps, /proc/<pid>/cmdline): the worker's token used to sit there as `env -i … YUZU_BRIDGE_TOKEN=…`."""
+    import psutil
+
+    secret = "yuzu_" + "5ec2e7" * 10 + "abcd"
+    b = TmuxBackend(unique("yuzu-test-secret"))
+    try:
+        out = tmp_path / "seen.txt"
+        program = "import os,sys; open(sys.argv[1], 'w').write(os.environ['YUZU_BRIDGE_TOKEN'])"
+        pane = b.start("secret-check", [PY, "-c", program, str(out)], {**BASE_ENV, "YUZU_BRIDGE_TOKEN": secret})
+        wait_until(lambda: out.exists() and out.stat().st_size > 0, what="the worker to read its token")
+        assert out.read_text() == secret  # the worker got it …
+        cmdlines = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdlines.append(" ".join(proc.info["cmdline"] or []))
+        assert not [c for c in cmdlines if secret in c]  # … and no process shows it
+        assert any(b.socket_name in c for c in cmdlines)  # (the tmux server is there to be looked at)
+        env_dir = Path(tempfile.gettempdir()) / f"yuzu-bridge-env-{os.getuid()}-{b.socket_name}"
+        assert env_dir.is_dir() and oct(env_dir.stat().st_mode & 0o777) == "0o700"
+        assert list(env_dir.iterdir()) == []  # the launcher removed the env file before running the program
+        assert pane.pid > 0
+    finally:
+        b.shutdown()
+    assert not env_dir.exists()
