@@ -129,7 +129,7 @@ def playbook(scenario):
 
 
 def summarize(principal, kind, ident=None, limit=25):
-    from yuzu.errors import NotFound, PermissionDenied
+    from yuzu.errors import NotFound
 
     from .services import agent_details, agent_view
 
@@ -149,7 +149,7 @@ def summarize(principal, kind, ident=None, limit=25):
                                            f"{state}; {len(d['tags'])} tags; groups: {', '.join(d['groups']) or 'none'}.",
                 "items": [d], "resource_links": []}
     if not rbac.has_any(principal, "Execution", "Read"):
-        raise PermissionDenied("Execution:Read")
+        raise rbac.denial(principal, "Execution", "Read")
     from .models import Execution
 
     ex = Execution.objects.filter(pk=ident or "").first()
