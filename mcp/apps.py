@@ -7,7 +7,10 @@ class McpConfig(AppConfig):
     verbose_name = "MCP server"
 
     def ready(self):
+        from .listing import connect_signals
+
         checks.register(registry_check, "mcp")
+        connect_signals()  # a role change re-fits the listed sessions' catalogues (tools/list_changed)
 
 
 def registry_check(app_configs=None, **kwargs):

@@ -14,6 +14,7 @@ from yuzu.errors import correlation_id
 from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_ACTIVE, MCP_SESSIONS_OPENED
 
 from . import jsonrpc as rpc
+from . import listing
 from .context import ToolContext
 from .pipeline import a4, as_rpc_error, pre_checks, run_sync
 from .registry import catalogue
@@ -22,6 +23,7 @@ from .sessions import SessionCapReached, store
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
 PAGE_SIZE = 20
+TOOLS_PAGE_SIZE = 200  # one page for catalogues up to 200 tools: clients that read only page 1 see them all
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 SERVER_VERSION = "0.1.0"
 MISSING_SESSION = "send the Mcp-Session-Id header that initialize returned, or send initialize first"
@@ -222,7 +224,7 @@ def _initialize(ctx, req, params):
     result = {
         "protocolVersion": version,
         "capabilities": {
-            "tools": {"listChanged": False},
+            "tools": {"listChanged": True},  # a role change that alters the caller's list (mcp.listing)
             "resources": {"subscribe": False, "listChanged": False},
             "prompts": {"listChanged": False},
             "logging": {},
@@ -276,8 +278,16 @@ def _page(items, params, key, size=PAGE_SIZE):
 
 
 def _tools_list(ctx, req, params):
+    """The tools this caller may call (mcp.listing), in one page up to TOOLS_PAGE_SIZE; ``_meta["yuzu/all"]:
+    true`` lists the whole catalogue, each tool the caller may not call marked so."""
     cat = catalogue(req.catalogue)
-    return _page([t.listing() for t in sorted(cat.tools.values(), key=lambda t: t.name)], params, "tools")
+    meta = params.get("_meta")
+    everything = isinstance(meta, dict) and meta.get(listing.ALL_TOOLS) is True
+    items = listing.tools_for(ctx.principal, cat, everything=everything)
+    page = _page(items, params, "tools", TOOLS_PAGE_SIZE)
+    if ctx.session_id and not everything:
+        listing.note_listed(ctx.principal, ctx.session_id, cat.name, items)
+    return page
 
 
 def _tools_call(ctx, req, params):

@@ -27,6 +27,7 @@ DRIVE = ROOT / "tests" / "mcp_client" / "drive.py"
 TS_DIR = ROOT / "tests" / "ts-client"
 PROTOCOL = "2025-11-25"
 
+WRITES = {"set_tag", "delete_tag"}
 EXPECTED_TOOLS = {"list_agents", "get_agent_details", "get_tags", "set_tag", "delete_tag", "get_fleet_posture_fast",
                   "classify_operational_question", "query_audit_log", "check_permission", "discover_permissions",
                   "list_management_groups", "list_pending_approvals", "list_api_tokens"}
@@ -68,6 +69,21 @@ def run_drive(server, token, mode, scenario, tmp_path, **params):
     return obs
 
 
+# Issue 13 also removes the server's close frame after the client's own DELETE, which the SDK logs as
+# "Error parsing SSE message" (ClosedResourceError); that fix is another branch's. Until it is merged this
+# one record is set aside here — delete KNOWN_ELSEWHERE then, and every session must log nothing at all.
+KNOWN_ELSEWHERE = [{"logger": "mcp.client.streamable_http", "level": "ERROR", "message": "Error parsing SSE message"}]
+
+
+def client_log(obs):
+    """What the official client logged at WARNING or worse (tests/mcp_client/drive.py captures it)."""
+    log = list(obs["log"])
+    for known in KNOWN_ELSEWHERE:
+        if known in log:
+            log.remove(known)
+    return log
+
+
 def http_by_rpc(obs, rpc):
     return [e for e in obs["http"] if e["rpc"] == rpc]
 
@@ -107,7 +123,7 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     assert obs["ping"] == {"ok": True, "result": {}}
 
     tools = obs["lists"]["tools"]
-    assert "error" not in tools and tools["pages"] >= 2, "more than one page: the client follows next_cursor"
+    assert "error" not in tools and tools["pages"] == 1, "the whole catalogue fits one page (up to 200 tools)"
     assert EXPECTED_TOOLS <= set(tools["names"]) and len(tools["names"]) == len(set(tools["names"]))
     assert tools["without_description"] == [] and set(tools["with_output_schema"]) == set(tools["names"])
     assert "list_agents" in tools["read_only"] and "set_tag" not in tools["read_only"]
@@ -140,7 +156,8 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     about = obs["resources_read"]["yuzu://about"]["contents"][0]
     assert about["mimeType"] == "text/markdown" and about["text"] == obs["instructions"]
     missing = obs["resources_read"]["missing_resource"]["error"]
-    assert missing["code"] == -32002 and missing["data"] == {"uri": "yuzu://no-such-resource"}
+    assert missing["code"] == -32002 and missing["data"]["uri"] == "yuzu://no-such-resource"
+    assert missing["data"]["correlation_id"].startswith("req-") and missing["data"]["remediation"]
 
     prompt = obs["prompts_got"]["investigate_agent"]["messages"]
     assert prompt[0]["role"] == "user" and '"oc-db-01"' in prompt[0]["content"]["text"]
@@ -162,6 +179,9 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     assert rows.filter(action="mcp.list_agents", result="failure", detail__contains="args_invalid").count() == 1
     assert rows.filter(action="mcp.session.open").count() == 1
     assert rows.filter(action="mcp.session.close", result="success").count() == 1
+    # The client connected, listed and called without a single warning in its log (it used to log "Tool
+    # list_agents not listed by server, cannot validate structured content" on paginated catalogues).
+    assert client_log(obs) == [], obs["log"]
 
 
 def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
@@ -171,6 +191,10 @@ def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
     obs = run_drive(server, token, "legacy", "readonly", tmp_path, agent_id="oc-web-01")
 
     assert obs["protocol_version"] == PROTOCOL and obs["deleted"]
+    # The list is fitted to the token: reads only (the readonly tier), in one page, with their output schemas.
+    tools = obs["lists"]["tools"]
+    assert tools["pages"] == 1 and set(tools["names"]) == set(tools["read_only"]) and "list_agents" in tools["names"]
+    assert "set_tag" not in tools["names"] and "execute_instruction" not in tools["names"]
     calls = obs["calls"]
     assert calls["list_agents"]["schema_valid"] and set(fleet) <= {a["agent_id"] for a in
                                                                     calls["list_agents"]["structured"]["agents"]}
@@ -183,6 +207,7 @@ def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
     denied = AuditEvent.objects.get(principal="oc-readonly", action="mcp.set_tag")
     assert denied.result == "denied" and "tier=readonly" in denied.detail
     assert AuditEvent.objects.filter(principal="oc-readonly", action="mcp.session.close").exists()
+    assert client_log(obs) == [], obs["log"]
 
 
 def test_typescript_sdk(daphne, mint, fleet, tmp_path):
@@ -205,7 +230,8 @@ def test_typescript_sdk(daphne, mint, fleet, tmp_path):
     assert obs["protocol_version"] == PROTOCOL and obs["session_id_length"] >= 32
     assert obs["server_info"]["name"] == "yuzu-server" and obs["instructions_length"] > 0
     assert obs["ping"] == {}
-    assert obs["tools"]["pages"] >= 2 and EXPECTED_TOOLS <= set(obs["tools"]["names"])
+    assert obs["tools"]["pages"] == 1 and EXPECTED_TOOLS - WRITES <= set(obs["tools"]["names"])
+    assert not WRITES & set(obs["tools"]["names"]), "a readonly token is listed only what it may call"
     listed = obs["calls"]["list_agents"]
     assert "error" not in listed, listed  # the SDK validated structuredContent against the listed outputSchema
     assert listed["is_error"] is False and listed["content_types"] == ["text"]

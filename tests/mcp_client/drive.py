@@ -30,6 +30,9 @@ SCENARIOS (or pass ``--steps`` with a JSON list for a one-off). Step ops:
 
 A string value ``"$name"`` is replaced by ``--param name=value``; ``"@a.b.c"`` by that path in the
 observations so far, e.g. ``"@calls.delete_tag.error.data.approval_id"`` to re-call a gated tool.
+
+``log`` in the observations lists every record the client side logged at WARNING or worse (e.g. the
+SDK's "Tool … not listed by server"); a clean session leaves it empty.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 import traceback
@@ -362,10 +366,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_and_report(drive(a.url, a.token, a.mode, steps, params, obs), obs)
 
 
+class LogCapture(logging.Handler):
+    """Every WARNING-or-worse record any logger (the SDK's, httpx's, asyncio's) emits, for ``obs["log"]``."""
+
+    def __init__(self, sink: list[dict[str, Any]]):
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append({"logger": record.name, "level": record.levelname, "message": record.getMessage()[:2000]})
+
+
 def run_and_report(coro, obs: dict[str, Any]) -> int:
     """Run the client coroutine and print ONE JSON document of observations (with ``fatal`` on failure);
-    shared by the other driver scripts in this folder."""
+    shared by the other driver scripts in this folder. ``log`` holds what the client logged at WARNING or
+    worse (a clean session logs nothing)."""
     code = 0
+    root = logging.getLogger()
+    root.addHandler(LogCapture(obs.setdefault("log", [])))
+    root.setLevel(logging.WARNING)
     try:
         asyncio.run(coro)
     except BaseException as exc:  # report, never hang or print half a document
