@@ -18,13 +18,13 @@ POSTURE_SCHEMA = obj({
     "agents": obj({"total": integer(0), "connected": integer(0), "disconnected": integer(0),
                    "quarantined": integer(0)}, additional=True),
     "os_mix": {"type": "object", "additionalProperties": {"type": "integer"}},
-    "recommended_next_tools": array(string(64)),
+    "recommended_next_tools": array(string(64), min_items=1),
 }, ["generated_at", "data_age_seconds", "partial", "agents", "os_mix", "recommended_next_tools"])
 
 CATEGORIES = ("answerable_now", "answerable_with_live_dispatch", "requires_external_connector",
               "unsafe_without_approval", "outside_yuzu_scope")
 CLASSIFY_SCHEMA = obj({"category": enum(CATEGORIES), "confidence": {"type": "number"},
-                       "matched_keywords": array(string(64)), "suggested_tools": array(string(64)),
+                       "matched_keywords": array(string(64)), "suggested_tools": array(string(64), min_items=1),
                        "advisory": boolean()}, ["category", "suggested_tools"])
 PLAYBOOK_SCHEMA = obj({"found": boolean(), "scenario": string(2048), "first_tool": string(64),
                        "steps": array(string(1024)), "safety": array(string(1024)),
