@@ -3,7 +3,7 @@ handler over the same fleet.services function its REST twin uses."""
 
 from functools import partial
 
-from mcp.registry import tool
+from mcp.registry import resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 from yuzu.metrics import MCP_POLL
 
@@ -189,9 +189,12 @@ def get_fleet_posture_fast(ctx, args):
 
 @tool(name="classify_operational_question", title="Classify a question", securable="Infrastructure",
       operation="Read",
-      description="Advisory keyword classifier: is the question answerable_now from stored data, "
-                  "answerable_with_live_dispatch, requires_external_connector, unsafe_without_approval, or "
-                  "outside_yuzu_scope? Returns suggested first tools. It never runs anything.",
+      description="Advisory keyword classifier for an operator's question: its category (answerable_now from "
+                  "stored data, answerable_with_live_dispatch, unsafe_without_approval, delegate_via_bridge — bridge "
+                  "tools are at /mcp/bridge/ —, requires_external_connector or outside_yuzu_scope), its intent, the "
+                  "tool to call first (suggested_tools[0], then what usually follows) and, for an incident, the "
+                  "playbook to read with get_incident_playbook. It never runs anything. Scored against "
+                  "yuzu://golden-prompts/enterprise-it-v1.",
       input_schema=obj({"question": string(2048, minLength=1)}, ["question"]),
       output_schema=orientation.CLASSIFY_SCHEMA)
 def classify_operational_question(ctx, args):
@@ -199,12 +202,21 @@ def classify_operational_question(ctx, args):
 
 
 @tool(name="get_incident_playbook", title="Incident playbook", securable="Infrastructure", operation="Read",
-      description="An exact-match playbook for a named scenario (steps, safety notes, first tool). found:false "
-                  "lists the known scenarios.",
+      description="A playbook for an incident (steps, safety notes, first tool), by its name or by a description "
+                  "that matches one (\"web-03 went offline\" → agent offline). found:false lists the known "
+                  "scenarios.",
       input_schema=obj({"scenario": string(2048, minLength=1)}, ["scenario"]),
       output_schema=orientation.PLAYBOOK_SCHEMA)
 def get_incident_playbook(ctx, args):
     return orientation.playbook(args["scenario"])
+
+
+@resource(uri="yuzu://golden-prompts/enterprise-it-v1", name="Golden prompt pack: enterprise IT (v1)",
+          description="Realistic operator questions (incidents, compliance, inventory, approvals, bridge delegation), "
+                      "each with the expected first tool, acceptable alternatives and tools that must not be called "
+                      "first; bench/prompt_pack/ scores classify_operational_question against it.")
+def golden_prompts_resource(ctx):
+    return orientation.golden_pack()
 
 
 @tool(name="summarize_working_set", title="Summarize a working set", securable="Infrastructure", operation="Read",

@@ -154,6 +154,8 @@ CAPABILITIES = {
     "requires_external_connector": ["hypervisors", "container platforms", "databases' internals",
                                     "collaboration suites", "ticketing"],
     "unsafe_without_approval": ["quarantine", "running scripts", "deleting tags", "token and group changes"],
+    "delegate_via_bridge": ["hand a task to a worker session at /mcp/bridge/ (bridge_send)", "worker status",
+                            "collect detached replies (bridge_poll)"],
 }
 OPERATING_MODEL = """# Operating model
 1. **Classify** the question (classify_operational_question).
