@@ -32,13 +32,14 @@ CALLABLE_MARK = "yuzu/callable"
 LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
 
 
-def refusal_for(principal, tool):
-    """Why this caller may call the tool nowhere (a YuzuError), or None when some call of it may pass."""
+def refusal_for(principal, tool, explain=True):
+    """Why this caller may call the tool nowhere (a YuzuError; just True unless ``explain``: RBAC's explanation
+    costs queries), or None when some call of it may pass."""
     standing = standing_refusal(principal, tool)
     if standing is not None:
         return standing[1]
     if tool.rbac and not rbac.has_any(principal, tool.securable, tool.operation):
-        return rbac.denial(principal, tool.securable, tool.operation)
+        return rbac.denial(principal, tool.securable, tool.operation) if explain else True
     return None
 
 
@@ -62,7 +63,7 @@ def tools_for(principal, cat, everything=False):
     """The caller's tools/list items, by name (a stable order across pages and calls)."""
     items = []
     for tool in sorted(cat.tools.values(), key=lambda t: t.name):
-        refusal = refusal_for(principal, tool)
+        refusal = refusal_for(principal, tool, explain=everything)
         if refusal is None or everything:
             items.append(tool_item(tool, principal, refusal))
     return items

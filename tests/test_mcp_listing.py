@@ -238,3 +238,13 @@ def test_the_whole_catalogue_listing_is_not_what_a_change_is_measured_against(mi
     listed(c, _meta={"yuzu/all": True})  # the whole catalogue: it does not change with roles
     assign_role(get_user_model().objects.get(username="dan"), "Operator")
     assert frames(c, "dan") == []
+
+
+def test_fitting_the_list_costs_one_query_for_the_grants(principal, django_assert_max_num_queries):
+    """RBAC's explanation (roles, group names) is built only for the whole-catalogue listing."""
+    from mcp.listing import tools_for
+
+    nobody = principal("nobody", role=None, tier="supervised")  # every RBAC-gated tool refused
+    with django_assert_max_num_queries(1):
+        assert [t["name"] for t in tools_for(nobody, catalogue("v1"))] == ["check_permission", "validate_scope",
+                                                                            "withdraw_approval"]
