@@ -11,10 +11,12 @@ import json
 import os
 import shutil
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
-from fleet.models import Agent, Tag
+from fleet.models import Agent, ManagementGroup, Tag
 from yuzu.models import AuditEvent
 from yuzu.rbac import seed_builtin_roles
 
@@ -53,20 +55,33 @@ def fleet(transactional_db):
     return [a[0] for a in AGENTS]
 
 
-def run_drive(server, token, mode, scenario, tmp_path, **params):
+def start_drive(server, token, mode, scenario, tmp_path, **params):
     if not MCP_PY.exists():
         pytest.fail(f"{MCP_PY} is missing: run `make test` (its test-deps target builds .venv-mcp from "
                     "tests/mcp_client/requirements.txt, mcp==2.3.0)")
     cmd = [str(MCP_PY), str(DRIVE), "--url", server.mcp, "--token", token, "--mode", mode, "--scenario", scenario]
     for k, v in params.items():
         cmd += ["--param", f"{k}={v}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=client_env(), capture_output=True, text=True, timeout=180)
+    return subprocess.Popen(cmd, cwd=tmp_path, env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish_drive(server, proc):
     try:
-        obs = json.loads(proc.stdout)
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    try:
+        obs = json.loads(stdout)
     except ValueError:
-        pytest.fail(f"drive.py printed no JSON (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(f"drive.py printed no JSON (exit {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
     assert "fatal" not in obs, f"the official client failed: {obs['fatal']}\n{server.log.name}"
     return obs
+
+
+def run_drive(server, token, mode, scenario, tmp_path, **params):
+    return finish_drive(server, start_drive(server, token, mode, scenario, tmp_path, **params))
 
 
 # Issue 13 also removes the server's close frame after the client's own DELETE, which the SDK logs as
@@ -207,6 +222,37 @@ def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
     denied = AuditEvent.objects.get(principal="oc-readonly", action="mcp.set_tag")
     assert denied.result == "denied" and "tier=readonly" in denied.detail
     assert AuditEvent.objects.filter(principal="oc-readonly", action="mcp.session.close").exists()
+    assert client_log(obs) == [], obs["log"]
+
+
+def test_python_sdk_hears_tools_list_changed(daphne, mint, fleet, tmp_path):
+    """A role assigned while the session is open (here over REST, in the server process) alters what the token
+    may call: the official client gets notifications/tools/list_changed, lists again, and calls the new tool."""
+    server = daphne()
+    group = ManagementGroup.objects.create(name="web")
+    group.members.add(Agent.objects.get(agent_id="oc-web-01"))
+    token = mint("oc-lc", role="Viewer", tier="operator")
+    admin = mint("oc-admin", role="Administrator")
+    listed = tmp_path / "listed"
+    proc = start_drive(server, token, "legacy", "list_changed", tmp_path, listed=listed, agent_id="oc-web-01")
+    deadline = time.monotonic() + 90
+    while not listed.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listed.exists(), "the client never listed its tools"
+    body = json.dumps({"username": "oc-lc", "role": "ITServiceOwner"}).encode()
+    req = urllib.request.Request(f"{server.base}/api/v1/management-groups/{group.id}/roles", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 201
+    obs = finish_drive(server, proc)
+
+    before, after = obs["lists"]["tools"]["names"], obs["lists"]["tools_after"]["names"]
+    assert "set_tag" not in before and "set_tag" in after and set(before) < set(after)
+    assert obs["waited"]["notifications/tools/list_changed"] is True
+    assert obs["notifications"].count("notifications/tools/list_changed") == 1
+    call = obs["calls"]["set_tag"]
+    assert call["is_error"] is False and call["schema_valid"], call
+    assert Tag.objects.get(agent_id="oc-web-01", key="role").value == "web"
     assert client_log(obs) == [], obs["log"]
 
 
