@@ -46,15 +46,17 @@ def refusal_for(principal, tool, explain=True):
 def tool_item(tool, principal, refusal=None):
     """The tools/list item of ``tool`` for this caller: the catalogue's listing plus the caller's marks."""
     item = tool.listing()
-    notes = []
+    marks, notes = {}, []
     if refusal is not None:
-        item["annotations"][CALLABLE_MARK] = False
+        marks[CALLABLE_MARK] = False
         notes.append(f"Not callable with your token: {refusal.message}.")
     elif requires_approval(principal.tier, tool.securable, tool.operation):
-        item["annotations"][APPROVAL_MARK] = True
+        marks[APPROVAL_MARK] = True
         notes.append(f"Needs a human approval on your tier ({principal.tier}): the first call answers -32006 with "
                      "an approval_id.")
-    if notes:
+    if marks:  # annotations for the spec's hint readers; _meta too, as SDKs drop annotation keys they do not know
+        item["annotations"].update(marks)
+        item["_meta"] = dict(marks)
         item["description"] = " ".join(notes + [item["description"]])
     return item
 

@@ -88,6 +88,7 @@ def test_every_listed_tool_passes_tier_and_rbac_and_every_unlisted_one_is_refuse
 def test_gated_tools_are_marked_for_this_callers_tier(mint):
     op = {t["name"]: t for t in listed(connect(mint, "op", "Operator", "operator"))["tools"]}
     assert op["delete_tag"]["annotations"]["yuzu/approvalRequired"] is True
+    assert op["delete_tag"]["_meta"] == {"yuzu/approvalRequired": True}
     assert op["delete_tag"]["description"].startswith("Needs a human approval on your tier (operator): the first "
                                                       "call answers -32006 with an approval_id. ")
     assert "yuzu/approvalRequired" not in op["set_tag"]["annotations"]  # not gated on the operator tier
@@ -106,10 +107,10 @@ def test_the_whole_catalogue_on_request_with_what_refuses_this_caller(mint):
     assert [t["name"] for t in everything] == sorted(catalogue("v1").tools)
     by_name = {t["name"]: t for t in everything}
     set_tag = by_name["set_tag"]
-    assert set_tag["annotations"]["yuzu/callable"] is False
+    assert set_tag["annotations"]["yuzu/callable"] is False and set_tag["_meta"] == {"yuzu/callable": False}
     assert set_tag["description"].startswith("Not callable with your token: tier 'readonly' does not allow "
                                              "Tag:Write (needs operator or higher). ")
-    assert "yuzu/callable" not in by_name["list_agents"]["annotations"]
+    assert "yuzu/callable" not in by_name["list_agents"]["annotations"] and "_meta" not in by_name["list_agents"]
     users = by_name["unlock_account"]["description"]
     assert users.startswith("Not callable with your token: tier 'readonly' does not allow UserManagement:Write")
     # Only a literal true switches; anything else is the fitted list.
