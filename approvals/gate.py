@@ -12,6 +12,7 @@ run the tool's pre-consume precondition, then consume with one conditional UPDAT
 import json
 
 from django.db import DatabaseError, transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from mcp import jsonrpc as rpc
@@ -19,6 +20,7 @@ from mcp.pipeline import a4
 from yuzu.audit import audit
 from yuzu.errors import APPROVAL_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, YuzuError
 from yuzu.metrics import MCP_APPROVAL_MASKED, MCP_APPROVAL_PRECONDITION, MCP_APPROVAL_REFUSED
+from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
 
@@ -28,8 +30,9 @@ MISMATCH = "approval_id does not match this tool and arguments"
 ALREADY_USED = "approval already used (one-time ticket)"
 EXPIRED_APPROVED = "approval expired (past its 7-day lifetime)"
 PRECONDITION = "approval cannot be redeemed right now; the ticket is still valid — retry later"
-REMEDIATION = ("an admin must approve this approval_id (see status_url), then re-call this tool with the "
-               "approval_id argument to execute")
+REMEDIATION = ("a human approver reviews it in the admin (review_url, on the Approvals page {page}); poll get_approval "
+               "(or GET status_url) no faster than retry_after_ms, then re-call this tool with the same arguments "
+               "plus approval_id")
 
 
 def canonical_args(args):
@@ -49,11 +52,14 @@ def _refuse(ctx, code, message, detail, retry_after_ms=None, remediation=None):
     raise rpc.RpcError(code, message, a4(ctx.cid, retry_after_ms, remediation))
 
 
-def _required(ctx, ticket, detail):
+def _required(ctx, tool, ticket, detail):
     _record(ctx, "pending", detail)
-    raise rpc.RpcError(rpc.APPROVAL_REQUIRED, "approval required: a human must approve this call",
-                       a4(ctx.cid, APPROVAL_POLL_RETRY_MS, REMEDIATION, approval_id=ticket.id,
-                          status_url=f"/api/v1/approvals/{ticket.id}"))
+    raise rpc.RpcError(rpc.APPROVAL_REQUIRED, f"approval required: a human must approve this call (on tier "
+                       f"'{ctx.principal.tier}', {tool.securable}:{tool.operation} needs an approval)",
+                       a4(ctx.cid, APPROVAL_POLL_RETRY_MS, REMEDIATION.format(page=APPROVALS_PAGE),
+                          approval_id=ticket.id, status_url=f"/api/v1/approvals/{ticket.id}",
+                          review_url=reverse("admin:approvals_approval_review", args=[ticket.id]),
+                          tier=ctx.principal.tier))
 
 
 NOTHING_TO_APPROVE = ("nothing to approve: the target matches no connected, unquarantined agent you may act on")
@@ -71,7 +77,7 @@ def gate(ctx, tool, args, approval_id):
             raise YuzuError(NOTHING_TO_APPROVE, status=400, rpc_code=rpc.INVALID_PARAMS,
                             remediation="check the target with preview_scope_targets / list_agents, then call again")
         ticket, deduped = _mint(ctx, definition, canonical, plan)
-        _required(ctx, ticket, f"{agent}approval_id={ticket.id}" + (" (deduped)" if deduped else ""))
+        _required(ctx, tool, ticket, f"{agent}approval_id={ticket.id}" + (" (deduped)" if deduped else ""))
     return _recall(ctx, tool, args, definition, canonical, approval_id, agent)
 
 
@@ -109,8 +115,10 @@ def _mint(ctx, definition, canonical, plan):
         _refuse(ctx, rpc.INTERNAL_ERROR, "approval store unavailable", "approval_store_fault",
                 STORE_FAULT_RETRY_MS, "retry shortly")
     if refusal[0] == "cap":
-        _refuse(ctx, rpc.TIER_DENIED, f"too many pending approvals (at most {PER_SUBMITTER_CAP} per submitter)",
-                "pending_cap", None, "wait for your pending tickets to be reviewed, or re-use one")
+        _refuse(ctx, rpc.TIER_DENIED, f"too many pending approvals (you hold {PER_SUBMITTER_CAP}, the most one "
+                f"submitter may)", "pending_cap", None,
+                "withdraw the tickets you no longer need (list_pending_approvals, then withdraw_approval), or wait "
+                f"for an approver to review them on the admin's Approvals page ({APPROVALS_PAGE})")
     _refuse(ctx, rpc.INTERNAL_ERROR, "the approval queue is full; retry later", "global_pending_cap",
             STORE_FAULT_RETRY_MS, "retry later")
 
@@ -137,7 +145,7 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
         _refuse(ctx, rpc.PERMISSION_DENIED, EXPIRED_APPROVED, f"{detail} expired",
                 remediation="call again without approval_id to request a new approval")
     if ticket.status == Approval.PENDING:
-        _required(ctx, ticket, f"{detail} still pending")
+        _required(ctx, tool, ticket, f"{detail} still pending")
     if ticket.status in (Approval.REJECTED, Approval.EXPIRED, Approval.WITHDRAWN):
         _refuse(ctx, rpc.PERMISSION_DENIED, f"approval was {ticket.status}", f"{detail} {ticket.status}",
                 remediation="call again without approval_id to request a new approval")

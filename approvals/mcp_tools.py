@@ -5,6 +5,7 @@ withdraws its own tickets; a reviewer reads the queue it may review."""
 from mcp.registry import tool
 from mcp.schema import array, enum, integer, nullable, obj, string
 from yuzu.errors import PermissionDenied
+from yuzu.rbac import APPROVALS_PAGE
 
 from . import services
 from .models import Approval
@@ -64,7 +65,8 @@ def _refuse(ctx, args):
         reason = "non_human_principal"
     ctx.note(f"approval_id={args['approval_id'][:32]} approver_assurance:{reason}")
     raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{reason}",
-                           remediation="approve in the yuzu admin (Approvals page) with a fresh MFA proof")
+                           remediation=f"a human approver reviews it on the admin's Approvals page ({APPROVALS_PAGE}) "
+                                       "with a fresh authenticator code")
 
 
 @tool(name="approve_request", title="Approve a request", securable="Approval", operation="Write",

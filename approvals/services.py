@@ -134,7 +134,7 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
         raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{problem}",
                                remediation="sign in to the admin and confirm a fresh authenticator code (step-up)")
     if not rbac.has_any(principal, "Approval", "Approve"):
-        raise PermissionDenied("Approval:Approve")
+        raise rbac.denial(principal, "Approval", "Approve")
     comment = (comment or "")[:1024]
     with transaction.atomic():
         Approval.objects.expire_stale()

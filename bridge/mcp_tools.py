@@ -148,7 +148,8 @@ async def bridge_ask(ctx, args):
 @tool(name="bridge_status", title="Worker status", securable="Bridge", operation="Read", catalogue="bridge",
       description="Per worker (one with sessionId, else all live workers of your primary): agent_status (IDLE, "
                   "WORKING, BLOCKED, UNKNOWN, STARTING, GONE), queueDepth, whether a rendezvous is open, ids; and "
-                  "for you: pending, the count of unacknowledged bridge_poll items addressed to you. Read-only.",
+                  "for you: pending, the count of unacknowledged bridge_poll items addressed to you. Read-only. "
+                  "An empty workers list means you have no live worker (bridge_spawn starts one).",
       input_schema=obj({"sessionId": SESSION}),
       output_schema=obj({"workers": array(WORKER), "pending": integer(0),
                          "caller": obj({"role": string(16), "pending": integer(0), "sessionId": string(32)},
@@ -239,7 +240,8 @@ def bridge_ack(ctx, args):
 
 @tool(name="bridge_profiles", title="Spawnable profiles", securable="Bridge", operation="Read", catalogue="bridge",
       description="The worker profiles: name, description, agentKind, whether it is the default and whether the "
-                  "SubscriptionGuard lets it spawn now (spawnable). Never shows a profile's environment.",
+                  "SubscriptionGuard lets it spawn now (spawnable). Never shows a profile's environment. An empty "
+                  "list means no profile is configured: an administrator must add one before any worker can start.",
       input_schema=obj(),
       output_schema=obj({"profiles": array(obj({"name": string(64), "description": string(512),
                                                 "agentKind": string(32), "default": boolean(),

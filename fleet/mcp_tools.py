@@ -3,7 +3,7 @@ handler over the same fleet.services function its REST twin uses."""
 
 from functools import partial
 
-from mcp.registry import tool
+from mcp.registry import resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 from yuzu.metrics import MCP_POLL
 
@@ -101,7 +101,8 @@ def list_management_groups(ctx, args):
 
 @tool(name="get_management_group", title="Management group", securable="ManagementGroup", operation="Read",
       description="One management group with its member agent_ids (for a dynamic group, the agents its scope "
-                  "expression matches now). Unknown group → -32602.",
+                  "expression matches now). An empty members list means the group has no agent (a dynamic one: "
+                  "its expression matches none now). Unknown group → -32602.",
       input_schema=obj({"group_id": GROUP_ID}, ["group_id"]),
       output_schema=obj({"id": string(32), "name": string(128), "members": array(string(128))},
                         ["id", "name", "members"], additional=True))
@@ -190,9 +191,12 @@ def get_fleet_posture_fast(ctx, args):
 
 @tool(name="classify_operational_question", title="Classify a question", securable="Infrastructure",
       operation="Read",
-      description="Advisory keyword classifier: is the question answerable_now from stored data, "
-                  "answerable_with_live_dispatch, requires_external_connector, unsafe_without_approval, or "
-                  "outside_yuzu_scope? Returns suggested first tools. It never runs anything.",
+      description="Advisory keyword classifier for an operator's question: its category (answerable_now from "
+                  "stored data, answerable_with_live_dispatch, unsafe_without_approval, delegate_via_bridge — bridge "
+                  "tools are at /mcp/bridge/ —, requires_external_connector or outside_yuzu_scope), its intent, the "
+                  "tool to call first (suggested_tools[0], then what usually follows) and, for an incident, the "
+                  "playbook to read with get_incident_playbook. It never runs anything. Scored against "
+                  "yuzu://golden-prompts/enterprise-it-v1.",
       input_schema=obj({"question": string(2048, minLength=1)}, ["question"]),
       output_schema=orientation.CLASSIFY_SCHEMA)
 def classify_operational_question(ctx, args):
@@ -200,17 +204,27 @@ def classify_operational_question(ctx, args):
 
 
 @tool(name="get_incident_playbook", title="Incident playbook", securable="Infrastructure", operation="Read",
-      description="An exact-match playbook for a named scenario (steps, safety notes, first tool). found:false "
-                  "lists the known scenarios.",
+      description="A playbook for an incident (steps, safety notes, first tool), by its name or by a description "
+                  "that matches one (\"web-03 went offline\" → agent offline). found:false lists the known "
+                  "scenarios.",
       input_schema=obj({"scenario": string(2048, minLength=1)}, ["scenario"]),
       output_schema=orientation.PLAYBOOK_SCHEMA)
 def get_incident_playbook(ctx, args):
     return orientation.playbook(args["scenario"])
 
 
+@resource(uri="yuzu://golden-prompts/enterprise-it-v1", name="Golden prompt pack: enterprise IT (v1)",
+          description="Realistic operator questions (incidents, compliance, inventory, approvals, bridge delegation), "
+                      "each with the expected first tool, acceptable alternatives and tools that must not be called "
+                      "first; bench/prompt_pack/ scores classify_operational_question against it.")
+def golden_prompts_resource(ctx):
+    return orientation.golden_pack()
+
+
 @tool(name="summarize_working_set", title="Summarize a working set", securable="Infrastructure", operation="Read",
       description="A bounded narrative of the fleet, one agent, or one execution, with resource links to read "
-                  "next. kind=execution also needs Execution:Read.",
+                  "next. kind=execution also needs Execution:Read. An empty items list means nothing to show: no "
+                  "agent visible to you (fleet), or no response yet (execution).",
       input_schema=obj({"kind": enum(["fleet", "agent", "execution"]), "id": string(128),
                         "limit": integer(1, 100, "At most this many items (default 25)")}, ["kind"]),
       output_schema=orientation.SUMMARY_SCHEMA)
@@ -220,10 +234,11 @@ def summarize_working_set(ctx, args):
 
 @tool(name="discover_routes", title="Discover REST routes", securable="Infrastructure", operation="Read",
       description="The REST API route catalogue (method, path, summary) from the OpenAPI document. Use it to find "
-                  "the REST twin of a tool.",
+                  "the REST twin of a tool. Never empty.",
       input_schema=obj(),
       output_schema=obj({"routes": array(obj({"method": string(8), "path": string(256), "summary": string(512)},
-                                             additional=True)), "count": integer(0)}, ["routes", "count"]))
+                                             additional=True), min_items=1), "count": integer(0)},
+                        ["routes", "count"]))
 def discover_routes(ctx, args):
     return orientation.routes()
 
@@ -330,7 +345,8 @@ def query_responses(ctx, args):
 
 @tool(name="aggregate_responses", title="Aggregate responses", securable="Response", operation="Read",
       description="COUNT of responses grouped by status, agent_id, exit_code or output, for one execution_id "
-                  "or instruction_id.",
+                  "or instruction_id. An empty groups list means no response has arrived yet: while the execution "
+                  "is running, look again after retry_after_ms.",
       input_schema=obj({"execution_id": EXECUTION_ID, "instruction_id": string(160),
                         "group_by": enum(["status", "agent_id", "exit_code", "output"]), "aggregate": enum(["count"])},
                        ["group_by"]),
@@ -369,7 +385,8 @@ def execute_bundle(ctx, args):
                   "may read it.",
       input_schema=obj({"bundle_id": string(64, minLength=1)}, ["bundle_id"]),
       output_schema=obj({"bundle_id": string(64), "complete": boolean(), "received": integer(0),
-                         "succeeded": integer(0), "expected": integer(0), "steps": array({"type": "object"}),
+                         "succeeded": integer(0), "expected": integer(0),
+                         "steps": array({"type": "object"}, min_items=1),
                          "retry_after_ms": nullable(integer(0))}, ["bundle_id", "complete", "steps"], additional=True))
 def get_bundle_result(ctx, args):
     out = executions.bundle_result(ctx.principal, args["bundle_id"])
@@ -408,7 +425,8 @@ def get_agent_inventory(ctx, args):
 
 @tool(name="discover_plugins", title="Discover plugins", securable="Infrastructure", operation="Read",
       description="The plugin.action catalogue connected agents support, with risk (read/write/destructive) and "
-                  "how many agents have it; parameter schemas too with InstructionDefinition:Read.",
+                  "how many agents have it; parameter schemas too with InstructionDefinition:Read. An empty list "
+                  "means no agent visible to you has reported its plugins yet.",
       input_schema=obj(), output_schema=obj({"plugins": array({"type": "object"}), "schemas_included": boolean()},
                                             ["plugins"]))
 def discover_plugins(ctx, args):
@@ -425,7 +443,8 @@ def discover_instructions(ctx, args):
 
 
 @tool(name="list_definitions", title="List definitions", securable="InstructionDefinition", operation="Read",
-      description="Instruction definitions, filtered by plugin, type (question|action) or enabled.",
+      description="Instruction definitions, filtered by plugin, type (question|action) or enabled. An empty list "
+                  "means none matches: use discover_plugins and execute_instruction with plugin/action directly.",
       input_schema=obj({"plugin": string(128), "type": enum(["question", "action"]), "enabled": boolean()}),
       output_schema=obj({"definitions": array({"type": "object"}), "count": integer(0)}, ["definitions", "count"]))
 def list_definitions(ctx, args):
@@ -454,7 +473,8 @@ def validate_scope(ctx, args):
 
 @tool(name="preview_scope_targets", title="Preview scope targets", securable="Infrastructure", operation="Read",
       description="The agents (you may see) a scope expression (`scope`, or its alias `expression`) matches "
-                  "now. total:0 means none match.",
+                  "now. total:0 with an empty agents list means none match (an invalid expression is -32602; "
+                  "validate_scope says where).",
       input_schema=obj({**SCOPE_ARG, "limit": integer(1, 1000)},
                        anyOf=[{"required": ["scope"]}, {"required": ["expression"]}]),
       output_schema=obj({"expression": string(8192), "total": integer(0), "agents": array(AGENT),
@@ -465,7 +485,12 @@ def preview_scope_targets(ctx, args):
 
 @tool(name="discover_scope_kinds", title="Scope language", securable="Infrastructure", operation="Read",
       description="The scope language catalogue: ground kinds, attributes, operators, functions, limits, examples.",
-      input_schema=obj(), output_schema={"type": "object"})
+      input_schema=obj(), output_schema=obj({
+          "ground_kinds": array({"type": "object"}, min_items=1), "attributes": array({"type": "object"}, min_items=1),
+          "operators": array({"type": "object"}, min_items=1), "boolean": array(string(8)),
+          "functions": array({"type": "object"}), "examples": array(string(512), min_items=1),
+          "max_depth": integer(0), "max_length_bytes": integer(0)},
+          ["ground_kinds", "attributes", "operators", "examples"], additional=True))
 def discover_scope_kinds(ctx, args):
     return inventory.describe_scope()
 

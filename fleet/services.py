@@ -73,7 +73,7 @@ def search_agents_by_tag(principal, key, value=None):
 def set_tag(principal, agent_id, key, value, *, cid=""):
     agent = get_agent(principal, agent_id, securable="Tag")
     if not rbac.may(principal, "Tag", "Write", agent=agent):
-        raise PermissionDenied("Tag:Write")
+        raise rbac.denial(principal, "Tag", "Write", agent=agent)
     key, value = normalise_tag(key, value)
     Tag.objects.update_or_create(agent=agent, key=key, defaults={"value": value})
     audit(principal, "tag.set", "success", target_type="Agent", target_id=agent.agent_id, detail=f"{key}={value}",
@@ -86,7 +86,7 @@ def plan_delete_tag(principal, agent_id, key, pinned=None):
     """The one validation of a tag deletion: an agent the caller may delete tags on. Pins the agent."""
     agent = get_agent(principal, agent_id, securable="Tag")
     if not rbac.may(principal, "Tag", "Delete", agent=agent):
-        raise PermissionDenied("Tag:Delete")
+        raise rbac.denial(principal, "Tag", "Delete", agent=agent)
     current = Tag.objects.filter(agent=agent, key__in={key, key.lower()}).values_list("key", "value").first()
     where = f"{agent.hostname or agent.agent_id} ({agent.agent_id})"
     summary = (f"Delete tag {current[0]}={current[1]} from {where}" if current
@@ -239,10 +239,19 @@ def _may_manage_group_roles(principal, g, operation):
     return RoleAssignment.objects.filter(user=principal.user, role__name="ITServiceOwner", group=g).exists()
 
 
+def _group_roles_denial(g, operation):
+    perm = f"ManagementGroup:{operation}"
+    return PermissionDenied(perm, f"permission denied: {perm} on management group '{g.name}': role assignments on a "
+                                  f"group need {perm} fleet-wide, or ITServiceOwner on that group",
+                            extra={"group_id": g.id},
+                            remediation="ask an administrator for ITServiceOwner on this group (admin: "
+                                        f"{rbac.ROLE_ASSIGNMENT_PAGE})")
+
+
 def list_group_roles(principal, group_id):
     g = _group(group_id)
     if not _may_manage_group_roles(principal, g, "Read"):
-        raise PermissionDenied("ManagementGroup:Read")
+        raise _group_roles_denial(g, "Read")
     rows = RoleAssignment.objects.filter(group=g).select_related("user", "role")
     return {"group_id": g.id, "roles": [{"username": r.user.get_username(), "role": r.role.name} for r in rows]}
 
@@ -250,7 +259,7 @@ def list_group_roles(principal, group_id):
 def plan_assign_group_role(principal, group_id, username, role, pinned=None):
     g = _pinned_group(group_id, pinned)
     if not _may_manage_group_roles(principal, g, "Write"):
-        raise PermissionDenied("ManagementGroup:Write")
+        raise _group_roles_denial(g, "Write")
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise NotFound(f"user not found: {username}")
@@ -258,7 +267,9 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
     if role_obj is None:
         raise NotFound(f"role not found: {role}")
     if role_obj.name == "Administrator":
-        raise PermissionDenied("UserManagement:Write", "the Administrator role is granted globally, not on a group")
+        raise PermissionDenied("UserManagement:Write", "the Administrator role is granted globally, not on a group",
+                               remediation="an administrator assigns it globally in the admin "
+                                           f"({rbac.ROLE_ASSIGNMENT_PAGE}, no group)")
     if pinned is not None and (pinned or {}).get("user") not in (None, user.pk):
         raise NotFound(f"user not found: {username} (the account was replaced after the approval)")
     return Plan(summary=f"Grant role {role_obj.name} on management group '{g.name}' to {username}",

@@ -7,7 +7,10 @@ class McpConfig(AppConfig):
     verbose_name = "MCP server"
 
     def ready(self):
+        from .listing import connect_signals
+
         checks.register(registry_check, "mcp")
+        connect_signals()  # a role change re-fits the listed sessions' catalogues (tools/list_changed)
 
 
 def registry_check(app_configs=None, **kwargs):
@@ -57,21 +60,25 @@ def registry_check(app_configs=None, **kwargs):
     return errors
 
 
-def _free_text(schema, prefix=""):
-    """String properties without maxLength/enum/pattern (bounded input schemas)."""
-    for pname, prop in (schema.get("properties") or {}).items():
+def _is_string(schema):
+    t = schema.get("type")
+    return t == "string" or (isinstance(t, list) and "string" in t)
+
+
+def _free_text(schema, path=""):
+    """String schemas without maxLength/enum/const (bounded input schemas): properties, array items and
+    additionalProperties, however deep."""
+    children = [(f"{path}.{name}" if path else name, prop) for name, prop in (schema.get("properties") or {}).items()]
+    if isinstance(schema.get("items"), dict):
+        children.append((path + "[]", schema["items"]))
+    if isinstance(schema.get("additionalProperties"), dict):
+        children.append((f"{path}.*" if path else "*", schema["additionalProperties"]))
+    for pname, prop in children:
         if not isinstance(prop, dict):
             continue
-        if prop.get("type") == "string" and not any(k in prop for k in ("maxLength", "enum", "const")):
-            yield prefix + pname, prop
-        if prop.get("type") == "object":
-            yield from _free_text(prop, prefix + pname + ".")
-        if prop.get("type") == "array" and isinstance(prop.get("items"), dict):
-            items = prop["items"]
-            if items.get("type") == "string" and not any(k in items for k in ("maxLength", "enum")):
-                yield prefix + pname + "[]", items
-            if items.get("type") == "object":
-                yield from _free_text(items, prefix + pname + "[].")
+        if _is_string(prop) and not any(k in prop for k in ("maxLength", "enum", "const")):
+            yield pname, prop
+        yield from _free_text(prop, pname)
 
 
 def _unbounded_integers(schema, prefix=""):

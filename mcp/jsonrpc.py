@@ -1,10 +1,15 @@
-"""JSON-RPC 2.0 framing: parsing with the body and nesting bounds, and error objects."""
+"""JSON-RPC 2.0 framing: parsing with the body and nesting bounds, and error objects.
+
+Every error object carries ``data.correlation_id`` (docs/mcp.md, "Errors"); the transport echoes it in
+the X-Correlation-Id header (``correlation_of``)."""
 
 import json
 
+from yuzu.errors import correlation_id
+
 MAX_DEPTH = 32
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
-RESOURCE_NOT_FOUND = -32002
+UNAUTHORIZED, RESOURCE_NOT_FOUND = -32001, -32002
 PERMISSION_DENIED, TIER_DENIED, MCP_DISABLED, APPROVAL_REQUIRED = -32003, -32004, -32005, -32006
 UNKNOWN_SESSION, ORIGIN_REJECTED, BAD_PROTOCOL_VERSION, SESSION_CAP = -32007, -32008, -32009, -32010
 NOT_ACCEPTABLE, STREAM_CAP, STREAM_POISONED, TERMINAL_UNAVAILABLE = -32011, -32012, -32013, -32014
@@ -20,14 +25,26 @@ class RpcError(Exception):
         self.headers = headers or {}
 
     def to_dict(self):
-        err = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            err["data"] = self.data
-        return err
+        if not isinstance(self.data, dict):
+            self.data = {} if self.data is None else {"detail": self.data}
+        self.data.setdefault("correlation_id", correlation_id())
+        return {"code": self.code, "message": self.message, "data": self.data}
 
 
 def error_response(req_id, err):
     return {"jsonrpc": "2.0", "id": req_id, "error": err.to_dict()}
+
+
+def correlation_of(body):
+    """The correlation id of a response body's error, stamping one into an error that has none; None for a
+    body that is not an error. The transport sends it as the X-Correlation-Id header."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return None
+    data = err.get("data")
+    if not isinstance(data, dict):
+        data = err["data"] = {} if data is None else {"detail": data}
+    return data.setdefault("correlation_id", correlation_id())
 
 
 def result_response(req_id, result):

@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.errors import YuzuError, invalid_input
+from yuzu.errors import PermissionDenied, YuzuError, invalid_input
 from yuzu.metrics import (MCP_APPROVAL_BURNED, MCP_TOOL_ARGS_INVALID, MCP_TOOL_CALLS, MCP_TOOL_LATENCY,
                           MCP_TOOL_SECURITY_MISCONFIG)
 from yuzu.models import OPERATIONS, SECURABLES
@@ -28,7 +28,6 @@ from .registry import ToolFailure, catalogue
 from .schema import error_path, first_error
 
 log = logging.getLogger("yuzu.mcp")
-TIER_REMEDIATION = "use a higher-tier MCP token, or the REST API / dashboard"
 
 # The approval gate is plugged in by the approvals app (AppConfig.ready); without one, gated calls
 # take the seed's degraded path: -32004 with no ticket.
@@ -90,15 +89,10 @@ def pre_checks(ctx, name, arguments):
         MCP_TOOL_SECURITY_MISCONFIG.inc()
         _deny(ctx, rpc.INTERNAL_ERROR, "tool is misconfigured (no security registration)", stamp_cid=True,
               remediation="report this to the server operator")
-    if settings.YUZU_MCP_READ_ONLY and tool.is_write:
-        _deny(ctx, rpc.TIER_DENIED, "MCP is in read-only mode", remediation="the server operator has disabled write tools")
     principal = ctx.principal
-    if principal.scope_service and tool.service_scope == "denied":
-        _deny(ctx, rpc.PERMISSION_DENIED, "service-scoped tokens may not call this tool", detail="service_scope=denied",
-              remediation="use a token without a service scope")
-    if not tier_allows(principal.tier, tool.securable, tool.operation):
-        _deny(ctx, rpc.TIER_DENIED, "MCP tier does not allow this operation", detail=f"tier={principal.tier}",
-              remediation=TIER_REMEDIATION)
+    refusal = standing_refusal(principal, tool)
+    if refusal is not None:
+        _refuse(ctx, *refusal)
     if arguments is None:
         arguments = {}
     error = check_arguments(tool, arguments) if isinstance(arguments, dict) else None
@@ -108,16 +102,23 @@ def pre_checks(ctx, name, arguments):
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
-    if tool.rbac and not _rbac_allows(principal, tool, args):
-        perm = f"{tool.securable}:{tool.operation}"
-        _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
-              remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
+    if tool.rbac:
+        try:
+            allowed = _rbac_allows(principal, tool, args)
+        except PermissionDenied as exc:  # an object permission that explains its refusal
+            _refuse(ctx, rpc.PERMISSION_DENIED, exc, f"permission={exc.permission}")
+        if not allowed:
+            exc = rbac.denial(principal, tool.securable, tool.operation)
+            _refuse(ctx, rpc.PERMISSION_DENIED, exc, f"permission={exc.permission}")
     try:
         if requires_approval(principal.tier, tool.securable, tool.operation):
             gate = approval_gate()
             if gate is None:
-                _deny(ctx, rpc.TIER_DENIED, "this operation needs a human approval and this server has no approval "
-                      "store", remediation=TIER_REMEDIATION)
+                _deny(ctx, rpc.TIER_DENIED, f"on tier '{principal.tier}' {tool.securable}:{tool.operation} needs a "
+                      "human approval, and this server has no approval store",
+                      remediation="the server operator must install the approvals app (INSTALLED_APPS); meanwhile "
+                                  "use the REST API with a token that is not an MCP token",
+                      tier=principal.tier)
             # The gate plans the call (mint: as asked; recall: pinned to what was approved) and raises
             # RpcError on every refusal.
             ctx.approval = gate(ctx, tool, args, arguments.get("approval_id"))
@@ -126,10 +127,41 @@ def pre_checks(ctx, name, arguments):
     except (YuzuError, ValidationError) as exc:
         exc = invalid_input(exc) if isinstance(exc, ValidationError) else exc
         # The call's own validation refused it before anything happened (no ticket, nothing consumed).
-        _deny(ctx, exc.rpc_code, exc.message, result=exc.audit_result, retry_after_ms=exc.retry_after_ms,
-              remediation=exc.remediation, **({"permission": exc.permission} if exc.permission else {}),
-              **exc.extra)
+        _refuse(ctx, exc.rpc_code, exc, result=exc.audit_result)
     return tool, args
+
+
+def standing_refusal(principal, tool):
+    """What refuses this caller the tool whatever the arguments, before RBAC: the read-only kill switch, the
+    service scope, the tier ceiling. → (rpc code, YuzuError, audit detail) or None. tools/list fits the
+    catalogue to the caller with it too."""
+    perm = f"{tool.securable}:{tool.operation}"
+    if settings.YUZU_MCP_READ_ONLY and tool.is_write:
+        return rpc.TIER_DENIED, YuzuError(
+            "MCP is in read-only mode", permission=perm, extra={"tier": principal.tier},
+            remediation="this server runs with YUZU_MCP_READ_ONLY: write tools are off for every token; use the "
+                        "read tools, or ask the server operator to unset it"), ""
+    if principal.scope_service and tool.service_scope == "denied":
+        return rpc.PERMISSION_DENIED, YuzuError(
+            f"service-scoped tokens may not call this tool (this token is scoped to service "
+            f"'{principal.scope_service}')", extra={"scope_service": principal.scope_service},
+            remediation="use a token without a service scope: " + rbac.mint_token_hint(
+                principal, principal.tier or "readonly") + " (no --service)"), "service_scope=denied"
+    if not tier_allows(principal.tier, tool.securable, tool.operation):
+        return rpc.TIER_DENIED, rbac.tier_denial(principal, tool.securable, tool.operation), f"tier={principal.tier}"
+    return None
+
+
+def _refuse(ctx, code, exc, detail="", result="denied"):
+    """Answer a YuzuError as the JSON-RPC error ``code``: its message, remediation, permission and extras."""
+    _audit(ctx, result, detail)
+    MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
+    raise as_rpc_error(code, exc, ctx.cid)
+
+
+def as_rpc_error(code, exc, cid):
+    """A YuzuError as the JSON-RPC error ``code`` with the A4 data (yuzu.errors.YuzuError.envelope)."""
+    return rpc.RpcError(code, exc.message, exc.envelope(cid))
 
 
 def _rbac_allows(principal, tool, args):
@@ -159,9 +191,7 @@ def finish(ctx, tool, outcome):
     if isinstance(outcome, YuzuError):
         if ctx.approval is not None:
             MCP_APPROVAL_BURNED.labels(tool.name, "handler_reject").inc()
-        _deny(ctx, outcome.rpc_code, outcome.message, result=outcome.audit_result,
-              retry_after_ms=outcome.retry_after_ms, remediation=outcome.remediation,
-              **({"permission": outcome.permission} if outcome.permission else {}), **outcome.extra)
+        _refuse(ctx, outcome.rpc_code, outcome, result=outcome.audit_result)
     result = "approved" if ctx.approval is not None else "success"
     persisted = _audit(ctx, result)
     MCP_TOOL_CALLS.labels(tool.name, result).inc()

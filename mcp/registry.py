@@ -52,7 +52,8 @@ class Tool:
     service_scope: str = "denied"
     rbac: bool = True
     # Object-level permission (DRF's has_object_permission): allows(principal, tool, args) -> bool, declared
-    # by the app that owns the object; without it RBAC asks for the permission on any scope.
+    # by the app that owns the object (it may raise yuzu.errors.PermissionDenied to say why it refuses);
+    # without it RBAC asks for the permission on any scope.
     object_permission: object = None
     catalogue: str = DEFAULT_CATALOGUE
     poll: bool = False

@@ -14,16 +14,19 @@ from yuzu.errors import correlation_id
 from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_ACTIVE, MCP_SESSIONS_OPENED
 
 from . import jsonrpc as rpc
+from . import listing
 from .context import ToolContext
-from .pipeline import a4, pre_checks, run_sync
+from .pipeline import a4, as_rpc_error, pre_checks, run_sync
 from .registry import catalogue
 from .sessions import SessionCapReached, store
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
 PAGE_SIZE = 20
+TOOLS_PAGE_SIZE = 200  # one page for catalogues up to 200 tools: clients that read only page 1 see them all
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 SERVER_VERSION = "0.1.0"
+MISSING_SESSION = "send the Mcp-Session-Id header that initialize returned, or send initialize first"
 POST_PER_PRINCIPAL = 4
 POST_GLOBAL = 1024
 PIN_SLOTS_PER_SESSION = 4
@@ -81,7 +84,7 @@ def _session_refusal(principal, sid, req_id):
     if not sid:
         session_reject(principal, "missing_session_header")
         return error_reply(req_id, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
-                                                http_status=400))
+                                                a4(correlation_id(), remediation=MISSING_SESSION), http_status=400))
     session_reject(principal, "unknown_session", sid)
     return error_reply(req_id, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found; re-initialize",
                                             a4(correlation_id(), remediation="send initialize without a session id"),
@@ -92,9 +95,11 @@ def streaming_on():
     return not settings.YUZU_MCP_NO_STREAMING
 
 
-def unauthorized(message):
-    return Reply(401, {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"Unauthorized: {message}"}},
-                 {"WWW-Authenticate": 'Bearer realm="yuzu"'})
+def unauthorized(exc):
+    """HTTP 401, JSON-RPC -32001 (docs/mcp.md): what was wrong with the credential, and how to get one."""
+    err = rpc.RpcError(rpc.UNAUTHORIZED, f"Unauthorized: {exc}", a4(correlation_id(), remediation=exc.remediation),
+                       http_status=401, headers={"WWW-Authenticate": 'Bearer realm="yuzu"'})
+    return error_reply(None, err)
 
 
 def error_reply(req_id, err):
@@ -106,9 +111,9 @@ def _principal(req):
     try:
         principal = authenticate(req.headers, req.cookies, audiences=cat.audiences)
     except AuthError as exc:
-        return None, unauthorized(str(exc))
+        return None, unauthorized(exc)
     if principal is None:
-        return None, unauthorized("send Authorization: Bearer yuzu_…")
+        return None, unauthorized(AuthError("no credentials"))
     return principal, None
 
 
@@ -179,7 +184,8 @@ def _cancelled(principal, session, params):
 
 def _delete(principal, sid):
     if not sid:
-        return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400))
+        return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
+                                              a4(correlation_id(), remediation=MISSING_SESSION), http_status=400))
     if not store().delete(sid, principal.key):
         session_reject(principal, "unknown_session", sid)
         return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found",
@@ -194,7 +200,8 @@ def _delete(principal, sid):
 def _dispatch(ctx, req, method, params):
     handler = METHODS.get(method)
     if handler is None:
-        raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method[:128]}")
+        raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method[:128]}",
+                           a4(ctx.cid, remediation=f"this server answers {', '.join(METHODS)}"))
     return handler(ctx, req, params)
 
 
@@ -206,7 +213,7 @@ def _initialize(ctx, req, params):
     result = {
         "protocolVersion": version,
         "capabilities": {
-            "tools": {"listChanged": False},
+            "tools": {"listChanged": True},  # a role change that alters the caller's list (mcp.listing)
             "resources": {"subscribe": False, "listChanged": False},
             "prompts": {"listChanged": False},
             "logging": {},
@@ -241,7 +248,7 @@ def _ping(ctx, req, params):
     return {}
 
 
-def _page(items, params, key):
+def _page(items, params, key, size=PAGE_SIZE):
     cursor = params.get("cursor")
     start = 0
     if cursor is not None:
@@ -250,16 +257,26 @@ def _page(items, params, key):
             if start < 0 or start > len(items):
                 raise ValueError
         except (ValueError, UnicodeDecodeError):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor") from None
-    page = {key: items[start:start + PAGE_SIZE]}
-    if start + PAGE_SIZE < len(items):
-        page["nextCursor"] = base64.urlsafe_b64encode(f"o:{start + PAGE_SIZE}".encode()).decode()
+            raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", a4(
+                correlation_id(), remediation="pass nextCursor exactly as the previous page returned it, or omit "
+                                              "cursor for the first page")) from None
+    page = {key: items[start:start + size]}
+    if start + size < len(items):
+        page["nextCursor"] = base64.urlsafe_b64encode(f"o:{start + size}".encode()).decode()
     return page
 
 
 def _tools_list(ctx, req, params):
+    """The tools this caller may call (mcp.listing), in one page up to TOOLS_PAGE_SIZE; ``_meta["yuzu/all"]:
+    true`` lists the whole catalogue, each tool the caller may not call marked so."""
     cat = catalogue(req.catalogue)
-    return _page([t.listing() for t in sorted(cat.tools.values(), key=lambda t: t.name)], params, "tools")
+    meta = params.get("_meta")
+    everything = isinstance(meta, dict) and meta.get(listing.ALL_TOOLS) is True
+    items = listing.tools_for(ctx.principal, cat, everything=everything)
+    page = _page(items, params, "tools", TOOLS_PAGE_SIZE)
+    if ctx.session_id and not everything:
+        listing.note_listed(ctx.principal, ctx.session_id, cat.name, items)
+    return page
 
 
 def _tools_call(ctx, req, params):
@@ -344,12 +361,13 @@ def _resources_read(ctx, req, params):
     uri = params.get("uri")
     res = catalogue(req.catalogue).resources.get(uri) if isinstance(uri, str) else None
     if res is None:
-        raise rpc.RpcError(rpc.RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri if isinstance(uri, str) else None})
+        raise rpc.RpcError(rpc.RESOURCE_NOT_FOUND, "Resource not found",
+                           a4(ctx.cid, remediation="resources/list lists the served URIs",
+                              uri=uri if isinstance(uri, str) else None))
     if not tier_allows(ctx.principal.tier, res.securable, res.operation):
-        raise rpc.RpcError(rpc.TIER_DENIED, "MCP tier does not allow this operation", a4(ctx.cid))
+        raise as_rpc_error(rpc.TIER_DENIED, rbac.tier_denial(ctx.principal, res.securable, res.operation), ctx.cid)
     if not rbac.has_any(ctx.principal, res.securable, res.operation):
-        perm = f"{res.securable}:{res.operation}"
-        raise rpc.RpcError(rpc.PERMISSION_DENIED, f"permission denied: {perm}", a4(ctx.cid, permission=perm))
+        raise as_rpc_error(rpc.PERMISSION_DENIED, rbac.denial(ctx.principal, res.securable, res.operation), ctx.cid)
     content = res.reader(ctx)
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
     return {"contents": [{"uri": uri, "mimeType": res.mime_type, "text": text}]}
@@ -369,7 +387,8 @@ def _prompts_get(ctx, req, params):
 def _set_level(ctx, req, params):
     level = params.get("level")
     if level not in LOG_LEVELS:
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}",
+                           a4(ctx.cid, remediation="send one of the listed levels"))
     return {}
 
 

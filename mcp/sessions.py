@@ -8,7 +8,7 @@ session id reads exactly like an unknown one.
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
@@ -30,6 +30,7 @@ class Session:
     protocol_version: str
     client_name: str = ""  # the client's own clientInfo on initialize (shown to approvers; never trusted)
     client_version: str = ""
+    listing: str = ""  # "<catalogue>:<fingerprint>" of the tools/list it was last given (mcp.listing)
 
     @property
     def client(self):
@@ -78,6 +79,20 @@ class MemorySessionStore:
             del self._sessions[sid]
             return True
 
+    def note_listing(self, sid, principal, listing):
+        with self._lock:
+            entry = self._sessions.get(sid)
+            if entry is not None and entry[0].principal == principal:
+                entry[0].listing = listing
+
+    def listed(self, principal_prefix):
+        """Live sessions of the principals whose key starts with ``principal_prefix`` that were given a
+        tools/list. Never slides their idle expiry."""
+        now = time.time()
+        with self._lock:
+            return [replace(s) for s, exp in self._sessions.values()
+                    if exp > now and s.listing and s.principal.startswith(principal_prefix)]
+
     def active(self):
         with self._lock:
             self._gc(time.time())
@@ -101,6 +116,12 @@ redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7], 'client', 
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 return 'ok'
 """
+# Set a field of a live session only: never re-create the hash of a session deleted meanwhile (it would
+# live on without an expiry).
+_NOTE = """
+if redis.call('HGET', KEYS[1], 'principal') == ARGV[1] then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+return 0
+"""
 
 
 class RedisSessionStore:
@@ -111,6 +132,7 @@ class RedisSessionStore:
 
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._create = self.redis.register_script(_CREATE)
+        self._note = self.redis.register_script(_NOTE)
 
     def _keys(self, principal, sid):
         return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
@@ -135,7 +157,28 @@ class RedisSessionStore:
         pipe.zadd(all_key, {sid: exp})
         pipe.zadd(p_key, {sid: exp})
         pipe.execute()
-        return Session(sid, principal, data.get("version", ""), data.get("client", ""), data.get("client_version", ""))
+        return self._session(sid, data)
+
+    @staticmethod
+    def _session(sid, data):
+        return Session(sid, data["principal"], data.get("version", ""), data.get("client", ""),
+                       data.get("client_version", ""), data.get("listing", ""))
+
+    def note_listing(self, sid, principal, listing):
+        self._note(keys=[self._keys(principal, sid)[2]], args=[principal, "listing", listing])
+
+    def listed(self, principal_prefix):
+        """Live sessions of the principals whose key starts with ``principal_prefix`` that were given a
+        tools/list. Never slides their idle expiry."""
+        now, out = time.time(), []
+        head = self.prefix + "psessions:"
+        for p_key in self.redis.scan_iter(head + principal_prefix + "*", count=500):
+            principal = p_key[len(head):]
+            for sid in self.redis.zrangebyscore(p_key, now, "+inf"):
+                data = self.redis.hgetall(self._keys(principal, sid)[2])
+                if data.get("principal") == principal and data.get("listing"):
+                    out.append(self._session(sid, data))
+        return out
 
     def delete(self, sid, principal):
         all_key, p_key, s_key = self._keys(principal, sid)

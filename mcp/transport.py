@@ -117,7 +117,7 @@ class McpConsumer(AsyncHttpConsumer):
                 raise StopConsumer()
 
     async def reply(self, reply):
-        headers = [(b"x-correlation-id", correlation_id().encode())]
+        headers = [(b"x-correlation-id", (rpc.correlation_of(reply.body) or correlation_id()).encode())]
         body = b""
         if reply.body is not None:
             body = rpc.dumps(reply.body)

@@ -143,14 +143,19 @@ def test_first_call_mints_a_ticket_with_the_a4_envelope(mcp, tagged_agent, mint)
     r = alice.call("delete_tag", ARGS)
     err = error_of(r)
     assert err["code"] == -32006
-    assert err["message"] == "approval required: a human must approve this call"
+    assert err["message"] == ("approval required: a human must approve this call (on tier 'operator', Tag:Delete "
+                              "needs an approval)")
     data = err["data"]
-    assert set(data) == {"correlation_id", "retry_after_ms", "remediation", "approval_id", "status_url"}
+    assert set(data) == {"correlation_id", "retry_after_ms", "remediation", "approval_id", "status_url", "review_url",
+                         "tier"}
     assert CID.match(data["correlation_id"])
     assert data["retry_after_ms"] == 30000
-    assert data["remediation"] == REMEDIATION
+    assert data["remediation"] == REMEDIATION.format(page="/admin/approvals/approval/")
     assert HEX32.match(data["approval_id"])
     assert data["status_url"] == f"/api/v1/approvals/{data['approval_id']}"
+    # The review page the remediation names exists: an approver opens it.
+    assert data["review_url"] == f"/admin/approvals/approval/{data['approval_id']}/review/"
+    assert data["tier"] == "operator"
 
     ticket = Approval.objects.get()
     assert (ticket.id, ticket.definition_id, ticket.submitted_by, ticket.status, ticket.origin) == (
@@ -412,7 +417,7 @@ def test_rbac_runs_before_the_gate_so_no_ticket_is_minted_or_burned(mcp, tagged_
     # A Viewer with an operator-tier token passes the tier check (Tag:Delete) but not RBAC: no ticket.
     vic = mcp("victor", role="Viewer", tier="operator")
     err = error_of(vic.call("delete_tag", ARGS))
-    assert err["code"] == -32003 and err["message"] == "permission denied: Tag:Delete"
+    assert err["code"] == -32003 and err["message"].startswith("permission denied: Tag:Delete (none of your roles")
     assert err["data"]["permission"] == "Tag:Delete"
     assert not Approval.objects.exists()
     assert audits(principal="victor")[-1].result == "denied"
@@ -437,7 +442,8 @@ def test_per_submitter_cap(mcp, tagged_agent):
                                            scope_expression=f'{{"agent_id":"h{i}","key":"k"}}') for i in range(24)])
     err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other"}))
     assert err["code"] == -32004
-    assert err["message"] == "too many pending approvals (at most 25 per submitter)"
+    assert err["message"] == "too many pending approvals (you hold 25, the most one submitter may)"
+    assert "withdraw_approval" in err["data"]["remediation"]
     assert err["data"]["retry_after_ms"] is None and "approval_id" not in err["data"]
     assert audits()[-1].result == "denied" and audits()[-1].detail.startswith("pending_cap")
     assert Approval.objects.filter(submitted_by="alice").count() == 25

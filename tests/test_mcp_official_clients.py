@@ -11,10 +11,12 @@ import json
 import os
 import shutil
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
-from fleet.models import Agent, Tag
+from fleet.models import Agent, ManagementGroup, Tag
 from yuzu.models import AuditEvent
 from yuzu.rbac import seed_builtin_roles
 
@@ -27,6 +29,7 @@ DRIVE = ROOT / "tests" / "mcp_client" / "drive.py"
 TS_DIR = ROOT / "tests" / "ts-client"
 PROTOCOL = "2025-11-25"
 
+WRITES = {"set_tag", "delete_tag"}
 EXPECTED_TOOLS = {"list_agents", "get_agent_details", "get_tags", "set_tag", "delete_tag", "get_fleet_posture_fast",
                   "classify_operational_question", "query_audit_log", "check_permission", "discover_permissions",
                   "list_management_groups", "list_pending_approvals", "list_api_tokens"}
@@ -52,20 +55,48 @@ def fleet(transactional_db):
     return [a[0] for a in AGENTS]
 
 
-def run_drive(server, token, mode, scenario, tmp_path, **params):
+def start_drive(server, token, mode, scenario, tmp_path, **params):
     if not MCP_PY.exists():
         pytest.fail(f"{MCP_PY} is missing: run `make test` (its test-deps target builds .venv-mcp from "
                     "tests/mcp_client/requirements.txt, mcp==2.3.0)")
     cmd = [str(MCP_PY), str(DRIVE), "--url", server.mcp, "--token", token, "--mode", mode, "--scenario", scenario]
     for k, v in params.items():
         cmd += ["--param", f"{k}={v}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=client_env(), capture_output=True, text=True, timeout=180)
+    return subprocess.Popen(cmd, cwd=tmp_path, env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish_drive(server, proc):
     try:
-        obs = json.loads(proc.stdout)
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    try:
+        obs = json.loads(stdout)
     except ValueError:
-        pytest.fail(f"drive.py printed no JSON (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        pytest.fail(f"drive.py printed no JSON (exit {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
     assert "fatal" not in obs, f"the official client failed: {obs['fatal']}\n{server.log.name}"
     return obs
+
+
+def run_drive(server, token, mode, scenario, tmp_path, **params):
+    return finish_drive(server, start_drive(server, token, mode, scenario, tmp_path, **params))
+
+
+# Issue 13 also removes the server's close frame after the client's own DELETE, which the SDK logs as
+# "Error parsing SSE message" (ClosedResourceError); that fix is another branch's. Until it is merged this
+# one record is set aside here — delete KNOWN_ELSEWHERE then, and every session must log nothing at all.
+KNOWN_ELSEWHERE = [{"logger": "mcp.client.streamable_http", "level": "ERROR", "message": "Error parsing SSE message"}]
+
+
+def client_log(obs):
+    """What the official client logged at WARNING or worse (tests/mcp_client/drive.py captures it)."""
+    log = list(obs["log"])
+    for known in KNOWN_ELSEWHERE:
+        if known in log:
+            log.remove(known)
+    return log
 
 
 def http_by_rpc(obs, rpc):
@@ -107,7 +138,7 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     assert obs["ping"] == {"ok": True, "result": {}}
 
     tools = obs["lists"]["tools"]
-    assert "error" not in tools and tools["pages"] >= 2, "more than one page: the client follows next_cursor"
+    assert "error" not in tools and tools["pages"] == 1, "the whole catalogue fits one page (up to 200 tools)"
     assert EXPECTED_TOOLS <= set(tools["names"]) and len(tools["names"]) == len(set(tools["names"]))
     assert tools["without_description"] == [] and set(tools["with_output_schema"]) == set(tools["names"])
     assert "list_agents" in tools["read_only"] and "set_tag" not in tools["read_only"]
@@ -140,7 +171,8 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     about = obs["resources_read"]["yuzu://about"]["contents"][0]
     assert about["mimeType"] == "text/markdown" and about["text"] == obs["instructions"]
     missing = obs["resources_read"]["missing_resource"]["error"]
-    assert missing["code"] == -32002 and missing["data"] == {"uri": "yuzu://no-such-resource"}
+    assert missing["code"] == -32002 and missing["data"]["uri"] == "yuzu://no-such-resource"
+    assert missing["data"]["correlation_id"].startswith("req-") and missing["data"]["remediation"]
 
     prompt = obs["prompts_got"]["investigate_agent"]["messages"]
     assert prompt[0]["role"] == "user" and '"oc-db-01"' in prompt[0]["content"]["text"]
@@ -162,6 +194,9 @@ def test_python_sdk_core(daphne, mint, fleet, tmp_path, mode):
     assert rows.filter(action="mcp.list_agents", result="failure", detail__contains="args_invalid").count() == 1
     assert rows.filter(action="mcp.session.open").count() == 1
     assert rows.filter(action="mcp.session.close", result="success").count() == 1
+    # The client connected, listed and called without a single warning in its log (it used to log "Tool
+    # list_agents not listed by server, cannot validate structured content" on paginated catalogues).
+    assert client_log(obs) == [], obs["log"]
 
 
 def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
@@ -171,6 +206,10 @@ def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
     obs = run_drive(server, token, "legacy", "readonly", tmp_path, agent_id="oc-web-01")
 
     assert obs["protocol_version"] == PROTOCOL and obs["deleted"]
+    # The list is fitted to the token: reads only (the readonly tier), in one page, with their output schemas.
+    tools = obs["lists"]["tools"]
+    assert tools["pages"] == 1 and set(tools["names"]) == set(tools["read_only"]) and "list_agents" in tools["names"]
+    assert "set_tag" not in tools["names"] and "execute_instruction" not in tools["names"]
     calls = obs["calls"]
     assert calls["list_agents"]["schema_valid"] and set(fleet) <= {a["agent_id"] for a in
                                                                     calls["list_agents"]["structured"]["agents"]}
@@ -183,6 +222,38 @@ def test_python_sdk_readonly_token_cannot_write(daphne, mint, fleet, tmp_path):
     denied = AuditEvent.objects.get(principal="oc-readonly", action="mcp.set_tag")
     assert denied.result == "denied" and "tier=readonly" in denied.detail
     assert AuditEvent.objects.filter(principal="oc-readonly", action="mcp.session.close").exists()
+    assert client_log(obs) == [], obs["log"]
+
+
+def test_python_sdk_hears_tools_list_changed(daphne, mint, fleet, tmp_path):
+    """A role assigned while the session is open (here over REST, in the server process) alters what the token
+    may call: the official client gets notifications/tools/list_changed, lists again, and calls the new tool."""
+    server = daphne()
+    group = ManagementGroup.objects.create(name="web")
+    group.members.add(Agent.objects.get(agent_id="oc-web-01"))
+    token = mint("oc-lc", role="Viewer", tier="operator")
+    admin = mint("oc-admin", role="Administrator")
+    listed = tmp_path / "listed"
+    proc = start_drive(server, token, "legacy", "list_changed", tmp_path, listed=listed, agent_id="oc-web-01")
+    deadline = time.monotonic() + 90
+    while not listed.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert listed.exists(), "the client never listed its tools"
+    body = json.dumps({"username": "oc-lc", "role": "ITServiceOwner"}).encode()
+    req = urllib.request.Request(f"{server.base}/api/v1/management-groups/{group.id}/roles", data=body, method="POST",
+                                 headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 201
+    obs = finish_drive(server, proc)
+
+    before, after = obs["lists"]["tools"]["names"], obs["lists"]["tools_after"]["names"]
+    assert "set_tag" not in before and "set_tag" in after and set(before) < set(after)
+    assert obs["waited"]["notifications/tools/list_changed"] is True
+    assert obs["notifications"].count("notifications/tools/list_changed") == 1
+    call = obs["calls"]["set_tag"]
+    assert call["is_error"] is False and call["schema_valid"], call
+    assert Tag.objects.get(agent_id="oc-web-01", key="role").value == "web"
+    assert client_log(obs) == [], obs["log"]
 
 
 def test_typescript_sdk(daphne, mint, fleet, tmp_path):
@@ -205,7 +276,8 @@ def test_typescript_sdk(daphne, mint, fleet, tmp_path):
     assert obs["protocol_version"] == PROTOCOL and obs["session_id_length"] >= 32
     assert obs["server_info"]["name"] == "yuzu-server" and obs["instructions_length"] > 0
     assert obs["ping"] == {}
-    assert obs["tools"]["pages"] >= 2 and EXPECTED_TOOLS <= set(obs["tools"]["names"])
+    assert obs["tools"]["pages"] == 1 and EXPECTED_TOOLS - WRITES <= set(obs["tools"]["names"])
+    assert not WRITES & set(obs["tools"]["names"]), "a readonly token is listed only what it may call"
     listed = obs["calls"]["list_agents"]
     assert "error" not in listed, listed  # the SDK validated structuredContent against the listed outputSchema
     assert listed["is_error"] is False and listed["content_types"] == ["text"]

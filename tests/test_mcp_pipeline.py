@@ -90,9 +90,18 @@ def test_policy_table_every_tool_tier_and_role(mint, monkeypatch):
 def test_tier_denial_precedes_schema_validation_and_rbac(mint):
     c = client_for(mint, "ro", "Viewer", "readonly")
     r = c.call("set_tag", {"bogus": 1})  # invalid arguments AND a write tool
-    assert r.error["code"] == -32004 and r.error["message"] == "MCP tier does not allow this operation"
+    # The refusal names the tier held and the tier needed, and a way to get such a token that exists.
+    assert r.error["code"] == -32004
+    assert r.error["message"] == "tier 'readonly' does not allow Tag:Write (needs operator or higher)"
     data = r.error["data"]
-    assert data["retry_after_ms"] is None and data["correlation_id"].startswith("req-") and data["remediation"]
+    assert data["retry_after_ms"] is None and data["correlation_id"].startswith("req-")
+    assert (data["tier"], data["required_tier"], data["permission"]) == ("readonly", "operator", "Tag:Write")
+    assert "manage.py mint_token --user ro " in data["remediation"] and "--tier operator" in data["remediation"]
+    assert "dashboard" not in data["remediation"]
+    # A supervised-only operation says so.
+    r = c.call("create_management_group", {"name": "g"})
+    assert r.error["message"] == "tier 'readonly' does not allow ManagementGroup:Write (needs supervised)"
+    assert r.error["data"]["required_tier"] == "supervised"
     row = AuditEvent.objects.get(action="mcp.set_tag")
     assert row.result == "denied" and "tier=readonly" in row.detail and row.target_type == "mcp_tool"
 
@@ -121,8 +130,12 @@ def test_rbac_denial_carries_permission(mint, make_user):
     c = client_for(mint, "nobody", None, "readonly")
     r = c.call("query_audit_log", {})
     assert r.error["code"] == -32003
-    assert r.error["data"]["permission"] == "AuditLog:Read"
-    assert r.error["message"] == "permission denied: AuditLog:Read"
+    data = r.error["data"]
+    assert data["permission"] == "AuditLog:Read" and data["granted_on"] == []
+    assert r.error["message"].startswith("permission denied: AuditLog:Read (none of your roles grants it; built-in "
+                                         "roles that do: ")
+    assert {"Administrator", "Approver", "Viewer"} <= set(data["roles_granting"])
+    assert "/admin/yuzu/roleassignment/add/" in data["remediation"]
 
 
 def test_success_result_has_text_and_structured_content_and_audit(mint):
@@ -157,6 +170,11 @@ def test_group_scoped_owner_sees_only_group_devices(mint, make_user):
     assert "result" in c.call("set_tag", {"agent_id": "in", "key": "role", "value": "Web"}).json()
     denied = c.call("set_tag", {"agent_id": "out", "key": "role", "value": "web"})
     assert denied.error["code"] == -32003 and denied.error["data"]["permission"] == "Tag:Write"
+    # The refusal says the grant exists but is confined to groups that do not cover this agent.
+    assert denied.error["message"] == ("permission denied: Tag:Write on agent 'out': your grant is confined to "
+                                       "management group(s) 'svc', which do not cover it")
+    assert denied.error["data"]["granted_on"] == ["svc"] and denied.error["data"]["agent_id"] == "out"
+    assert "list_agents" in denied.error["data"]["remediation"]
     _ = b
 
 

@@ -212,7 +212,9 @@ def test_session_caps(mint):
 @override_settings(YUZU_MCP_DISABLE=True)
 def test_kill_switch_disable(token):
     r = request(body=INIT, headers=auth(token))
-    assert r.status == 200 and r.error["code"] == -32005 and "data" not in r.error
+    # Not the A4 envelope, but a correlation id like every error, echoed in X-Correlation-Id.
+    assert r.status == 200 and r.error["code"] == -32005
+    assert r.error["data"] == {"correlation_id": r.headers["x-correlation-id"]}
 
 
 def test_kill_switch_read_only(client):
@@ -256,7 +258,7 @@ def test_resources_prompts_logging_completion(client):
     health = client.rpc("resources/read", {"uri": "yuzu://server/health"}).json()["result"]["contents"][0]
     assert json.loads(health["text"])["status"] == "ok"
     missing = client.rpc("resources/read", {"uri": "yuzu://nope"})
-    assert missing.error["code"] == -32002 and missing.error["data"] == {"uri": "yuzu://nope"}
+    assert missing.error["code"] == -32002 and missing.error["data"]["uri"] == "yuzu://nope"
     assert client.rpc("resources/templates/list").json()["result"] == {"resourceTemplates": []}
     prompts = [p["name"] for p in client.rpc("prompts/list").json()["result"]["prompts"]]
     assert {"fleet_overview", "investigate_agent", "audit_investigation", "fleet_health_briefing",

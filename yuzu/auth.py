@@ -13,8 +13,16 @@ LAST_USED_GRANULARITY = timedelta(seconds=60)
 MFA_SESSION_KEY = "yuzu_mfa_verified_at"
 
 
+MINT_HINT = "`python manage.py mint_token --user <you> --name <label> --tier readonly`"
+
+
 class AuthError(Exception):
-    """Missing, malformed, expired or revoked credentials → 401 with WWW-Authenticate."""
+    """Missing, malformed, expired or revoked credentials → 401 with WWW-Authenticate. ``remediation`` says
+    how to get a credential that works."""
+
+    def __init__(self, message, remediation=None):
+        super().__init__(message)
+        self.remediation = remediation or f"send Authorization: Bearer yuzu_…; an administrator mints a token with {MINT_HINT}"
 
 
 def token_from_headers(headers):
@@ -37,11 +45,14 @@ def principal_for_token(raw, *, audiences=(ApiToken.AUDIENCE_API,), now=None):
     except ApiToken.DoesNotExist:
         raise AuthError("unknown token") from None
     if not token.is_live(now):
-        raise AuthError("token expired or revoked")
+        raise AuthError("token expired or revoked", f"this token no longer works: use another one (GET /api/v1/tokens lists "
+                        f"yours), or have an administrator mint one with {MINT_HINT}")
     if not token.owner.is_active:
-        raise AuthError("token owner is inactive")
+        raise AuthError("token owner is inactive", "an administrator must reactivate the user in the admin "
+                        "(/admin/auth/user/)")
     if token.audience not in audiences:
-        raise AuthError("token not valid for this endpoint")
+        raise AuthError("token not valid for this endpoint", f"a bridge worker token works only at /mcp/bridge/; here use "
+                        f"an API token (GET /api/v1/tokens lists yours; {MINT_HINT} mints one)")
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return Principal(user=token.owner, token=token, via="token")

@@ -80,7 +80,9 @@ class Meter:
         log.info("refused %s %s: %s (%s)", self.method, self.path[:200], status, message)
         cid = correlation_id()
         if self.mcp:
-            body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+            body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message, "data": {
+                "correlation_id": cid, "retry_after_ms": None,
+                "remediation": "send one identity-encoded JSON body of at most 4 MiB, with a Content-Length"}}}
         elif self.path.startswith("/api/"):
             body = {"error": {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": None,
                               "remediation": "send a smaller body"}, "meta": {"api_version": "v1"}}

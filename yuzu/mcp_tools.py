@@ -56,9 +56,10 @@ def check_permission(ctx, args):
 
 @tool(name="discover_permissions", title="Discover permissions", securable="Infrastructure", operation="Read",
       description="The RBAC catalogue: securables, operations, the caller's own grants, and (with "
-                  "UserManagement:Read) the roles; otherwise roles_omitted:true.",
+                  "UserManagement:Read) the roles; otherwise roles_omitted:true. An empty my_permissions means no "
+                  "role grants you anything (an administrator assigns roles).",
       input_schema=obj(),
-      output_schema=obj({"securables": array(string(64)), "operations": array(string(16)),
+      output_schema=obj({"securables": array(string(64), min_items=1), "operations": array(string(16), min_items=1),
                          "my_permissions": array(string(96)), "roles": array({"type": "object"}),
                          "roles_omitted": boolean()}, ["securables", "operations", "my_permissions"]))
 def discover_permissions(ctx, args):
@@ -152,6 +153,8 @@ CAPABILITIES = {
     "requires_external_connector": ["hypervisors", "container platforms", "databases' internals",
                                     "collaboration suites", "ticketing"],
     "unsafe_without_approval": ["quarantine", "running scripts", "deleting tags", "token and group changes"],
+    "delegate_via_bridge": ["hand a task to a worker session at /mcp/bridge/ (bridge_send)", "worker status",
+                            "collect detached replies (bridge_poll)"],
 }
 OPERATING_MODEL = """# Operating model
 1. **Classify** the question (classify_operational_question).

@@ -5,13 +5,14 @@ management group. A token acts with its owner's RBAC; an MCP token's tier is an 
 (yuzu.policy.tier_allows), applied by ``check``.
 """
 
+import re
 from dataclasses import dataclass, field
 
 from django.db.models import Q
 
 from .errors import PermissionDenied
 from .models import OPERATIONS, SECURABLES, Role, RoleAssignment, RolePermission
-from .policy import requires_approval, tier_allows
+from .policy import requires_approval, tier_allows, tier_floor
 
 ALL = [(s, o) for s in SECURABLES for o in OPERATIONS]
 READS = [(s, "Read") for s in SECURABLES]
@@ -75,7 +76,31 @@ class Principal:
     @property
     def key(self):
         """Stable identity for keying per-principal state (sessions, streams)."""
-        return f"u{self.user.pk}" + (f".t{self.token.pk}" if self.token is not None else ".s")
+        return self.key_prefix(self.user.pk) + (f"t{self.token.pk}" if self.token is not None else "s")
+
+    @staticmethod
+    def key_prefix(user_id):
+        """What every key of one user's principals (each token, the admin session) starts with."""
+        return f"u{user_id}."
+
+    @classmethod
+    def from_key(cls, key):
+        """The principal behind a key as it stands now, or None when its user is inactive or gone, or its
+        token is no longer live."""
+        from django.contrib.auth import get_user_model
+
+        from .models import ApiToken
+
+        match = re.fullmatch(r"u(\d+)\.(?:t([0-9a-f]+)|s)", key or "")
+        if match is None:
+            return None
+        user = get_user_model().objects.filter(pk=int(match[1]), is_active=True).first()
+        if user is None:
+            return None
+        if match[2] is None:
+            return cls(user=user, via="session")
+        token = ApiToken.objects.filter(pk=match[2], owner=user).first()
+        return cls(user=user, token=token) if token is not None and token.is_live() else None
 
     def grants(self):
         """{(securable, operation): set of group ids, or None for a global grant}, cached per request."""
@@ -146,15 +171,70 @@ def check(principal, securable, operation, *, agent=None, group=None, surface="r
     perform an approval-gated operation (the ticket could otherwise be bypassed)."""
     perm = f"{securable}:{operation}"
     if not tier_allows(principal.tier, securable, operation):
-        raise PermissionDenied(perm, f"MCP tier '{principal.tier}' does not allow {perm}",
-                               remediation="use a token of a higher tier")
+        raise tier_denial(principal, securable, operation)
     if surface != "mcp" and requires_approval(principal.tier, securable, operation):
-        raise PermissionDenied(perm, f"{perm} needs a human approval for an MCP token; call it through MCP",
-                               remediation="use the MCP tool, which mints an approval ticket")
+        raise PermissionDenied(perm, f"{perm} needs a human approval for a '{principal.tier}' MCP token; call it "
+                                     "through MCP", extra={"tier": principal.tier},
+                               remediation="call the MCP tool at /mcp/v1/ (tools/call): it mints an approval ticket "
+                                           f"that a human reviews in the admin at {APPROVALS_PAGE}")
     allowed = has_any(principal, securable, operation) if any_scope else may(
         principal, securable, operation, agent=agent, group=group)
     if not allowed:
-        raise PermissionDenied(perm)
+        raise denial(principal, securable, operation, agent=agent, group=group)
+
+
+# Surfaces a refusal may send a caller to: each exists (the admin's pages, a management command).
+APPROVALS_PAGE = "/admin/approvals/approval/"
+ROLE_ASSIGNMENT_PAGE = "/admin/yuzu/roleassignment/add/"
+
+
+def mint_token_hint(principal, tier):
+    return f"`python manage.py mint_token --user {principal.name} --name <label> --tier {tier}`"
+
+
+def tier_denial(principal, securable, operation):
+    """The tier ceiling's refusal: the tier held, and the lowest tier that allows the operation."""
+    perm = f"{securable}:{operation}"
+    floor = tier_floor(securable, operation)
+    needs = floor if floor == "supervised" else f"{floor} or higher"
+    return PermissionDenied(perm, f"tier '{principal.tier}' does not allow {perm} (needs {needs})",
+                            extra={"tier": principal.tier, "required_tier": floor},
+                            remediation=f"use a token of tier '{floor}' or higher; an administrator mints one with "
+                                        f"{mint_token_hint(principal, floor)}")
+
+
+def denial(principal, securable, operation, *, agent=None, group=None):
+    """RBAC's refusal, saying what the caller holds: no grant at all (and the built-in roles that carry one),
+    or a grant confined to management groups that do not cover this agent or group."""
+    perm = f"{securable}:{operation}"
+    scope = group_scope(principal, securable, operation)
+    if scope is None:  # a fleet-wide grant: refused by a rule of the tool's own (its message says which)
+        return PermissionDenied(perm)
+    if not scope:
+        roles = list(Role.objects.filter(builtin=True, permissions__securable=securable,
+                                         permissions__operation=operation).values_list("name", flat=True))
+        which = f"; built-in roles that do: {', '.join(roles)}" if roles else ""
+        return PermissionDenied(perm, f"permission denied: {perm} (none of your roles grants it{which})",
+                                extra={"granted_on": [], "roles_granting": roles},
+                                remediation=f"ask an administrator to assign you a role that grants {perm} "
+                                            f"(admin: {ROLE_ASSIGNMENT_PAGE})")
+    from fleet.models import ManagementGroup
+
+    groups = sorted(ManagementGroup.objects.filter(pk__in=scope).values_list("name", flat=True))
+    if agent is not None:
+        target = {"agent_id": str(getattr(agent, "pk", agent))}
+        what = f"agent '{target['agent_id']}'"
+    elif group is not None:
+        target = {"group_id": str(getattr(group, "pk", group))}
+        what = f"management group '{getattr(group, 'name', None) or target['group_id']}'"
+    else:
+        target, what = {}, "this target"
+    return PermissionDenied(perm, f"permission denied: {perm} on {what}: your grant is confined to management "
+                                  f"group(s) {', '.join(repr(g) for g in groups)}, which do not cover it",
+                            extra={"granted_on": groups, **target},
+                            remediation="act on what those groups cover (list_agents, or GET /api/v1/agents, shows "
+                                        "it), or ask an administrator for the role on the target's group "
+                                        f"(admin: {ROLE_ASSIGNMENT_PAGE})")
 
 
 def self_check(principal, securable, operation):

@@ -63,7 +63,8 @@ def check_ceiling(principal, tier, expires_at, *, permission, token=None):
         raise PermissionDenied(
             permission, f"a {caller.mcp_tier}-tier token may only obtain tokens of tier {caller.mcp_tier} or lower "
                         f"that expire by {caller.expires_at:%Y-%m-%d %H:%M} UTC (this one: {what})",
-            remediation="use a token of that tier or higher, or manage the token in the admin")
+            remediation="call with a token of that tier or higher, or have an administrator mint it: "
+                        f"`python manage.py mint_token --user {principal.name} --name <label> --tier {tier or '<tier>'}`")
 
 
 def list_tokens(principal):

@@ -27,9 +27,16 @@ SCENARIOS (or pass ``--steps`` with a JSON list for a one-off). Step ops:
   (≤ 120); records every poll's value and hint, the sleeps, and the last call like ``call`` does.
 - ``{"op": "wait_for_file", "path": P, "timeout": S}`` — pause (bounded) until the driving test creates P,
   e.g. after it approved a ticket in the database; the session stays open meanwhile.
+- ``{"op": "touch", "path": P}`` — create P, telling the driving test that the steps before it are done.
+- ``{"op": "wait_for_notification", "method": M, "timeout": S}`` — pause (bounded) until the server has sent
+  notification M (``notifications`` lists, in order, the methods of every notification the client got).
+- ``list`` takes ``"as": LABEL`` to keep a second listing beside the first.
 
 A string value ``"$name"`` is replaced by ``--param name=value``; ``"@a.b.c"`` by that path in the
 observations so far, e.g. ``"@calls.delete_tag.error.data.approval_id"`` to re-call a gated tool.
+
+``log`` in the observations lists every record the client side logged at WARNING or worse (e.g. the
+SDK's "Tool … not listed by server"); a clean session leaves it empty.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 import traceback
@@ -123,6 +131,15 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         {"op": "call", "tool": "execute_instruction", "as": "unknown",
          "args": {"plugin": "nosuch", "action": "thing", "agent_ids": ["$agent_id"]}},
     ],
+    # tools/list fitted to the token, and notifications/tools/list_changed when a role change alters it: the
+    # test assigns a role once $listed exists; the client then waits for the notification and lists again.
+    "list_changed": [
+        {"op": "list", "kind": "tools"},
+        {"op": "touch", "path": "$listed"},
+        {"op": "wait_for_notification", "method": "notifications/tools/list_changed", "timeout": 30},
+        {"op": "list", "kind": "tools", "as": "tools_after"},
+        {"op": "call", "tool": "set_tag", "args": {"agent_id": "$agent_id", "key": "role", "value": "web"}},
+    ],
     # The smallest useful session: what the TS client and the benchmark also do.
     "smoke": [
         {"op": "list", "kind": "tools"},
@@ -178,6 +195,7 @@ class Driver:
 
     async def op_list(self, step):
         kind = step["kind"]
+        label = step.get("as", kind)
         fetch = {"tools": self.client.list_tools, "resources": self.client.list_resources,
                  "resource_templates": self.client.list_resource_templates, "prompts": self.client.list_prompts}[kind]
         items, pages, cursor = [], 0, None
@@ -205,7 +223,7 @@ class Driver:
             out["uri_templates"] = [r.uri_template for r in items]
         else:
             out["names"] = [p.name for p in items]
-        self.obs.setdefault("lists", {})[kind] = out
+        self.obs.setdefault("lists", {})[label] = out
 
     async def op_call(self, step):
         name = step["tool"]
@@ -298,6 +316,15 @@ class Driver:
             await asyncio.sleep(0.05)
         self.obs.setdefault("waited", {})[step["path"]] = path.exists()
 
+    async def op_touch(self, step):
+        Path(step["path"]).touch()
+
+    async def op_wait_for_notification(self, step):
+        method, deadline = step["method"], time.monotonic() + min(float(step.get("timeout", 30)), 120)
+        while method not in self.obs["notifications"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.obs.setdefault("waited", {})[method] = method in self.obs["notifications"]
+
     async def op_set_level(self, step):
         try:
             await self.client.set_logging_level(step["level"])
@@ -309,6 +336,12 @@ class Driver:
 async def drive(url: str, token: str, mode: str, steps: list[dict[str, Any]], params: dict[str, str],
                 obs: dict[str, Any]) -> None:
     http_log: list[dict[str, Any]] = obs.setdefault("http", [])
+    notifications: list[str] = obs.setdefault("notifications", [])
+
+    async def on_message(message: Any) -> None:
+        method = getattr(message, "method", None)
+        if isinstance(method, str):
+            notifications.append(method)
 
     async def on_request(request: httpx2.Request) -> None:
         rpc = None
@@ -333,7 +366,7 @@ async def drive(url: str, token: str, mode: str, steps: list[dict[str, Any]], pa
                                   timeout=httpx2.Timeout(30.0, read=120.0),
                                   event_hooks={"request": [on_request], "response": [on_response]}) as http:
         transport = streamable_http_client(url, http_client=http)  # terminate_on_close: DELETE on exit
-        async with Client(transport, mode=mode, read_timeout_seconds=60) as client:
+        async with Client(transport, mode=mode, read_timeout_seconds=60, message_handler=on_message) as client:
             obs["protocol_version"] = client.protocol_version
             info = client.server_info
             obs["server_info"] = info.model_dump(mode="json", exclude_none=True) if info else None
@@ -362,10 +395,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_and_report(drive(a.url, a.token, a.mode, steps, params, obs), obs)
 
 
+class LogCapture(logging.Handler):
+    """Every WARNING-or-worse record any logger (the SDK's, httpx's, asyncio's) emits, for ``obs["log"]``."""
+
+    def __init__(self, sink: list[dict[str, Any]]):
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append({"logger": record.name, "level": record.levelname, "message": record.getMessage()[:2000]})
+
+
 def run_and_report(coro, obs: dict[str, Any]) -> int:
     """Run the client coroutine and print ONE JSON document of observations (with ``fatal`` on failure);
-    shared by the other driver scripts in this folder."""
+    shared by the other driver scripts in this folder. ``log`` holds what the client logged at WARNING or
+    worse (a clean session logs nothing)."""
     code = 0
+    root = logging.getLogger()
+    root.addHandler(LogCapture(obs.setdefault("log", [])))
+    root.setLevel(logging.WARNING)
     try:
         asyncio.run(coro)
     except BaseException as exc:  # report, never hang or print half a document

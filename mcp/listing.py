@@ -1,0 +1,152 @@
+"""tools/list fitted to the caller, and notifications/tools/list_changed when a role change alters it.
+
+A caller is listed the tools it may call somewhere: the ones no standing refusal stops (read-only mode,
+service scope, tier: mcp.pipeline.standing_refusal) and — for tools under RBAC — that its owner's roles
+grant on at least one scope (yuzu.rbac.has_any). ``_meta["yuzu/all"]: true`` on tools/list shows the
+whole catalogue instead, each tool the caller may not call marked so. A tool that needs a human approval
+on the caller's tier is marked in its annotations and description.
+
+A session that listed the fitted catalogue remembers a fingerprint of it; when a role change (or a
+user's superuser/active flag) alters what that session would be listed, the session's GET stream gets
+``notifications/tools/list_changed``.
+"""
+
+import hashlib
+import logging
+import threading
+
+from django.db import transaction
+
+from yuzu import rbac
+from yuzu.policy import requires_approval
+
+from .pipeline import standing_refusal
+from .registry import catalogue
+from .sessions import store
+from .streams import ring_key, rings, wake
+
+log = logging.getLogger("yuzu.mcp")
+ALL_TOOLS = "yuzu/all"  # tools/list params._meta switch: the whole catalogue, not only what the caller may call
+APPROVAL_MARK = "yuzu/approvalRequired"
+CALLABLE_MARK = "yuzu/callable"
+LIST_CHANGED = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+
+
+def refusal_for(principal, tool, explain=True):
+    """Why this caller may call the tool nowhere (a YuzuError; just True unless ``explain``: RBAC's explanation
+    costs queries), or None when some call of it may pass."""
+    standing = standing_refusal(principal, tool)
+    if standing is not None:
+        return standing[1]
+    if tool.rbac and not rbac.has_any(principal, tool.securable, tool.operation):
+        return rbac.denial(principal, tool.securable, tool.operation) if explain else True
+    return None
+
+
+def tool_item(tool, principal, refusal=None):
+    """The tools/list item of ``tool`` for this caller: the catalogue's listing plus the caller's marks."""
+    item = tool.listing()
+    marks, notes = {}, []
+    if refusal is not None:
+        marks[CALLABLE_MARK] = False
+        notes.append(f"Not callable with your token: {refusal.message}.")
+    elif requires_approval(principal.tier, tool.securable, tool.operation):
+        marks[APPROVAL_MARK] = True
+        notes.append(f"Needs a human approval on your tier ({principal.tier}): the first call answers -32006 with "
+                     "an approval_id.")
+    if marks:  # annotations for the spec's hint readers; _meta too, as SDKs drop annotation keys they do not know
+        item["annotations"].update(marks)
+        item["_meta"] = dict(marks)
+        item["description"] = " ".join(notes + [item["description"]])
+    return item
+
+
+def tools_for(principal, cat, everything=False):
+    """The caller's tools/list items, by name (a stable order across pages and calls)."""
+    items = []
+    for tool in sorted(cat.tools.values(), key=lambda t: t.name):
+        refusal = refusal_for(principal, tool, explain=everything)
+        if refusal is None or everything:
+            items.append(tool_item(tool, principal, refusal))
+    return items
+
+
+def fingerprint(cat_name, items):
+    names = "\n".join(item["name"] for item in items)
+    return f"{cat_name}:{hashlib.sha256(names.encode()).hexdigest()[:16]}"
+
+
+def note_listed(principal, session_id, cat_name, items):
+    """Remember what this session was listed, so a role change that alters it can tell the session."""
+    store().note_listing(session_id, principal.key, fingerprint(cat_name, items))
+
+
+def refresh_user(user_id):
+    """Re-fit the catalogue of every listed session of this user's principals; tell each whose list changed.
+    Returns how many sessions were told."""
+    told = 0
+    for session in store().listed(rbac.Principal.key_prefix(user_id)):
+        principal = rbac.Principal.from_key(session.principal)
+        cat_name = session.listing.partition(":")[0]
+        if principal is None or not cat_name:
+            continue  # a revoked token or an inactive user: its streams close on their own
+        now = fingerprint(cat_name, tools_for(principal, catalogue(cat_name)))
+        if now == session.listing:
+            continue
+        store().note_listing(session.id, session.principal, now)
+        key = ring_key(session.principal, session.id)
+        rings().append(key, LIST_CHANGED)
+        wake(key)
+        told += 1
+    return told
+
+
+# --- role changes → per-principal wakes, once the change is committed ----------------------------
+
+_pending = threading.local()
+
+
+def rbac_changed(user_ids):
+    """Called for every change that may alter what users may do; the sessions are re-fitted after commit."""
+    ids = getattr(_pending, "ids", None)
+    if ids is None:
+        ids = _pending.ids = set()
+    ids.update(i for i in user_ids if i is not None)
+    transaction.on_commit(_flush)
+
+
+def _flush():
+    ids = getattr(_pending, "ids", None) or set()
+    _pending.ids = set()
+    for user_id in sorted(ids):
+        try:
+            refresh_user(user_id)
+        except Exception:  # a notification must never fail the change that caused it
+            log.exception("tools/list_changed for user %s failed", user_id)
+
+
+def on_role_assignment(sender, instance, **kwargs):
+    rbac_changed([instance.user_id])
+
+
+def on_role_permission(sender, instance, **kwargs):
+    from yuzu.models import RoleAssignment
+
+    rbac_changed(RoleAssignment.objects.filter(role_id=instance.role_id).values_list("user_id", flat=True))
+
+
+def on_user(sender, instance, update_fields=None, **kwargs):
+    if update_fields is None or {"is_superuser", "is_active"} & set(update_fields):
+        rbac_changed([instance.pk])
+
+
+def connect_signals():
+    from django.contrib.auth import get_user_model
+    from django.db.models.signals import post_delete, post_save
+
+    from yuzu.models import RoleAssignment, RolePermission
+
+    for label, signal in (("save", post_save), ("delete", post_delete)):
+        signal.connect(on_role_assignment, sender=RoleAssignment, dispatch_uid=f"mcp.listing.assignment.{label}")
+        signal.connect(on_role_permission, sender=RolePermission, dispatch_uid=f"mcp.listing.permission.{label}")
+    post_save.connect(on_user, sender=get_user_model(), dispatch_uid="mcp.listing.user")
