@@ -30,11 +30,10 @@ import pytest
 from django.core.management import call_command
 
 from fleet.models import Agent, Execution, Response
-from mcp.sessions import store
-from mcp.streams import ring_key, rings
+from mcp.streaming.ring import ring_key, rings
+from mcp.streaming.sessions import store
 from yuzu.models import ApiToken, hash_secret
 from yuzu.rbac import Principal, seed_builtin_roles
-
 from yuzu.testing import wait_until
 
 from .conftest import ROOT, Daphne, free_port, server_env

@@ -1,16 +1,17 @@
 """MCP sessions: minted on ``initialize``, bound to the principal, capped, with sliding idle expiry.
 
-Two stores behind one interface: in-process memory (embedded mode) and Redis (when YUZU_REDIS_URL is
-set) so a client may hit any daphne process. Every key includes the principal; another principal's
-session id reads exactly like an unknown one.
+Two stores behind one interface (``SessionStore``): in-process memory (embedded mode) and Redis (when
+YUZU_REDIS_URL is set) so a client may hit any daphne process. Every key includes the principal; another
+principal's session id reads exactly like an unknown one.
 """
 
 import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
-from django.conf import settings
+from .backend import configured
 
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
@@ -40,7 +41,27 @@ def new_session_id():
     return secrets.token_hex(16)  # 128 bits, lowercase hex (visible ASCII)
 
 
-class MemorySessionStore:
+class SessionStore(Protocol):
+    """Where sessions live. ``principal`` is the principal's key (yuzu.rbac.Principal.key)."""
+
+    def create(self, principal: str, protocol_version: str, client_name: str = "",
+               client_version: str = "") -> Session:
+        """Mint a session, or raise SessionCapReached (global cap first, then the principal's)."""
+
+    def validate(self, sid: str, principal: str) -> Session | None:
+        """The live session ``sid`` of this principal (sliding its idle expiry), or None."""
+
+    def delete(self, sid: str, principal: str) -> bool:
+        """End the session; False when this principal has no such session."""
+
+    def active(self) -> int:
+        """Live sessions (in Redis: of every process)."""
+
+    def clear(self) -> None:
+        """Forget every session (tests)."""
+
+
+class MemorySessionStore(SessionStore):
     def __init__(self):
         self._lock = threading.Lock()
         self._sessions = {}  # sid -> (Session, expires_at)
@@ -103,7 +124,7 @@ return 'ok'
 """
 
 
-class RedisSessionStore:
+class RedisSessionStore(SessionStore):
     prefix = "yuzu:mcp:"
 
     def __init__(self, url):
@@ -157,20 +178,6 @@ class RedisSessionStore:
     def clear(self):
         for key in self.redis.scan_iter(self.prefix + "*"):
             self.redis.delete(key)
-
-
-def configured(memory_cls, redis_cls):
-    """A process-wide accessor for the configured backend: Redis when YUZU_REDIS_URL is set, else memory."""
-    lock, holder = threading.Lock(), []
-
-    def get():
-        if not holder:
-            with lock:
-                if not holder:
-                    holder.append(redis_cls(settings.REDIS_URL) if settings.REDIS_URL else memory_cls())
-        return holder[0]
-
-    return get
 
 
 store = configured(MemorySessionStore, RedisSessionStore)
