@@ -1,6 +1,6 @@
 """The GET SSE channel and streamed POST, in-process: ring replay and Last-Event-ID resume, gaps,
-takeover, admission caps, heartbeats, credential re-validation, close frames, and the progress
-bridge (0/N, strictly increasing, the result last; cancellation detaches without cancelling)."""
+takeover, admission caps, heartbeats, credential re-validation, close frames, and progress reporting
+(0/N, strictly increasing, the result last; cancellation detaches without cancelling)."""
 
 import asyncio
 import json
@@ -253,7 +253,7 @@ def test_no_streaming_kill_switch_get_is_405(session):
     run(go)
 
 
-# --- streamed POST and the progress bridge ---------------------------------------------------
+# --- streamed POST and progress reporting ----------------------------------------------------
 
 def call_body(rid, total, token="tok-1"):
     return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call",

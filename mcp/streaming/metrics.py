@@ -16,10 +16,10 @@ STREAMS_CAP.set_function(lambda: settings.YUZU_MCP_MAX_STREAMS)
 POST_STREAMS_ACTIVE = Gauge("yuzu_mcp_post_streams_active", "held-open streamed POST responses in this process")
 REJECTS = Counter("yuzu_mcp_stream_rejects_total", "stream admissions refused", ["reason"])
 CLOSES = Counter("yuzu_mcp_stream_closes_total", "streams closed, by reason", ["reason"])
-PIN_DISPLACED = Counter("yuzu_mcp_bridge_pin_displaced_for_admission_total",
+PIN_DISPLACED = Counter("yuzu_mcp_progress_pin_displaced_for_admission_total",
                         "undelivered pinned finals released to admit a new streamed call")
-RECORDS_ACTIVE = Gauge("yuzu_mcp_bridge_records_active", "progress records (followers) alive in this process")
-PROGRESS_SUPPRESSED = Counter("yuzu_mcp_bridge_progress_suppressed_total", "progress snapshots that did not advance")
+RECORDS_ACTIVE = Gauge("yuzu_mcp_progress_records_active", "progress records (followers) alive in this process")
+PROGRESS_SUPPRESSED = Counter("yuzu_mcp_progress_suppressed_total", "progress snapshots that did not advance")
 CANCELS = Counter("yuzu_mcp_cancel_notifications_total", "notifications/cancelled by outcome", ["outcome"])
 
 
