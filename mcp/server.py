@@ -156,7 +156,7 @@ def handle(req):
 def _delete(principal, sid):
     if not sid:
         return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400))
-    if not store().delete(sid, principal.key):
+    if not store().delete(sid, principal.key, by_client=True):
         session_reject(principal, "unknown_session", sid)
         return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found",
                                               a4(correlation_id(), remediation="nothing to end"), http_status=404))

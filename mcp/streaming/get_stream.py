@@ -24,7 +24,7 @@ from .metrics import CLOSES, DROPPED, STREAMS_ACTIVE
 from .ring import ring_key, rings
 from .sessions import store
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, SHUTDOWN_REMEDIATION, track, untrack
-from .stream import SSE_HEADERS, close_frame, event, priming_event
+from .stream import SSE_HEADERS, close_frame, event, priming_event, says_why
 from .wake import wake_group
 from .watch import CredentialWatch, every_tick
 
@@ -184,7 +184,8 @@ class GetStream:
             return
         self.closed = True
         CLOSES.labels(reason).inc()
-        await self.write(event(None, close_frame(reason)))
+        if says_why(reason):
+            await self.write(event(None, close_frame(reason)))
         try:
             await self.conn.send_body(b"", more_body=False)
         except Exception:

@@ -16,7 +16,7 @@ from .admission import post_budget, release_record, release_streamed_post
 from .follower import Follower, spawn
 from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, SHUTDOWN_REMEDIATION, track, untrack
-from .stream import SSE_HEADERS, close_frame, event, priming_event
+from .stream import SSE_HEADERS, close_frame, event, priming_event, says_why
 from .watch import CredentialWatch, every_tick
 
 log = logging.getLogger("yuzu.mcp")
@@ -99,7 +99,7 @@ class PostStream:
                 self.wire_open = False
                 CLOSES.labels(reason).inc()
                 try:
-                    if reason != "completed":
+                    if says_why(reason):
                         await self.conn.send_body(event(None, close_frame(reason, **self._close_extra())),
                                                   more_body=True)
                     await self.conn.send_body(b"", more_body=False)

@@ -16,6 +16,7 @@ from .backend import configured
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
 IDLE_TTL = 1800
+ENDED_TTL = 60  # how long a session its client DELETEd is remembered as such: past every stream's next tick
 
 
 class SessionCapReached(Exception):
@@ -51,8 +52,12 @@ class SessionStore(Protocol):
     def validate(self, sid: str, principal: str) -> Session | None:
         """The live session ``sid`` of this principal (sliding its idle expiry), or None."""
 
-    def delete(self, sid: str, principal: str) -> bool:
-        """End the session; False when this principal has no such session."""
+    def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
+        """End the session; False when this principal has no such session. ``by_client``: its client's own
+        DELETE, remembered for ENDED_TTL (``deleted_by_client``)."""
+
+    def deleted_by_client(self, sid: str, principal: str) -> bool:
+        """Whether this principal's client DELETEd the session (in the last ENDED_TTL seconds)."""
 
     def active(self) -> int:
         """Live sessions (in Redis: of every process)."""
@@ -65,10 +70,13 @@ class MemorySessionStore(SessionStore):
     def __init__(self):
         self._lock = threading.Lock()
         self._sessions = {}  # sid -> (Session, expires_at)
+        self._ended = {}  # sid -> (principal, forgotten_at): sessions their client DELETEd
 
     def _gc(self, now):
         for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
             del self._sessions[sid]
+        for sid in [s for s, (_, exp) in self._ended.items() if exp <= now]:
+            del self._ended[sid]
 
     def create(self, principal, protocol_version, client_name="", client_version=""):
         now = time.time()
@@ -91,13 +99,21 @@ class MemorySessionStore(SessionStore):
             self._sessions[sid] = (entry[0], now + IDLE_TTL)
             return entry[0]
 
-    def delete(self, sid, principal):
+    def delete(self, sid, principal, by_client=False):
         with self._lock:
             entry = self._sessions.get(sid)
             if entry is None or entry[0].principal != principal:
                 return False
             del self._sessions[sid]
+            if by_client:
+                self._ended[sid] = (principal, time.time() + ENDED_TTL)
             return True
+
+    def deleted_by_client(self, sid, principal):
+        with self._lock:
+            self._gc(time.time())
+            entry = self._ended.get(sid)
+            return entry is not None and entry[0] == principal
 
     def active(self):
         with self._lock:
@@ -107,6 +123,7 @@ class MemorySessionStore(SessionStore):
     def clear(self):
         with self._lock:
             self._sessions.clear()
+            self._ended.clear()
 
 
 _CREATE = """
@@ -158,7 +175,7 @@ class RedisSessionStore(SessionStore):
         pipe.execute()
         return Session(sid, principal, data.get("version", ""), data.get("client", ""), data.get("client_version", ""))
 
-    def delete(self, sid, principal):
+    def delete(self, sid, principal, by_client=False):
         all_key, p_key, s_key = self._keys(principal, sid)
         data = self.redis.hgetall(s_key)
         if not data or data.get("principal") != principal:
@@ -167,8 +184,13 @@ class RedisSessionStore(SessionStore):
         pipe.delete(s_key)
         pipe.zrem(all_key, sid)
         pipe.zrem(p_key, sid)
+        if by_client:
+            pipe.set(self.prefix + "ended:" + sid, principal, ex=ENDED_TTL)
         pipe.execute()
         return True
+
+    def deleted_by_client(self, sid, principal):
+        return self.redis.get(self.prefix + "ended:" + sid) == principal
 
     def active(self):
         key = self.prefix + "sessions"

@@ -57,6 +57,15 @@ class Connection(Protocol):
         """Queue ``message`` on the dispatch loop (``mcp.stopped`` ends the connection once no stream is live)."""
 
 
+def says_why(reason):
+    """Whether a stream closing for ``reason`` ends with a close frame. Every server-side close does; a
+    completed streamed POST does not (its result is the last frame), and neither do the streams of a session
+    its client DELETEd (``session_deleted``): the client asked, and as it shuts down it has stopped reading —
+    a frame would land in a closed reader (the official Python SDK logs "Error parsing SSE message …
+    ClosedResourceError" for it). A termination the client did not ask for keeps its frame."""
+    return reason not in ("completed", "session_deleted")
+
+
 def event(eid, frame_json):
     head = f"id: {eid}\n" if eid is not None else ""
     return f"{head}event: message\ndata: {frame_json}\n\n".encode()

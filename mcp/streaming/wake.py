@@ -3,7 +3,7 @@ follower of a session joins the session's channel-layer group. A signal only say
 is in the ring and the session store.
 
 - ``mcp.wake``: new frames are on the ring;
-- ``mcp.close`` (``reason``): the session ended;
+- ``mcp.close`` (``reason``): the session ended (``session_deleted``: by its client's DELETE);
 - ``mcp.superseded`` (``stream``): another GET took the session's stream over;
 - ``mcp.cancel`` (``request_id``): notifications/cancelled for a streamed call followed elsewhere.
 """
@@ -33,9 +33,10 @@ async def awake(key, message=None):
 
 
 def close_session_streams(principal_key, session_id):
-    """A session ended: its live streams close with session_terminated; its ring is dropped."""
+    """The client DELETEd its session: its live streams end (``session_deleted``: no close frame, stream.py)
+    and its ring is dropped."""
     key = ring_key(principal_key, session_id)
     try:
-        wake(key, {"type": "mcp.close", "reason": "session_terminated"})
+        wake(key, {"type": "mcp.close", "reason": "session_deleted"})
     finally:
         rings().drop(key)

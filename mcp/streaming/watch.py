@@ -32,8 +32,8 @@ def every_tick(step):
 
 
 def revalidate(principal, session_id):
-    """"ok", "credential_revoked", "session_terminated", or "indeterminate" (the backend did not answer).
-    Runs in a worker thread."""
+    """"ok", "credential_revoked", "session_terminated", "session_deleted" (by its client's own DELETE), or
+    "indeterminate" (the backend did not answer). Runs in a worker thread."""
     try:
         token = principal.token
         if token is not None:
@@ -45,7 +45,7 @@ def revalidate(principal, session_id):
         if not user.is_active:
             return "credential_revoked"
         if store().validate(session_id, principal.key) is None:
-            return "session_terminated"
+            return "session_deleted" if store().deleted_by_client(session_id, principal.key) else "session_terminated"
         return "ok"
     except ObjectDoesNotExist:
         return "credential_revoked"
