@@ -70,6 +70,7 @@ class McpConsumer(AsyncHttpConsumer):
         finally:
             for task in self._feeders:
                 task.cancel()
+            self._feeders.clear()  # no consumer ↔ task cycle: a finished consumer is freed at once, not by the GC
 
     def listen(self, source):
         async def feed():
