@@ -2,6 +2,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class FollowSpec:
+    """What a tool handler asks to follow (set through ToolContext.follow); mcp.streaming.follower reports it."""
+
+    group: str  # channel-layer group whose messages announce a change
+    snapshot: object  # sync () -> (progress, total, terminal)
+    final: object  # sync () -> structured result for the final frame
+    meta: dict
+    message: str = ""
+
+
+@dataclass
 class ToolContext:
     """What a tool handler knows about its call. Identity comes from the connection only."""
 
@@ -17,7 +28,7 @@ class ToolContext:
     detail: list = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
     extra: dict = field(default_factory=dict)  # transport-provided extras (e.g. a progress sink)
 
-    following: object = None  # a mcp.progress.FollowSpec set by follow()
+    following: FollowSpec | None = None  # set by follow()
 
     def note(self, text):
         self.detail.append(text)
@@ -28,6 +39,4 @@ class ToolContext:
         last on a streamed POST. A no-op unless the caller sent a progressToken on a session."""
         if self.progress_token is None or self.session_id is None:
             return
-        from .progress import FollowSpec
-
         self.following = FollowSpec(group=group, snapshot=snapshot, final=final, meta=meta or {}, message=message)

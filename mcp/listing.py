@@ -22,8 +22,9 @@ from yuzu.policy import requires_approval
 
 from .pipeline import standing_refusal
 from .registry import catalogue
-from .sessions import store
-from .streams import ring_key, rings, wake
+from .streaming.ring import ring_key, rings
+from .streaming.sessions import store
+from .streaming.wake import wake
 
 log = logging.getLogger("yuzu.mcp")
 ALL_TOOLS = "yuzu/all"  # tools/list params._meta switch: the whole catalogue, not only what the caller may call

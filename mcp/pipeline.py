@@ -18,8 +18,13 @@ from django.core.exceptions import ValidationError
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import PermissionDenied, YuzuError, invalid_input
-from yuzu.metrics import (MCP_APPROVAL_BURNED, MCP_TOOL_ARGS_INVALID, MCP_TOOL_CALLS, MCP_TOOL_LATENCY,
-                          MCP_TOOL_SECURITY_MISCONFIG)
+from yuzu.metrics import (
+    MCP_APPROVAL_BURNED,
+    MCP_TOOL_ARGS_INVALID,
+    MCP_TOOL_CALLS,
+    MCP_TOOL_LATENCY,
+    MCP_TOOL_SECURITY_MISCONFIG,
+)
 from yuzu.models import OPERATIONS, SECURABLES
 from yuzu.policy import requires_approval, tier_allows
 

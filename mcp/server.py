@@ -8,17 +8,24 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.auth import AuthError, authenticate
 from yuzu.errors import correlation_id
-from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_ACTIVE, MCP_SESSIONS_OPENED
+from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
+from yuzu.policy import tier_allows
 
 from . import jsonrpc as rpc
 from . import listing
 from .context import ToolContext
 from .pipeline import a4, as_rpc_error, pre_checks, run_sync
+from .prompts import complete, render_prompt
 from .registry import catalogue
-from .sessions import SessionCapReached, store
+from .streaming.admission import admit_streamed_post
+from .streaming.follower import cancel
+from .streaming.ring import ring_key
+from .streaming.sessions import SessionCapReached, store
+from .streaming.wake import close_session_streams
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
@@ -27,21 +34,6 @@ TOOLS_PAGE_SIZE = 200  # one page for catalogues up to 200 tools: clients that r
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 SERVER_VERSION = "0.1.0"
 MISSING_SESSION = "send the Mcp-Session-Id header that initialize returned, or send initialize first"
-POST_PER_PRINCIPAL = 4
-POST_GLOBAL = 1024
-PIN_SLOTS_PER_SESSION = 4
-
-
-def _sessions_active():
-    """yuzu_mcp_sessions_active, read from the session store at scrape time (the Redis store counts every
-    process's sessions). A store that cannot answer reads as NaN rather than failing the scrape."""
-    try:
-        return store().active()
-    except Exception:
-        return float("nan")
-
-
-MCP_SESSIONS_ACTIVE.set_function(_sessions_active)
 
 
 @dataclass
@@ -143,7 +135,8 @@ def handle(req):
             return _session_refusal(principal, sid, req_id)
     if method is None or is_notification:
         if method == "notifications/cancelled" and session is not None:
-            _cancelled(principal, session, msg.get("params") or {})
+            # Detach the named request's stream (in whichever process holds it); never cancel its work.
+            cancel(ring_key(principal.key, session.id), (msg.get("params") or {}).get("requestId"))
         MCP_REQUESTS.labels(method or "response", "accepted").inc()
         return Reply(202)
     ctx = ToolContext(principal=principal, cid=correlation_id(), catalogue=req.catalogue,
@@ -165,34 +158,15 @@ def handle(req):
     return Reply(200, rpc.result_response(req_id, result), ctx=ctx)
 
 
-def _cancelled(principal, session, params):
-    """Detach the stream of the named request (in whichever process holds it); never cancel work."""
-    from .progress import detach
-    from .streams import CANCELS, ring_key, wake
-
-    rid = params.get("requestId")
-    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-        CANCELS.labels("noop").inc()
-        return
-    key = ring_key(principal.key, session.id)
-    if detach(key, rid):
-        CANCELS.labels("detached").inc()
-    else:
-        wake(key, {"type": "mcp.cancel", "request_id": rid})
-        CANCELS.labels("accepted").inc()
-
-
 def _delete(principal, sid):
     if not sid:
         return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
                                               a4(correlation_id(), remediation=MISSING_SESSION), http_status=400))
-    if not store().delete(sid, principal.key):
+    if not store().delete(sid, principal.key, by_client=True):
         session_reject(principal, "unknown_session", sid)
         return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found",
                                               a4(correlation_id(), remediation="nothing to end"), http_status=404))
     audit(principal, "mcp.session.close", "success", target_type="McpSession", target_id=sid[:8])
-    from .streams import close_session_streams
-
     close_session_streams(principal.key, sid)
     return Reply(200)
 
@@ -292,57 +266,8 @@ def _tools_call(ctx, req, params):
         t, args = pre_checks(ctx, name, arguments)
         return Continuation(ctx, t, args, None)
     if req.progress_mode == "post" and ctx.progress_token is not None:
-        _admit_streamed_post(ctx)  # every refusal happens before the tool creates anything
+        admit_streamed_post(ctx)  # every refusal happens before the tool creates anything
     return run_sync(ctx, name, arguments)
-
-
-def _admit_streamed_post(ctx):
-    """The seed's admission table for a streamed POST: answered, never degraded."""
-    from yuzu.errors import POST_STREAM_CAP_RETRY_MS
-
-    from . import progress
-    from .streams import post_budget, ring_key
-
-    key = ring_key(ctx.principal.key, ctx.session_id)
-    reason = post_budget.acquire(ctx.principal.key, POST_PER_PRINCIPAL, POST_GLOBAL)
-    if reason is not None:
-        reason = "post_" + reason
-    else:
-        reason = progress.admit_record(key, ctx.request_id)
-        if reason is None:
-            reason = _claim_pin_slot(key)
-            if reason is not None:
-                progress.release_record(key, ctx.request_id)
-        if reason is not None:
-            post_budget.release(ctx.principal.key)
-    if reason is None:
-        ctx.extra["admitted"] = key
-        return
-    progress.reject(reason)
-    if reason == "duplicate_request_id":
-        raise rpc.RpcError(rpc.INVALID_REQUEST, "a request with this id is already in flight on this session",
-                           a4(ctx.cid, remediation="use a fresh request id"), http_status=409)
-    raise rpc.RpcError(rpc.STREAM_CAP, f"streamed call refused ({reason})",
-                       a4(ctx.cid, POST_STREAM_CAP_RETRY_MS,
-                          "retry later, or retry without an SSE Accept for a plain response"),
-                       http_status=429, headers={"Retry-After": str(POST_STREAM_CAP_RETRY_MS // 1000)})
-
-
-def _claim_pin_slot(key):
-    """A session holds at most 4 streamed calls: live ones plus undelivered pinned finals. Admission first
-    reclaims the oldest undelivered final (it stays in the ring, unpinned, and fetchable by id)."""
-    from . import progress
-    from .streams import PIN_DISPLACED, rings
-
-    live = progress.inflight(key) - 1  # not counting this request's own record
-    pinned = rings().pinned(key)
-    if live + len(pinned) < PIN_SLOTS_PER_SESSION:
-        return None
-    if pinned and live < PIN_SLOTS_PER_SESSION:
-        rings().unpin(key, pinned[0])
-        PIN_DISPLACED.inc()
-        return None
-    return "post_pin_slots"
 
 
 def _resources_list(ctx, req, params):
@@ -355,9 +280,6 @@ def _templates_list(ctx, req, params):
 
 
 def _resources_read(ctx, req, params):
-    from yuzu import rbac
-    from yuzu.policy import tier_allows
-
     uri = params.get("uri")
     res = catalogue(req.catalogue).resources.get(uri) if isinstance(uri, str) else None
     if res is None:
@@ -379,8 +301,6 @@ def _prompts_list(ctx, req, params):
 
 
 def _prompts_get(ctx, req, params):
-    from .prompts import render_prompt
-
     return render_prompt(catalogue(req.catalogue), params)
 
 
@@ -393,8 +313,6 @@ def _set_level(ctx, req, params):
 
 
 def _complete(ctx, req, params):
-    from .prompts import complete
-
     return complete(catalogue(req.catalogue), params)
 
 

@@ -1,67 +1,66 @@
-"""Streamable HTTP transport: a Channels HTTP consumer at /mcp/v1 and /mcp/v1/ (and the bridge's
-/mcp/bridge/). The body's size and declared length are bounded before it gets here, while it arrives
-(yuzu.bodylimit). Guards that need no database run here, before any work: kill switch, Host, Origin,
-Content-Type and -Encoding, protocol version, JSON framing. Everything else is one worker-thread hop
-(mcp.server.handle)."""
+"""Streamable HTTP transport: HTTP in, JSON-RPC messages out.
+
+A Channels HTTP consumer serves /mcp/v1 and /mcp/v1/ (and the bridge catalogue's /mcp/bridge/). A request
+arrives with its body already bounded (yuzu.bodylimit); then, before any work:
+
+1. the kill switch and the method (405; GET and DELETE only when streaming is on);
+2. transport security — Host, Origin, Content-Type and -Encoding (mcp.security);
+3. one JSON-RPC message parsed from the body (400 for framing), and the protocol version header.
+
+The request then goes to ``mcp.server.handle`` in one worker-thread hop, which authenticates it and answers
+the JSON-RPC method. Its outcome is written back as HTTP: a JSON reply; an async tool awaited here on the
+event loop; or a held-open SSE response from mcp.streaming — the session's GET channel, or a streamed POST.
+"""
 
 import asyncio
-import functools
 import logging
-from urllib.parse import urlsplit
 
+from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import parse_cookie
-from django.http.request import split_domain_port, validate_host
 
-from yuzu.errors import correlation_id
-from yuzu.metrics import MCP_BODY_TOO_LARGE
+from yuzu.errors import YuzuError, correlation_id
 
 from . import jsonrpc as rpc
-from yuzu.errors import YuzuError
-
+from . import security
 from .pipeline import finish, hop, internal_error
-from .registry import ToolFailure
-from . import sse
-from .registry import catalogue
-from .server import SUPPORTED_VERSIONS, Attach, Continuation, Reply, Request, handle, streaming_on
+from .registry import ToolFailure, catalogue
+from .server import (
+    SUPPORTED_VERSIONS,
+    Attach,
+    Continuation,
+    Reply,
+    Request,
+    error_reply,
+    handle,
+    streaming_on,
+)
+from .streaming import get_stream, post_stream
+from .streaming.follower import follow_on_get_channel
 
 log = logging.getLogger("yuzu.mcp")
 
 
-class StopEarly(Exception):
-    def __init__(self, reply):
-        self.reply = reply
-
-
-def _refuse(status, code, message, *, req_id=None, headers=None, data=None):
-    err = rpc.RpcError(code, message, data, http_status=status, headers=headers)
-    return Reply(status, rpc.error_response(req_id, err), dict(headers or {}))
-
-
 class McpConsumer(AsyncHttpConsumer):
     catalogue = "v1"
+    # Channels opens a channel-layer channel for every consumer whose alias names a configured layer. This
+    # one names none, so a plain POST never touches the layer; a stream that needs a channel opens its own
+    # and feeds it into this consumer's dispatch loop (``listen``).
+    channel_layer_alias = "mcp.transport.no-channel"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stream = None  # a live GET stream or streamed POST (mcp.sse) keeps the consumer open
+        self.stream = None  # a live GET stream or streamed POST (mcp.streaming) keeps the consumer open
 
     async def __call__(self, scope, receive, send):
-        """Like Channels' AsyncConsumer, except that a channel-layer channel is opened only by a stream that
-        needs one: a plain POST never touches the layer."""
-        self.scope = scope
-        self.base_send = send
-        self.channel_layer = get_channel_layer()
-        self.channel_name = None
+        """Channels' own dispatch loop, fed from one inbox: the ASGI input, and what a stream adds to it."""
         self._inbox = asyncio.Queue()
-        self._feeders = [asyncio.ensure_future(self._feed(receive))]
+        self._feeders = []
+        self.listen(receive)
         try:
-            while True:
-                await self.dispatch(await self._inbox.get())
-        except StopConsumer:
-            pass
+            await super().__call__(scope, self._inbox.get, send)
         except asyncio.CancelledError:
             # daphne cancels every application instance when it stops (Server.kill_all_applications, on
             # SIGTERM/SIGINT): a live stream writes its session_terminated close frame before the drop.
@@ -71,29 +70,31 @@ class McpConsumer(AsyncHttpConsumer):
         finally:
             for task in self._feeders:
                 task.cancel()
+            self._feeders.clear()  # no consumer ↔ task cycle: a finished consumer is freed at once, not by the GC
 
-    async def _feed(self, source):
-        while True:
-            await self._inbox.put(await source())
+    def listen(self, source):
+        async def feed():
+            while True:
+                await self._inbox.put(await source())
 
-    def stop_soon(self):
-        """End this consumer from its own dispatch loop once its stream has finished."""
-        self._inbox.put_nowait({"type": "mcp.stopped"})
+        self._feeders.append(asyncio.ensure_future(feed()))
 
-    async def open_channel(self):
-        if self.channel_name is None:
-            self.channel_name = await self.channel_layer.new_channel()
-            self._feeders.append(asyncio.ensure_future(
-                self._feed(functools.partial(self.channel_layer.receive, self.channel_name))))
-        return self.channel_name
+    def post(self, message):
+        self._inbox.put_nowait(message)
 
     async def dispatch(self, message):
-        """Route by message type without Channels' per-message connection sweep: every database hop this
-        consumer makes (mcp.pipeline.hop) already does that hygiene in its own worker thread."""
-        handler = getattr(self, message["type"].replace(".", "_"), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        """Route by message type — HTTP to the handlers below, ``mcp.*`` to the live stream — without Channels'
+        per-message connection sweep: every database hop this consumer makes (mcp.pipeline.hop) already does
+        that hygiene in its own worker thread."""
+        kind = message["type"]
+        if kind == "mcp.stopped":
+            if self.stream is None:
+                raise StopConsumer()
+        elif kind.startswith("mcp."):
+            if self.stream is not None:
+                await self.stream.on_message(message)
+        else:
+            await getattr(self, get_handler_name(message))(message)
 
     @property
     def headers(self):
@@ -104,6 +105,8 @@ class McpConsumer(AsyncHttpConsumer):
                 value = v.decode("latin-1")
                 self._headers[name] = f"{self._headers[name]}, {value}" if name in self._headers else value
         return self._headers
+
+    # --- HTTP in ---------------------------------------------------------------------------------
 
     async def http_request(self, message):
         self.body.append(message.get("body", b""))  # within the 4 MiB yuzu.bodylimit lets through
@@ -116,30 +119,25 @@ class McpConsumer(AsyncHttpConsumer):
             if self.stream is None:
                 raise StopConsumer()
 
-    async def reply(self, reply):
-        headers = [(b"x-correlation-id", (rpc.correlation_of(reply.body) or correlation_id()).encode())]
-        body = b""
-        if reply.body is not None:
-            body = rpc.dumps(reply.body)
-            headers.append((b"content-type", b"application/json"))
-        for k, v in reply.headers.items():
-            headers.append((k.lower().encode(), str(v).encode("latin-1")))
-        await self.send_response(reply.status, body, headers=headers)
+    async def http_disconnect(self, message):
+        if self.stream is not None:
+            await self.stream.gone()
+        await super().http_disconnect(message)
 
     async def handle(self, body):
         try:
             reply = await self.process(body)
-        except StopEarly as stop:
-            reply = stop.reply
+        except rpc.RpcError as err:
+            reply = error_reply(None, err)
         except Exception:
             log.exception("MCP transport failure")
-            reply = _refuse(500, rpc.INTERNAL_ERROR, "internal error", data={"correlation_id": correlation_id()})
+            reply = error_reply(None, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error",
+                                                   {"correlation_id": correlation_id()}, http_status=500))
         if reply is not None:
             await self.reply(reply)
 
-    def precheck(self):
-        """Kill switch, method, Host and Origin: pre-auth, pre-parse."""
-        method = self.scope["method"]
+    def gate(self, method):
+        """Kill switch and method: before anything else."""
         if settings.YUZU_MCP_DISABLE:
             return Reply(200, {"jsonrpc": "2.0", "id": None,
                                "error": {"code": rpc.MCP_DISABLED, "message": "MCP is disabled on this server"}})
@@ -147,66 +145,31 @@ class McpConsumer(AsyncHttpConsumer):
             return Reply(405, None, {"Allow": "GET, POST, DELETE"})
         if method in ("GET", "DELETE") and not streaming_on():
             return Reply(405, None, {"Allow": "POST"})
-        host = self.headers.get("host", "")
-        domain, _ = split_domain_port(host)
-        if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-            return _refuse(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
-        # Origin on every request, whatever the streaming mode: with the admin session cookie also accepted,
-        # this check and the JSON-only body below are what keep another site's page (even one on another port
-        # of this host, which the browser treats as same-site) from calling tools with an admin's cookie.
-        origin = self.headers.get("origin")
-        if origin is not None and not self.origin_allowed(origin, host):
-            return _refuse(403, rpc.ORIGIN_REJECTED, "Origin not allowed",
-                           data={"correlation_id": correlation_id(), "retry_after_ms": None})
-        if method == "POST":
-            # application/json cannot be sent cross-origin without a CORS preflight, which yuzu never grants.
-            media_type = self.headers.get("content-type", "").split(";")[0].strip().lower()
-            if media_type != "application/json":
-                return _refuse(415, rpc.INVALID_REQUEST, "Content-Type must be application/json")
-            if self.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
-                MCP_BODY_TOO_LARGE.labels("encoding").inc()
-                return _refuse(415, rpc.INVALID_REQUEST, "Content-Encoding must be identity")
         return None
 
-    @staticmethod
-    def origin_allowed(origin, host):
-        if origin in settings.YUZU_ALLOWED_ORIGINS:
-            return True
-        parts = urlsplit(origin)
-        return parts.scheme in ("http", "https") and parts.netloc == host
-
     async def process(self, body):
-        early = self.precheck()
-        if early is not None:
-            return early
         method = self.scope["method"]
+        refusal = self.gate(method)
+        if refusal is not None:
+            return refusal
+        err = security.check(method, self.headers)
+        if err is not None:
+            return error_reply(None, err)
         msg = None
         if method == "POST":
-            try:
-                msg = rpc.parse_message(body)
-            except rpc.RpcError as err:
-                return Reply(err.http_status, rpc.error_response(None, err))
+            msg = rpc.parse_message(body)
             if msg.get("method") == "server/discover":
                 # A 2026 client's probe: answer so it falls back to the initialize handshake.
-                return _refuse(400, rpc.INVALID_REQUEST, "Bad Request: Missing session ID")
+                raise rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400)
         version = self.headers.get("mcp-protocol-version")
         if version is not None and version not in SUPPORTED_VERSIONS and streaming_on():
-            return _refuse(400, rpc.BAD_PROTOCOL_VERSION, f"Unsupported MCP-Protocol-Version: {version[:40]}",
-                           req_id=(msg or {}).get("id"),
-                           data={"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]})
+            return error_reply((msg or {}).get("id"), rpc.RpcError(
+                rpc.BAD_PROTOCOL_VERSION, f"Unsupported MCP-Protocol-Version: {version[:40]}",
+                {"supported": list(SUPPORTED_VERSIONS), "requested": version[:40]}, http_status=400))
         cookies = parse_cookie(self.headers.get("cookie", ""))
         req = Request(http_method=method, headers=self.headers, cookies=cookies, catalogue=self.catalogue, msg=msg,
                       progress_mode=self.progress_mode(msg))
-        outcome = await hop(handle)(req)
-        if isinstance(outcome, Continuation):
-            return await self.run_async_tool(outcome)
-        if isinstance(outcome, Attach):
-            return await self.attach(outcome)
-        if isinstance(outcome, Reply) and outcome.ctx is not None and "admitted" in outcome.ctx.extra:
-            return await sse.streamed_post(self, outcome)
-        if isinstance(outcome, Reply) and outcome.ctx is not None and outcome.ctx.following is not None:
-            sse.follow_on_get_channel(outcome)
-        return outcome
+        return await self.respond(await hop(handle)(req))
 
     def progress_mode(self, msg):
         """The seed's opt-in table: a progressToken is the opt-in; an SSE-capable Accept (even ;q=0) picks
@@ -222,36 +185,30 @@ class McpConsumer(AsyncHttpConsumer):
             return "post"
         return "get"
 
-    async def attach(self, attach):
-        return await sse.attach_get(self, attach)
+    # --- messages out ----------------------------------------------------------------------------
 
-    async def mcp_wake(self, message):
-        if self.stream is not None:
-            await self.stream.on_wake()
+    async def respond(self, outcome):
+        """What mcp.server.handle decided, written as HTTP (None: a stream is answering)."""
+        if isinstance(outcome, Continuation):
+            return await self.run_async_tool(outcome)
+        if isinstance(outcome, Attach):
+            return await get_stream.attach(self, outcome.principal, outcome.session)
+        ctx = outcome.ctx
+        if ctx is not None and "admitted" in ctx.extra:
+            return await post_stream.respond(self, outcome)
+        if ctx is not None and ctx.following is not None:
+            follow_on_get_channel(ctx)
+        return outcome
 
-    async def mcp_close(self, message):
-        if self.stream is not None:
-            await self.stream.close(message.get("reason", "session_terminated"))
-
-    async def mcp_superseded(self, message):
-        if self.stream is not None and message.get("stream") != self.stream.id:
-            await self.stream.close("superseded")
-
-    async def mcp_tick(self, message):
-        if self.stream is not None:
-            await self.stream.on_tick()
-
-    async def mcp_stopped(self, message):
-        if self.stream is None:
-            raise StopConsumer()
-
-    async def mcp_cancel(self, message):
-        return None  # addressed to streamed POST followers, which listen on their own channels
-
-    async def http_disconnect(self, message):
-        if self.stream is not None:
-            await self.stream.gone()
-        await super().http_disconnect(message)
+    async def reply(self, reply):
+        headers = [(b"x-correlation-id", (rpc.correlation_of(reply.body) or correlation_id()).encode())]
+        body = b""
+        if reply.body is not None:
+            body = rpc.dumps(reply.body)
+            headers.append((b"content-type", b"application/json"))
+        for k, v in reply.headers.items():
+            headers.append((k.lower().encode(), str(v).encode("latin-1")))
+        await self.send_response(reply.status, body, headers=headers)
 
     async def run_async_tool(self, cont):
         try:
@@ -265,7 +222,6 @@ class McpConsumer(AsyncHttpConsumer):
         except rpc.RpcError as err:
             return Reply(err.http_status, rpc.error_response(cont.req_id, err))
         return Reply(200, rpc.result_response(cont.req_id, final))
-
 
 
 class BridgeConsumer(McpConsumer):

@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from mcp import server
 from mcp.registry import catalogue
-from mcp.streams import ring_key, rings
+from mcp.streaming.ring import ring_key, rings
 from yuzu.models import ApiToken, Role, RoleAssignment, RolePermission
 from yuzu.policy import requires_approval, tier_allows
 from yuzu.rbac import BUILTIN_ROLES, Principal, assign_role

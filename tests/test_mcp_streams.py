@@ -1,6 +1,6 @@
 """The GET SSE channel and streamed POST, in-process: ring replay and Last-Event-ID resume, gaps,
-takeover, admission caps, heartbeats, credential re-validation, close frames, and the progress
-bridge (0/N, strictly increasing, the result last; cancellation detaches without cancelling)."""
+takeover, admission caps, heartbeats, credential re-validation, close frames, and progress reporting
+(0/N, strictly increasing, the result last; cancellation detaches without cancelling)."""
 
 import asyncio
 import json
@@ -11,10 +11,11 @@ from channels.layers import get_channel_layer
 from django.test import override_settings
 from django.urls import path
 
-from mcp import sse, streams
 from mcp.registry import configure, tool
 from mcp.schema import integer, obj
-from mcp.streams import ring_key, rings
+from mcp.streaming import admission, wake, watch
+from mcp.streaming import ring as replay
+from mcp.streaming.ring import ring_key, rings
 from mcp.transport import McpConsumer
 
 from .mcp_http import McpClient
@@ -121,9 +122,9 @@ def test_frames_replay_resume_and_priming(session):
         events = await s.read_until(lambda ev: len(ids(ev)) == 3)
         assert events[0] == {"id": "0", "data": ""}  # priming event on 2025-11-25
         assert ids(events) == [1, 2, 3] and all(e["event"] == "message" for e in events if e.get("data"))
-        await get_channel_layer().group_send(streams.wake_group(key), {"type": "mcp.wake"})
+        await get_channel_layer().group_send(wake.wake_group(key), {"type": "mcp.wake"})
         rings().append(key, {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 3}})
-        await streams.awake(key)
+        await wake.awake(key)
         events = await s.read_until(lambda ev: 4 in ids(ev))
         assert ids(events) == [1, 2, 3, 4]
         await s.disconnect()
@@ -210,7 +211,7 @@ def test_per_principal_stream_cap(mint):
 
 
 def test_heartbeat_revocation_and_delete(session, monkeypatch):
-    monkeypatch.setattr(sse, "TICK_SECONDS", 0.2)
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
 
     async def go():
         s = await get(session).open()
@@ -239,8 +240,8 @@ def test_delete_closes_the_stream(session):
 
         r = await database_sync_to_async(request)("DELETE", headers=session.headers())
         assert r.status == 200
-        events = await s.read_until(lambda ev: any(e.get("json") for e in ev), timeout=3)
-        assert events[-1]["json"]["params"]["reason"] == "session_terminated"
+        events = await s.read_until(lambda ev: s.finished, timeout=3)
+        assert s.finished and not any(e.get("json") for e in events)  # the client's own DELETE: EOF, no close frame
     run(go)
 
 
@@ -252,7 +253,7 @@ def test_no_streaming_kill_switch_get_is_405(session):
     run(go)
 
 
-# --- streamed POST and the progress bridge ---------------------------------------------------
+# --- streamed POST and progress reporting ----------------------------------------------------
 
 def call_body(rid, total, token="tok-1"):
     return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
@@ -353,7 +354,7 @@ def test_duplicate_in_flight_request_id_is_409_and_cancel_detaches(test_session)
 
 
 def test_streamed_post_closes_when_its_token_is_revoked(test_session, monkeypatch):
-    monkeypatch.setattr(sse, "TICK_SECONDS", 0.2)
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
 
     async def go():
         from channels.db import database_sync_to_async
@@ -379,9 +380,7 @@ def test_streamed_post_closes_when_its_token_is_revoked(test_session, monkeypatc
 
 
 def test_streamed_post_admission_caps(test_session, monkeypatch):
-    from mcp import server
-
-    monkeypatch.setattr(server, "POST_PER_PRINCIPAL", 1)
+    monkeypatch.setattr(admission, "POST_PER_PRINCIPAL", 1)
 
     async def go():
         s = await post(test_session, call_body(1, 5)).open()
@@ -398,17 +397,17 @@ def test_streamed_post_admission_caps(test_session, monkeypatch):
 
 
 def test_ring_bounds_and_pins():
-    ring = streams.MemoryRing()
+    ring = replay.MemoryRing()
     pinned = ring.append("k", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
     for n in range(700):
         ring.append("k", {"jsonrpc": "2.0", "method": "m", "params": {"n": n}})
     frames, gap = ring.read("k", 0)
-    assert not gap and len(frames) <= streams.RING_FRAMES + 1
+    assert not gap and len(frames) <= replay.RING_FRAMES + 1
     assert frames[0][0] == pinned  # a pinned final survives eviction
-    assert sum(len(d) for _, _, d in frames) <= streams.RING_BYTES + 200
+    assert sum(len(d) for _, _, d in frames) <= replay.RING_BYTES + 200
     big = ring.append("k", {"jsonrpc": "2.0", "method": "m", "params": {"blob": "x" * 100000}})
     data = dict((e, d) for e, _, d in ring.read("k", big - 1)[0])[big]
-    assert len(data) < streams.FRAME_CAP and json.loads(data)["params"]["truncated"] is True
+    assert len(data) < replay.FRAME_CAP and json.loads(data)["params"]["truncated"] is True
     assert ring.read("k", 10)[1] is True  # evicted cursor → gap
     assert ring.read("k", 10**6)[1] is True  # never issued → gap
 
@@ -417,13 +416,13 @@ def test_ring_bounds_and_pins():
 def test_redis_ring_matches_memory_ring():
     from django.conf import settings
 
-    ring = streams.RedisRing(settings.REDIS_URL)
+    ring = replay.RedisRing(settings.REDIS_URL)
     ring.drop("t")
     pinned = ring.append("t", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
     for n in range(600):
         ring.append("t", {"jsonrpc": "2.0", "method": "m", "params": {"n": n}})
     frames, gap = ring.read("t", 0)
-    assert not gap and frames[0][0] == pinned and len(frames) <= streams.RING_FRAMES + 1
+    assert not gap and frames[0][0] == pinned and len(frames) <= replay.RING_FRAMES + 1
     assert ring.stream_of("t", pinned) == "post:1"
     assert ring.read("t", 10)[1] is True and ring.read("t", 10**6)[1] is True
     last = frames[-1][0]

@@ -30,11 +30,10 @@ import pytest
 from django.core.management import call_command
 
 from fleet.models import Agent, Execution, Response
-from mcp.sessions import store
-from mcp.streams import ring_key, rings
+from mcp.streaming.ring import ring_key, rings
+from mcp.streaming.sessions import store
 from yuzu.models import ApiToken, hash_secret
 from yuzu.rbac import Principal, seed_builtin_roles
-
 from yuzu.testing import wait_until
 
 from .conftest import ROOT, Daphne, free_port, server_env
@@ -625,13 +624,24 @@ def test_get_close_reasons(fleet, mint):
     assert second.status == 200
     closed_with(first, "superseded")
 
-    # session_terminated: DELETE ends the session and its live stream.
+    # The client's own DELETE ends the session and its live stream: EOF, no close frame (issue 13).
     d = s.delete()
     d.to_eof()
     assert d.status == 200
-    closed_with(second, "session_terminated")
+    second.to_eof(10)
+    assert closes_of(second.frames()) == []
     gone = s.call(9, "list_agents", {}, accept="application/json")
     assert gone.status == 404 and gone.json()["error"]["code"] == -32007
+
+    # session_terminated: the server ends a session its client did not DELETE — a resume past the replay
+    # window ends it (404) — and its live stream closes with the frame at its next tick.
+    s3 = Session(server.port, token)
+    live = s3.get()
+    live.until(lambda f: True)
+    past = s3.get(last_event_id=10**6)
+    past.to_eof()
+    assert past.status == 404
+    closed_with(live, "session_terminated")
 
     # credential_revoked: the token is revoked while its stream is live; the next tick (3 s) closes it.
     raw = mint("e2e-revoked", role="Operator", tier="operator")
@@ -645,6 +655,8 @@ def test_get_close_reasons(fleet, mint):
     assert time.monotonic() - t0 < 6.0  # the next tick (3 s), with slack for a loaded machine
     assert metric(server, "yuzu_mcp_stream_closes_total", reason="credential_revoked") == 1
     assert metric(server, "yuzu_mcp_stream_closes_total", reason="superseded") == 1
+    assert metric(server, "yuzu_mcp_stream_closes_total", reason="session_deleted") == 1
+    assert metric(server, "yuzu_mcp_stream_closes_total", reason="session_terminated") == 1
 
 
 def test_streamed_post_closes_when_its_token_is_revoked(fleet, mint):

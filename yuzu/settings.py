@@ -6,6 +6,7 @@ tasks run in-process. ``YUZU_DATABASE_URL=postgres://…`` switches to PostgreSQ
 separate worker processes.
 """
 
+import logging
 import os
 from pathlib import Path
 
@@ -264,6 +265,19 @@ YUZU_MCP_DISABLE = env_flag("YUZU_MCP_DISABLE")
 YUZU_MCP_READ_ONLY = env_flag("YUZU_MCP_READ_ONLY")
 YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
 YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
+
+
+def _max_streams(default=1024):
+    """Held-open GET streams per process (docs/streaming.md): refused past it, never evicted."""
+    raw = os.environ.get("YUZU_MCP_MAX_STREAMS", "").strip()
+    try:
+        return max(1, int(raw)) if raw else default
+    except ValueError:
+        logging.getLogger("yuzu.mcp").warning("YUZU_MCP_MAX_STREAMS=%r is not an integer; using %d", raw, default)
+        return default
+
+
+YUZU_MCP_MAX_STREAMS = _max_streams()
 # A removed test-only switch that made unauthenticated MCP calls act as a user. A server started with it set
 # refuses to start rather than leave anyone believing it still does something (the conformance test now
 # reaches daphne through a proxy that adds a token: tests/auth_proxy.py).

@@ -67,9 +67,10 @@ tokens = [ApiToken.mint(user, f"bench-{i}", mcp_tier="operator", expires_at=expi
 print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swarm")}))
 """
 
-# daphne, with the session registry's global cap (mcp.sessions.GLOBAL_CAP, 1024) raised for the 5,000 case:
-# the bench needs one session per stream. The stream cap itself is YUZU_MCP_MAX_STREAMS.
-DAPHNE = ("import sys, mcp.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); sys.argv = ['daphne'] + sys.argv[2:]; "
+# daphne, with the session registry's global cap (mcp.streaming.sessions.GLOBAL_CAP, 1024) raised for the
+# 5,000 case: the bench needs one session per stream. The stream cap itself is YUZU_MCP_MAX_STREAMS.
+DAPHNE = ("import sys, mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
+          "sys.argv = ['daphne'] + sys.argv[2:]; "
           "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()")
 
 

@@ -1,91 +1,56 @@
-"""The progress bridge: a tools/call carrying _meta.progressToken is correlated to the work it started
-(a channel-layer group of events), and those events become notifications/progress frames — an
-immediate 0/N, then strictly increasing (a watermark suppresses non-advancing snapshots), then, for a
-streamed POST, the JSON-RPC result last. Every frame is committed to the session's replay ring first.
+"""Progress reporting: a tools/call carrying ``_meta.progressToken`` is correlated to the work it started
+(a channel-layer group announcing changes, declared by the tool through ``ToolContext.follow``), and a
+follower turns that work's state into notifications/progress frames — an immediate 0/N, then strictly
+increasing (a watermark suppresses non-advancing snapshots), then, for a streamed POST, the JSON-RPC result
+last. Every frame is committed to the session's replay ring first.
 
 Closing a response never cancels work: a follower detached by notifications/cancelled, a dropped
 connection or the 120 s cap stops *reporting*, never the fleet command.
 """
 
 import asyncio
-import logging
-import threading
 import time
-from dataclasses import dataclass
 
 from channels.layers import get_channel_layer
 
-from .pipeline import hop
-from .streams import PROGRESS_SUPPRESSED, RECORDS_ACTIVE, REJECTS, awake, rings, wake_group
+from ..pipeline import hop, tool_result
+from .admission import admit_record, follower_of, hold_record, reject, release_record
+from .metrics import CANCELS, PROGRESS_SUPPRESSED
+from .ring import ring_key, rings
+from .wake import awake, wake, wake_group
 
-log = logging.getLogger("yuzu.mcp")
 RESPONSE_CAP_SECONDS = 120
-RECORD_CAP = 256
 SNAPSHOT_EVERY = 2.0
 
-
-@dataclass
-class FollowSpec:
-    """What a tool handler asks to follow (set through ToolContext.follow)."""
-
-    group: str  # channel-layer group whose messages announce a change
-    snapshot: object  # sync () -> (progress, total, terminal)
-    final: object  # sync () -> structured result for the final frame
-    meta: dict
-    message: str = ""
+_tasks = set()  # followers running in the background (kept referenced until done)
 
 
-_lock = threading.Lock()
-_records = {}  # (ring_key, request_id) -> Follower
-
-
-def admit_record(key, request_id):
-    """Reserve a record before any work exists. Returns a refusal reason or None."""
-    with _lock:
-        if (key, request_id) in _records:
-            return "duplicate_request_id"
-        if len(_records) >= RECORD_CAP:
-            return "post_record_cap"
-        _records[(key, request_id)] = None
-        RECORDS_ACTIVE.set(len(_records))
-        return None
-
-
-def release_record(key, request_id):
-    with _lock:
-        _records.pop((key, request_id), None)
-        RECORDS_ACTIVE.set(len(_records))
-
-
-def inflight(key):
-    with _lock:
-        return sum(1 for k, _ in _records if k == key)
-
-
-def detach(key, request_id):
-    """notifications/cancelled in this process: True if a live follower was detached."""
-    with _lock:
-        follower = _records.get((key, request_id))
-    if follower is None:
-        return False
-    follower.detach("cancelled")
-    return True
+def spawn(coro):
+    task = asyncio.ensure_future(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return task
 
 
 class Follower:
-    def __init__(self, *, key, request_id, token, spec, mode, stream_tag, tool_result, writer=None):
+    """Follows one call's work (``spec``, a mcp.context.FollowSpec) for the session's ring ``key``. Mode
+    "post" ends with the result frame (pinned); mode "get" reports progress only. ``writer(eid, frame)``,
+    when given, also puts each frame on a live response and says whether it got there."""
+
+    def __init__(self, *, key, request_id, token, spec, mode, stream_tag, writer=None):
         self.key, self.request_id, self.token, self.spec = key, request_id, token, spec
-        self.mode, self.stream_tag, self.tool_result, self.writer = mode, stream_tag, tool_result, writer
+        self.mode, self.stream_tag, self.writer = mode, stream_tag, writer
         self.watermark = None
         self.closed = None  # close reason once settled
         self.done = asyncio.Event()
-        with _lock:
-            _records[(key, request_id)] = self
+        self._loop = asyncio.get_running_loop()
+        hold_record(key, request_id, self)
 
     def detach(self, reason):
+        """Stop reporting. Thread-safe: notifications/cancelled arrives in a worker thread (mcp.server)."""
         if self.closed is None:
             self.closed = reason
-            self.done.set()
+            self._loop.call_soon_threadsafe(self.done.set)
 
     async def run(self):
         layer = get_channel_layer()
@@ -144,7 +109,7 @@ class Follower:
             return False
         if self.mode == "post":
             final = await hop(self.spec.final)()
-            await self._emit({"jsonrpc": "2.0", "id": self.request_id, "result": self.tool_result(final)}, pin=True)
+            await self._emit({"jsonrpc": "2.0", "id": self.request_id, "result": tool_result(final)}, pin=True)
         self.closed = "completed"
         return True
 
@@ -167,5 +132,28 @@ class Follower:
             await awake(self.key)
 
 
-def reject(reason):
-    REJECTS.labels(reason).inc()
+def follow_on_get_channel(ctx):
+    """A progressToken without an SSE Accept: the plain response goes now; the progress frames go to the
+    session's GET channel (through the ring). At the record cap the call simply reports no progress."""
+    key = ring_key(ctx.principal.key, ctx.session_id)
+    if admit_record(key, ctx.request_id) is not None:
+        reject("get_progress_degraded")
+        return
+    follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+                        mode="get", stream_tag="get")
+    spawn(follower.run())
+
+
+def cancel(key, request_id):
+    """notifications/cancelled: detach the named request's stream, never its work — here if its follower
+    runs in this process, else in whichever process does (through the session's group)."""
+    if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
+        CANCELS.labels("noop").inc()
+        return
+    follower = follower_of(key, request_id)
+    if follower is not None:
+        follower.detach("cancelled")
+        CANCELS.labels("detached").inc()
+    else:
+        wake(key, {"type": "mcp.cancel", "request_id": request_id})
+        CANCELS.labels("accepted").inc()

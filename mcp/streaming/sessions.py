@@ -1,20 +1,22 @@
 """MCP sessions: minted on ``initialize``, bound to the principal, capped, with sliding idle expiry.
 
-Two stores behind one interface: in-process memory (embedded mode) and Redis (when YUZU_REDIS_URL is
-set) so a client may hit any daphne process. Every key includes the principal; another principal's
-session id reads exactly like an unknown one.
+Two stores behind one interface (``SessionStore``): in-process memory (embedded mode) and Redis (when
+YUZU_REDIS_URL is set) so a client may hit any daphne process. Every key includes the principal; another
+principal's session id reads exactly like an unknown one.
 """
 
 import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from django.conf import settings
+from .backend import configured
 
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
 IDLE_TTL = 1800
+ENDED_TTL = 60  # how long a session its client DELETEd is remembered as such: past every stream's next tick
 
 
 class SessionCapReached(Exception):
@@ -41,14 +43,47 @@ def new_session_id():
     return secrets.token_hex(16)  # 128 bits, lowercase hex (visible ASCII)
 
 
-class MemorySessionStore:
+class SessionStore(Protocol):
+    """Where sessions live. ``principal`` is the principal's key (yuzu.rbac.Principal.key)."""
+
+    def create(self, principal: str, protocol_version: str, client_name: str = "",
+               client_version: str = "") -> Session:
+        """Mint a session, or raise SessionCapReached (global cap first, then the principal's)."""
+
+    def validate(self, sid: str, principal: str) -> Session | None:
+        """The live session ``sid`` of this principal (sliding its idle expiry), or None."""
+
+    def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
+        """End the session; False when this principal has no such session. ``by_client``: its client's own
+        DELETE, remembered for ENDED_TTL (``deleted_by_client``)."""
+
+    def deleted_by_client(self, sid: str, principal: str) -> bool:
+        """Whether this principal's client DELETEd the session (in the last ENDED_TTL seconds)."""
+
+    def note_listing(self, sid: str, principal: str, listing: str) -> None:
+        """Remember the fingerprint of the tools/list this session was given (mcp.listing)."""
+
+    def listed(self, principal_prefix: str) -> list[Session]:
+        """Live sessions that were given a tools/list, of the principals whose key starts with the prefix."""
+
+    def active(self) -> int:
+        """Live sessions (in Redis: of every process)."""
+
+    def clear(self) -> None:
+        """Forget every session (tests)."""
+
+
+class MemorySessionStore(SessionStore):
     def __init__(self):
         self._lock = threading.Lock()
         self._sessions = {}  # sid -> (Session, expires_at)
+        self._ended = {}  # sid -> (principal, forgotten_at): sessions their client DELETEd
 
     def _gc(self, now):
         for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
             del self._sessions[sid]
+        for sid in [s for s, (_, exp) in self._ended.items() if exp <= now]:
+            del self._ended[sid]
 
     def create(self, principal, protocol_version, client_name="", client_version=""):
         now = time.time()
@@ -71,13 +106,21 @@ class MemorySessionStore:
             self._sessions[sid] = (entry[0], now + IDLE_TTL)
             return entry[0]
 
-    def delete(self, sid, principal):
+    def delete(self, sid, principal, by_client=False):
         with self._lock:
             entry = self._sessions.get(sid)
             if entry is None or entry[0].principal != principal:
                 return False
             del self._sessions[sid]
+            if by_client:
+                self._ended[sid] = (principal, time.time() + ENDED_TTL)
             return True
+
+    def deleted_by_client(self, sid, principal):
+        with self._lock:
+            self._gc(time.time())
+            entry = self._ended.get(sid)
+            return entry is not None and entry[0] == principal
 
     def note_listing(self, sid, principal, listing):
         with self._lock:
@@ -101,6 +144,7 @@ class MemorySessionStore:
     def clear(self):
         with self._lock:
             self._sessions.clear()
+            self._ended.clear()
 
 
 _CREATE = """
@@ -124,7 +168,7 @@ return 0
 """
 
 
-class RedisSessionStore:
+class RedisSessionStore(SessionStore):
     prefix = "yuzu:mcp:"
 
     def __init__(self, url):
@@ -180,7 +224,7 @@ class RedisSessionStore:
                     out.append(self._session(sid, data))
         return out
 
-    def delete(self, sid, principal):
+    def delete(self, sid, principal, by_client=False):
         all_key, p_key, s_key = self._keys(principal, sid)
         data = self.redis.hgetall(s_key)
         if not data or data.get("principal") != principal:
@@ -189,8 +233,13 @@ class RedisSessionStore:
         pipe.delete(s_key)
         pipe.zrem(all_key, sid)
         pipe.zrem(p_key, sid)
+        if by_client:
+            pipe.set(self.prefix + "ended:" + sid, principal, ex=ENDED_TTL)
         pipe.execute()
         return True
+
+    def deleted_by_client(self, sid, principal):
+        return self.redis.get(self.prefix + "ended:" + sid) == principal
 
     def active(self):
         key = self.prefix + "sessions"
@@ -200,20 +249,6 @@ class RedisSessionStore:
     def clear(self):
         for key in self.redis.scan_iter(self.prefix + "*"):
             self.redis.delete(key)
-
-
-def configured(memory_cls, redis_cls):
-    """A process-wide accessor for the configured backend: Redis when YUZU_REDIS_URL is set, else memory."""
-    lock, holder = threading.Lock(), []
-
-    def get():
-        if not holder:
-            with lock:
-                if not holder:
-                    holder.append(redis_cls(settings.REDIS_URL) if settings.REDIS_URL else memory_cls())
-        return holder[0]
-
-    return get
 
 
 store = configured(MemorySessionStore, RedisSessionStore)

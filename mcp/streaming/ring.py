@@ -1,10 +1,11 @@
-"""Server→client streams: per-session replay rings, stream admission, and the wake-up groups.
+"""Per-session replay rings: every frame a session's streams carry, with per-session event ids (monotonic
+from 1), so a client that reconnects with Last-Event-ID gets what it missed — or a gap, never a silently
+short history.
 
-A ring holds a session's SSE frames with per-session event ids (monotonic from 1), bounded to 500
-frames and 64 KiB; a pinned frame (a streamed call's final result) is exempt from eviction so a
-client that reconnects with Last-Event-ID still collects it. Rings live in process memory in
-embedded mode and in Redis when YUZU_REDIS_URL is set, so a client may POST to one daphne process
-and resume its GET on another. Every ring is keyed by principal + session.
+A ring is bounded to 500 frames and 64 KiB; a pinned frame (a streamed call's final result) is exempt from
+eviction until some connection has delivered it. Two stores behind one interface (``RingStore``): process
+memory in embedded mode and Redis when YUZU_REDIS_URL is set, so a client may POST to one daphne process and
+resume its GET on another. Every ring is keyed by principal + session (``ring_key``).
 """
 
 import hashlib
@@ -12,12 +13,10 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from typing import Protocol
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from prometheus_client import Counter, Gauge
-
-from .sessions import configured
+from .backend import configured
+from .metrics import EVICTIONS, TOO_LARGE
 
 RING_FRAMES = 500
 RING_BYTES = 64 * 1024
@@ -25,27 +24,12 @@ FRAME_CAP = 16 * 1024
 PIN_SLOTS = 4
 RING_TTL = 1800 + 300  # outlives the session's idle expiry
 
-EVICTIONS = Counter("yuzu_mcp_stream_replay_ring_evictions_total", "frames evicted from replay rings")
-TOO_LARGE = Counter("yuzu_mcp_stream_frames_too_large_total", "frames truncated to the per-frame cap")
-DROPPED = Counter("yuzu_mcp_stream_frames_dropped_total", "frames that could not reach a connection")
-STREAMS_ACTIVE = Gauge("yuzu_mcp_streams_active", "held-open GET streams in this process")
-STREAMS_CAP = Gauge("yuzu_mcp_streams_cap", "the effective cap on held-open GET streams in this process")
-POST_STREAMS_ACTIVE = Gauge("yuzu_mcp_post_streams_active", "held-open streamed POST responses in this process")
-REJECTS = Counter("yuzu_mcp_stream_rejects_total", "stream admissions refused", ["reason"])
-CLOSES = Counter("yuzu_mcp_stream_closes_total", "streams closed, by reason", ["reason"])
-PIN_DISPLACED = Counter("yuzu_mcp_bridge_pin_displaced_for_admission_total",
-                        "undelivered pinned finals released to admit a new streamed call")
-RECORDS_ACTIVE = Gauge("yuzu_mcp_bridge_records_active", "progress records (followers) alive in this process")
-PROGRESS_SUPPRESSED = Counter("yuzu_mcp_bridge_progress_suppressed_total", "progress snapshots that did not advance")
-CANCELS = Counter("yuzu_mcp_cancel_notifications_total", "notifications/cancelled by outcome", ["outcome"])
+#: one ring frame: (event id, stream tag — "get" or "post:<request id>", the frame's JSON text)
+Frame = tuple[int, str, str]
 
 
 def ring_key(principal_key, session_id):
     return hashlib.sha256(f"{principal_key}\x00{session_id}".encode()).hexdigest()[:32]
-
-
-def wake_group(key):
-    return f"mcp.stream.{key}"
 
 
 def encode(frame):
@@ -64,7 +48,33 @@ def encode(frame):
     return data
 
 
-class MemoryRing:
+class RingStore(Protocol):
+    """A session's replay ring, addressed by ``ring_key``."""
+
+    def append(self, key: str, frame: dict, stream: str = "get", pin: bool = False) -> int:
+        """Commit one frame (truncated to FRAME_CAP) and return its event id; evict past the bounds."""
+
+    def read(self, key: str, after: int, stream: str | None = None) -> tuple[list[Frame], bool]:
+        """Frames after ``after`` (of one stream tag, or all) → (frames, gap). A cursor the ring no longer
+        covers, or never issued, is a gap."""
+
+    def stream_of(self, key: str, eid: int) -> str | None:
+        """The stream tag of frame ``eid``, if the ring still holds it."""
+
+    def unpin(self, key: str, eid: int) -> None:
+        """Let frame ``eid`` be evicted again (its result was delivered, or its pin slot reclaimed)."""
+
+    def pinned(self, key: str) -> list[int]:
+        """The pinned event ids, oldest first."""
+
+    def drop(self, key: str) -> None:
+        """Forget the ring (its session ended)."""
+
+    def clear(self) -> None:
+        """Forget every ring (tests)."""
+
+
+class MemoryRing(RingStore):
     def __init__(self):
         self._lock = threading.Lock()
         self._rings = {}
@@ -167,7 +177,7 @@ return {eid, evicted}
 """
 
 
-class RedisRing:
+class RedisRing(RingStore):
     prefix = "yuzu:mcp:ring:"
 
     def __init__(self, url):
@@ -228,57 +238,3 @@ class RedisRing:
 
 
 rings = configured(MemoryRing, RedisRing)
-
-
-def wake(key, message=None):
-    """Tell the session's live stream (in any process) to read its ring."""
-    layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(wake_group(key), message or {"type": "mcp.wake"})
-
-
-async def awake(key, message=None):
-    layer = get_channel_layer()
-    if layer is not None:
-        await layer.group_send(wake_group(key), message or {"type": "mcp.wake"})
-
-
-def close_session_streams(principal_key, session_id):
-    """A session ended: its live stream closes with session_terminated; its ring is dropped."""
-    key = ring_key(principal_key, session_id)
-    try:
-        wake(key, {"type": "mcp.close", "reason": "session_terminated"})
-    finally:
-        rings().drop(key)
-
-
-class Budget:
-    """Held-open stream admission for this process: reject, never evict."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.total = 0
-        self.per_principal = {}
-
-    def acquire(self, principal_key, per_principal_cap, global_cap):
-        with self._lock:
-            if self.total >= global_cap:
-                return "global_cap"
-            if self.per_principal.get(principal_key, 0) >= per_principal_cap:
-                return "per_principal_cap"
-            self.total += 1
-            self.per_principal[principal_key] = self.per_principal.get(principal_key, 0) + 1
-            return None
-
-    def release(self, principal_key):
-        with self._lock:
-            self.total -= 1
-            left = self.per_principal.get(principal_key, 1) - 1
-            if left:
-                self.per_principal[principal_key] = left
-            else:
-                self.per_principal.pop(principal_key, None)
-
-
-get_budget = Budget()
-post_budget = Budget()

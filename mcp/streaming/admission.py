@@ -1,0 +1,176 @@
+"""Who may hold a stream. A client that asked for a stream is told when it is not getting one (429 with
+``-32012`` and a Retry-After, docs/streaming.md "Admission"); nothing is evicted to make room, and every
+streamed-POST refusal happens before the call's work exists.
+
+- GET streams: 4 per principal, ``YUZU_MCP_MAX_STREAMS`` per process (``get_budget``);
+- streamed POSTs: 4 held open per principal, 1024 per process (``post_budget``), 256 progress records per
+  process, 4 streamed calls per session (live, or finished with an undelivered pinned result);
+- a request id in flight on its session once (409).
+
+A progress record is reserved before the call runs and released when its follower settles; it is also how
+notifications/cancelled finds a follower in this process.
+"""
+
+import threading
+
+from django.conf import settings
+
+from yuzu.errors import POST_STREAM_CAP_RETRY_MS, STREAM_CAP_RETRY_MS, correlation_id
+
+from .. import jsonrpc as rpc
+from ..pipeline import a4
+from .metrics import PIN_DISPLACED, RECORDS_ACTIVE, REJECTS
+from .ring import ring_key, rings
+
+GET_PER_PRINCIPAL = 4
+POST_PER_PRINCIPAL = 4
+POST_GLOBAL = 1024
+PIN_SLOTS_PER_SESSION = 4
+RECORD_CAP = 256
+
+
+class Budget:
+    """Held-open stream admission for this process: reject, never evict."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.total = 0
+        self.per_principal = {}
+
+    def acquire(self, principal_key, per_principal_cap, global_cap):
+        with self._lock:
+            if self.total >= global_cap:
+                return "global_cap"
+            if self.per_principal.get(principal_key, 0) >= per_principal_cap:
+                return "per_principal_cap"
+            self.total += 1
+            self.per_principal[principal_key] = self.per_principal.get(principal_key, 0) + 1
+            return None
+
+    def release(self, principal_key):
+        with self._lock:
+            self.total -= 1
+            left = self.per_principal.get(principal_key, 1) - 1
+            if left:
+                self.per_principal[principal_key] = left
+            else:
+                self.per_principal.pop(principal_key, None)
+
+
+get_budget = Budget()
+post_budget = Budget()
+
+
+def reject(reason):
+    REJECTS.labels(reason).inc()
+
+
+# --- GET streams --------------------------------------------------------------------------------
+
+def admit_get(principal_key, handover_pending):
+    """Take a GET stream slot, or raise the 429. ``handover_pending``: a superseded stream of the session
+    is still closing."""
+    reason = "stream_handover_pending" if handover_pending else \
+        get_budget.acquire(principal_key, GET_PER_PRINCIPAL, settings.YUZU_MCP_MAX_STREAMS)
+    if reason is None:
+        return
+    reject(reason)
+    raise rpc.RpcError(rpc.STREAM_CAP, f"stream refused ({reason})",
+                       a4(correlation_id(), STREAM_CAP_RETRY_MS,
+                          "close another stream of this principal, or retry later"),
+                       http_status=429, headers={"Retry-After": str(STREAM_CAP_RETRY_MS // 1000)})
+
+
+def release_get(principal_key):
+    get_budget.release(principal_key)
+
+
+# --- progress records ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_records = {}  # (ring_key, request_id) -> its Follower, or None while reserved
+
+
+def admit_record(key, request_id):
+    """Reserve a record before any work exists. Returns a refusal reason or None."""
+    with _lock:
+        if (key, request_id) in _records:
+            return "duplicate_request_id"
+        if len(_records) >= RECORD_CAP:
+            return "post_record_cap"
+        _records[(key, request_id)] = None
+        RECORDS_ACTIVE.set(len(_records))
+        return None
+
+
+def hold_record(key, request_id, follower):
+    """The record's follower now exists (it is what notifications/cancelled detaches)."""
+    with _lock:
+        _records[(key, request_id)] = follower
+
+
+def release_record(key, request_id):
+    with _lock:
+        _records.pop((key, request_id), None)
+        RECORDS_ACTIVE.set(len(_records))
+
+
+def follower_of(key, request_id):
+    with _lock:
+        return _records.get((key, request_id))
+
+
+def inflight(key):
+    with _lock:
+        return sum(1 for k, _ in _records if k == key)
+
+
+# --- streamed POSTs -----------------------------------------------------------------------------
+
+def admit_streamed_post(ctx):
+    """Admit a streamed POST before the tool runs: a POST slot, a progress record, a pin slot on the session
+    — or raise the refusal (429, or 409 for a request id already in flight), having kept nothing. An admitted
+    call carries its ring key in ``ctx.extra["admitted"]``."""
+    key = ring_key(ctx.principal.key, ctx.session_id)
+    reason = post_budget.acquire(ctx.principal.key, POST_PER_PRINCIPAL, POST_GLOBAL)
+    if reason is not None:
+        reason = "post_" + reason
+    else:
+        reason = admit_record(key, ctx.request_id)
+        if reason is None:
+            reason = _claim_pin_slot(key)
+            if reason is not None:
+                release_record(key, ctx.request_id)
+        if reason is not None:
+            post_budget.release(ctx.principal.key)
+    if reason is None:
+        ctx.extra["admitted"] = key
+        return
+    reject(reason)
+    if reason == "duplicate_request_id":
+        raise rpc.RpcError(rpc.INVALID_REQUEST, "a request with this id is already in flight on this session",
+                           a4(ctx.cid, remediation="use a fresh request id"), http_status=409)
+    raise rpc.RpcError(rpc.STREAM_CAP, f"streamed call refused ({reason})",
+                       a4(ctx.cid, POST_STREAM_CAP_RETRY_MS,
+                          "retry later, or retry without an SSE Accept for a plain response"),
+                       http_status=429, headers={"Retry-After": str(POST_STREAM_CAP_RETRY_MS // 1000)})
+
+
+def release_streamed_post(ctx, key):
+    """Give back what admit_streamed_post took, when the call will not stream after all."""
+    release_record(key, ctx.request_id)
+    post_budget.release(ctx.principal.key)
+
+
+def _claim_pin_slot(key):
+    """A session holds at most 4 streamed calls: live ones plus undelivered pinned finals. Admission first
+    reclaims the oldest undelivered final (it stays in the ring, unpinned, and fetchable by id)."""
+    live = inflight(key) - 1  # not counting this request's own record
+    pinned = rings().pinned(key)
+    if live + len(pinned) < PIN_SLOTS_PER_SESSION:
+        return None
+    if pinned and live < PIN_SLOTS_PER_SESSION:
+        rings().unpin(key, pinned[0])
+        PIN_DISPLACED.inc()
+        return None
+    return "post_pin_slots"

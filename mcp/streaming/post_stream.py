@@ -1,0 +1,150 @@
+"""The streamed POST: the tools/call response itself is the SSE stream — progress frames, then the JSON-RPC
+result, then EOF — capped at 120 s and re-validated on the GET channel's tick.
+
+The follower runs as its own task, not inside the consumer's request handler, so the consumer keeps reading
+its ASGI input: a peer that goes away is noticed (http.disconnect) instead of every later write vanishing
+silently into a closed connection and being counted as delivered. The follower outlives the connection: what
+it reports after the drop is committed to the ring (the result pinned) for a GET resume with Last-Event-ID, on
+any process.
+"""
+
+import asyncio
+import logging
+
+from .. import jsonrpc as rpc
+from .admission import post_budget, release_record, release_streamed_post
+from .follower import Follower, spawn
+from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE
+from .shutdown import SHUTDOWN_FLUSH_SECONDS, SHUTDOWN_REMEDIATION, track, untrack
+from .stream import SSE_HEADERS, close_frame, event, priming_event, says_why
+from .watch import CredentialWatch, every_tick
+
+log = logging.getLogger("yuzu.mcp")
+
+
+async def respond(conn, reply):
+    """Answer an admitted streamed call (``reply.ctx.extra["admitted"]`` holds its ring key) on ``conn``:
+    the SSE response, or — when there is nothing to follow (e.g. no agents reached) — ``reply`` itself, the
+    plain response. Returns what the transport still has to send (None once the stream has taken over)."""
+    ctx = reply.ctx
+    key = ctx.extra["admitted"]
+    handed_off = False
+    try:
+        if ctx.following is None or "error" in (reply.body or {}):
+            return reply
+        try:
+            await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", ctx.cid.encode())])
+            if ctx.extra.get("protocol_version", "") >= "2025-11-25":
+                await conn.send_body(priming_event(0), more_body=True)
+        except Exception:
+            return None
+        post = PostStream(conn, ctx, key)
+        conn.stream = post
+        spawn(post.run())
+        handed_off = True
+        return None
+    finally:
+        if not handed_off:
+            release_streamed_post(ctx, key)
+
+
+class PostStream:
+    """One streamed POST response: its wire, its lease on the POST budget, and the follower feeding it."""
+
+    def __init__(self, conn, ctx, key):
+        self.conn, self.ctx, self.key = conn, ctx, key
+        self.wire_open = True
+        self.leased = True
+        POST_STREAMS_ACTIVE.inc()
+        track(self)
+        self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+                                 mode="post", stream_tag=f"post:{ctx.request_id}", writer=self.write_frame)
+        self.watch = CredentialWatch(ctx.principal, ctx.session_id)
+
+    async def write_frame(self, eid, frame):
+        if not self.wire_open:
+            return False
+        try:
+            await self.conn.send_body(event(eid, rpc.dumps(frame).decode()), more_body=True)
+            return True
+        except Exception:
+            self.wire_open = False
+            DROPPED.inc()
+            return False
+
+    def _close_extra(self):
+        eid = self.ctx.following.meta.get("yuzu.execution_id")
+        return {"execution_id": eid, "partial": True} if eid else {}
+
+    async def _tick(self):
+        """The GET stream's re-validation, on the same tick: a credential revoked (or a session ended) while the
+        call streams stops the follower, and the response closes with that reason."""
+        if self.follower.closed is not None:
+            return False
+        reason = await self.watch.check()
+        if reason is not None:
+            self.follower.detach(reason)
+            return False
+        return True
+
+    async def run(self):
+        ticker = every_tick(self._tick)
+        try:
+            try:
+                reason = await self.follower.run()
+            except Exception:
+                log.exception("streamed POST failed after dispatch (%s)", self.ctx.cid)
+                reason = "internal_error"
+            if self.wire_open:
+                self.wire_open = False
+                CLOSES.labels(reason).inc()
+                try:
+                    if says_why(reason):
+                        await self.conn.send_body(event(None, close_frame(reason, **self._close_extra())),
+                                                  more_body=True)
+                    await self.conn.send_body(b"", more_body=False)
+                except Exception:
+                    pass
+                if self.conn.stream is self:
+                    self.conn.stream = None
+                    self.conn.post({"type": "mcp.stopped"})
+        finally:
+            ticker.cancel()
+            release_record(self.key, self.ctx.request_id)
+            self._release_lease()
+
+    def _release_lease(self):
+        untrack(self)
+        if self.leased:
+            self.leased = False
+            post_budget.release(self.ctx.principal.key)
+            POST_STREAMS_ACTIVE.dec()
+
+    async def on_message(self, message):
+        return None  # fed by its follower and its own tick, never by the connection's messages
+
+    async def gone(self):
+        """The peer went away (http.disconnect). The response is over, so is its lease; the follower carries
+        on ring-only until the work settles, so a GET resume can still collect the pinned result."""
+        if self.wire_open:
+            self.wire_open = False
+            CLOSES.labels("client_disconnect").inc()
+        self._release_lease()
+        if self.conn.stream is self:
+            self.conn.stream = None
+
+    async def shutdown(self):
+        """This process is stopping: tell the client before the connection drops (the work continues)."""
+        if not self.wire_open:
+            return
+        self.wire_open = False
+        CLOSES.labels("session_terminated").inc()
+        try:
+            await self.conn.send_body(event(None, close_frame("session_terminated", SHUTDOWN_REMEDIATION,
+                                                              **self._close_extra())), more_body=True)
+            await self.conn.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
+        self._release_lease()
+        self.conn.stream = None

@@ -1,0 +1,42 @@
+"""Signals to a session's live streams, in whichever process holds them: every GET stream and every progress
+follower of a session joins the session's channel-layer group. A signal only says "look now"; what to look at
+is in the ring and the session store.
+
+- ``mcp.wake``: new frames are on the ring;
+- ``mcp.close`` (``reason``): the session ended (``session_deleted``: by its client's DELETE);
+- ``mcp.superseded`` (``stream``): another GET took the session's stream over;
+- ``mcp.cancel`` (``request_id``): notifications/cancelled for a streamed call followed elsewhere.
+"""
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from .ring import ring_key, rings
+
+
+def wake_group(key):
+    return f"mcp.stream.{key}"
+
+
+def wake(key, message=None):
+    """Signal the session's live streams (sync callers)."""
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(wake_group(key), message or {"type": "mcp.wake"})
+
+
+async def awake(key, message=None):
+    """Signal the session's live streams (async callers)."""
+    layer = get_channel_layer()
+    if layer is not None:
+        await layer.group_send(wake_group(key), message or {"type": "mcp.wake"})
+
+
+def close_session_streams(principal_key, session_id):
+    """The client DELETEd its session: its live streams end (``session_deleted``: no close frame, stream.py)
+    and its ring is dropped."""
+    key = ring_key(principal_key, session_id)
+    try:
+        wake(key, {"type": "mcp.close", "reason": "session_deleted"})
+    finally:
+        rings().drop(key)
