@@ -42,7 +42,9 @@ def approval_detail(request, approval_id):
 @extend_schema(request=None, summary="Withdraw your own pending ticket")
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
-    return ok(services.withdraw(principal_of(request), approval_id, cid=cid_of(request)))
+    p = principal_of(request)
+    rbac.check_tier(p, "Approval", "Write")  # the submitter's own ticket: no role needed, but a readonly token may not
+    return ok(services.withdraw(p, approval_id, cid=cid_of(request)))
 
 
 Review = inline_serializer("Review", {"comment": serializers.CharField(required=False, max_length=1024)})

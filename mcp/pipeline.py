@@ -127,10 +127,15 @@ def pre_checks(ctx, name, arguments):
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
-    if tool.rbac and not _rbac_allows(principal, tool, args):
+    verdict = _rbac_verdict(principal, tool, args) if tool.rbac else ALLOWED
+    if verdict == DENIED:
         perm = f"{tool.securable}:{tool.operation}"
         _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
               remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
+    if verdict == HIDDEN:
+        # Another group's device reads exactly like one that does not exist (no oracle); the audit says why.
+        _deny(ctx, rpc.INVALID_PARAMS, f"Agent not found: {args[tool.rbac_agent_arg]}", result="failure",
+              detail=f"outside_caller_groups={tool.securable}:{tool.operation}")
     try:
         if requires_approval(principal.tier, tool.securable, tool.operation):
             gate = approval_gate()
@@ -151,16 +156,23 @@ def pre_checks(ctx, name, arguments):
     return tool, args
 
 
-def _rbac_allows(principal, tool, args):
+ALLOWED, DENIED, HIDDEN = "allowed", "denied", "hidden"
+
+
+def _rbac_verdict(principal, tool, args):
+    """DENIED when no role grants the tool's permission anywhere; HIDDEN when it is granted on some groups
+    only and the named device lies outside them; else ALLOWED (an unknown device is the handler's "not
+    found", the same answer as HIDDEN)."""
+    if not rbac.has_any(principal, tool.securable, tool.operation):
+        return DENIED
     agent_id = args.get(tool.rbac_agent_arg) if tool.rbac_agent_arg else None
     if agent_id:
         from django.apps import apps
 
         agent = apps.get_model("fleet", "Agent").objects.filter(pk=agent_id).first()
-        if agent is not None:
-            return rbac.may(principal, tool.securable, tool.operation, agent=agent)
-        # Unknown device: fall through to the any-scope gate; the handler answers "not found".
-    return rbac.has_any(principal, tool.securable, tool.operation)
+        if agent is not None and not rbac.may(principal, tool.securable, tool.operation, agent=agent):
+            return HIDDEN
+    return ALLOWED
 
 
 def tool_result(structured, is_error=False):
