@@ -1,8 +1,11 @@
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+"""REST face of approvals: reading and withdrawing tickets (the MCP tools' twins), and reviewing, which only
+an interactive admin session with a fresh MFA proof may do."""
+
 from rest_framework.decorators import api_view
 
+from mcp.schema import array, integer, obj, string
 from yuzu import rbac
+from yuzu.api.contract import contract, payload, tool_output
 from yuzu.api.envelope import cid_of, ok
 from yuzu.api.views import int_param, principal_of
 from yuzu.errors import YuzuError
@@ -11,7 +14,14 @@ from . import services
 from .models import Approval
 
 
-@extend_schema(summary="Approval tickets you submitted or may review (newest 100)")
+TICKET = tool_output("list_pending_approvals")["properties"]["approvals"]["items"]
+REVIEW = obj({"comment": string(1024)})
+DECIDED = obj({"id": string(32), "status": string(16)}, ["id", "status"])
+
+
+@contract("GET", "Approval tickets you submitted or may review (newest 100)", response=array(TICKET),
+          query=[("status", str, "pending (default), approved, rejected, expired or withdrawn"),
+                 ("submitted_by", str, "")])
 @api_view(["GET"])
 def approvals_view(request):
     p = principal_of(request)
@@ -23,7 +33,8 @@ def approvals_view(request):
     return ok(rows, count=len(rows))
 
 
-@extend_schema(summary="How many approvals you may review wait for review")
+@contract("GET", "How many approvals you may review wait for review",
+          response=obj({"pending": integer(0, 1_000_000)}, ["pending"]))
 @api_view(["GET"])
 def pending_count_view(request):
     p = principal_of(request)
@@ -31,7 +42,8 @@ def pending_count_view(request):
     return ok({"pending": services.pending_count(p) if rbac.has_any(p, "Approval", "Approve") else 0})
 
 
-@extend_schema(summary="One approval ticket with its pinned targets (?page=); the status_url of a -32006 answer")
+@contract("GET", "One approval ticket with its pinned targets (?page=); the status_url of a -32006 answer",
+          response=tool_output("get_approval"), query=[("page", int, "target page, 50 agents per page")])
 @api_view(["GET"])
 def approval_detail(request, approval_id):
     p = principal_of(request)
@@ -39,7 +51,7 @@ def approval_detail(request, approval_id):
     return ok(services.approval_detail(p, approval_id, int_param(request, "page", 1, 1, 10000)))
 
 
-@extend_schema(request=None, summary="Withdraw your own pending ticket")
+@contract("POST", "Withdraw your own pending ticket", response=tool_output("withdraw_approval"))
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
     p = principal_of(request)
@@ -47,21 +59,18 @@ def withdraw_view(request, approval_id):
     return ok(services.withdraw(p, approval_id, cid=cid_of(request)))
 
 
-Review = inline_serializer("Review", {"comment": serializers.CharField(required=False, max_length=1024)})
-
-
 def _review(request, approval_id, decision):
-    comment = request.data.get("comment", "") if isinstance(request.data, dict) else ""
-    return ok(services.review(principal_of(request), approval_id, decision, str(comment), cid=cid_of(request)))
+    comment = payload(request, REVIEW).get("comment", "")
+    return ok(services.review(principal_of(request), approval_id, decision, comment, cid=cid_of(request)))
 
 
-@extend_schema(request=Review, summary="Approve (interactive session with a fresh MFA proof only)")
+@contract("POST", "Approve (interactive session with a fresh MFA proof only)", body=REVIEW, response=DECIDED)
 @api_view(["POST"])
 def approve_view(request, approval_id):
     return _review(request, approval_id, Approval.APPROVED)
 
 
-@extend_schema(request=Review, summary="Reject (interactive session with a fresh MFA proof only)")
+@contract("POST", "Reject (interactive session with a fresh MFA proof only)", body=REVIEW, response=DECIDED)
 @api_view(["POST"])
 def reject_view(request, approval_id):
     return _review(request, approval_id, Approval.REJECTED)

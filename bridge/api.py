@@ -9,15 +9,15 @@ A primary may send ``X-Bridge-Pane: [<tmux socket>:]<pane>`` to say where its ow
 SubscriptionGuard then refuses to manage workers on that tmux server (docs/bridge.md).
 """
 
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import authentication, exceptions, serializers
+from rest_framework import authentication, exceptions
 from rest_framework.decorators import api_view, authentication_classes
 
+from mcp.schema import obj
 from yuzu import rbac
+from yuzu.api.contract import contract, items_of, payload, tool_input, tool_output
 from yuzu.api.envelope import cid_of, ok
 from yuzu.api.views import principal_of
 from yuzu.auth import AuthError, authenticate
-from yuzu.errors import YuzuError
 from yuzu.models import ApiToken
 
 from . import services
@@ -56,10 +56,12 @@ def _pane_hint(request):
     return value[:200] or None
 
 
-Spawn = inline_serializer("BridgeSpawn", {"profile": serializers.CharField(required=False, max_length=64)})
+SPAWN = tool_input("bridge_spawn", "bridge")
+HOOK = {"type": "object", "maxProperties": 64, "description": "The worker's lifecycle hook payload"}
 
 
-@extend_schema(request=Spawn, summary="List your workers (GET) or spawn one (POST {profile})")
+@contract("GET", "List your workers", response=items_of(tool_output("bridge_list", "bridge"), "workers"))
+@contract("POST", "Spawn a worker", body=SPAWN, response=tool_output("bridge_spawn", "bridge"), status=201)
 @api_view(["GET", "POST"])
 def members_view(request):
     if request.method == "GET":
@@ -67,12 +69,7 @@ def members_view(request):
         rows = services.list_workers(caller)
         return ok(rows, count=len(rows))
     caller = _primary(request, "Execute")
-    data = request.data if isinstance(request.data, dict) else None
-    if data is None:
-        raise YuzuError("request body must be a JSON object", status=400)
-    profile = data.get("profile")
-    if profile is not None and (not isinstance(profile, str) or not 0 < len(profile) <= 64):
-        raise YuzuError("profile must be a profile name", status=400)
+    profile = payload(request, SPAWN).get("profile")
     try:
         member = services.spawn(caller, profile, primary_pane=_pane_hint(request), cid=cid_of(request))
     except BridgeFailure as exc:
@@ -80,7 +77,7 @@ def members_view(request):
     return ok(services.worker_view(member), status=201)
 
 
-@extend_schema(summary="Stop a worker (idempotent)")
+@contract("DELETE", "Stop a worker (idempotent)", response=tool_output("bridge_stop", "bridge"))
 @api_view(["DELETE"])
 def member_detail(request, pane_id):
     caller = _primary(request, "Execute")
@@ -90,13 +87,12 @@ def member_detail(request, pane_id):
         raise exc.as_yuzu_error() from None
 
 
-@extend_schema(summary="Hook sink: a worker's lifecycle hook events (the worker's own token)")
+@contract("POST", "Hook sink: a worker's lifecycle hook events (the worker's own token)", body=HOOK,
+          response=obj({}, additional=True))
 @api_view(["POST"])
 @authentication_classes([WorkerTokenAuthentication])
 def member_events(request, pane_id):
-    data = request.data if isinstance(request.data, dict) else None
-    if data is None:
-        raise YuzuError("request body must be a JSON object (the hook's payload)", status=400)
+    data = payload(request, HOOK)
     try:
         return ok(services.hook_event(principal_of(request), pane_id, data))
     except BridgeFailure as exc:

@@ -30,7 +30,7 @@ from yuzu.models import ApiToken
 from . import conf
 from .models import MAX_CONTENT_BYTES, InboxItem, Member, Message, Profile, Turn
 from .status import AgentStatus, classify, matching_rule, status_from_hook, status_from_title
-from .terminal import PaneNotFound, TerminalError, TmuxBackend
+from .terminal import PaneNotFound, TerminalError, TmuxBackend, unpasteable
 
 log = logging.getLogger("yuzu.bridge")
 
@@ -424,9 +424,16 @@ def wake_on_commit(groups):
 
 
 def check_content(content):
+    """The one gate for bridge_send / bridge_reply / bridge_ask text, before anything is stored or sent.
+    Control characters are refused, not stripped: text that reaches a worker's terminal must be exactly
+    what its sender wrote, and an ESC could break out of the bracketed paste (docs/bridge.md)."""
     if len(content.encode("utf-8")) > MAX_CONTENT_BYTES:
         raise YuzuError("content exceeds 64 KiB (65536 bytes of UTF-8)", status=413, rpc_code=-32602,
                         remediation="send less text, or point the worker at a file")
+    bad = unpasteable(content)
+    if bad is not None:
+        raise YuzuError(f"content holds a {bad}; only tab, newline and carriage return are allowed", status=400,
+                        rpc_code=-32602, remediation="remove terminal escape sequences and other control characters")
 
 
 @dataclass

@@ -20,7 +20,9 @@ Design notes
   dead pane behind: death is observable via :meth:`alive`.
 * :meth:`TmuxBackend.paste` delivers text as ONE bracketed paste
   (``load-buffer`` from stdin into a uniquely named buffer, then
-  ``paste-buffer -p -d``), then presses Enter.
+  ``paste-buffer -p -d``), then presses Enter. It refuses text holding a
+  control character (:func:`unpasteable`): an ESC could end the bracketed
+  paste early (``ESC[201~``) and have the rest typed as keystrokes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Mapping, Sequence
 
 __all__ = [
     "DEFAULT_SOCKET_NAME",
+    "unpasteable",
     "SOCKET_ENV_VAR",
     "PaneInfo",
     "PaneNotFound",
@@ -133,7 +136,18 @@ _NOT_FOUND = (
     "server exited unexpectedly",
 )
 _PANE_FORMAT = "#{pane_id}\t#{session_name}\t#{pane_pid}"
+# What text sent to a pane must never hold: the C0 controls except tab, LF and CR, DEL, and the C1 controls
+# (8-bit CSI and friends). tmux's paste-buffer turns every LF into CR anyway, so CR can do nothing LF cannot.
+_UNPASTEABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _SESSION_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def unpasteable(text: str) -> str | None:
+    """The first character of ``text`` a paste must not carry, described for an error message; None if none."""
+    found = _UNPASTEABLE.search(text)
+    if found is None:
+        return None
+    return f"control character U+{ord(found.group()):04X} at offset {found.start()}"
 
 
 def _tmux_arg(arg: str) -> str:
@@ -277,6 +291,10 @@ class TmuxBackend(TerminalBackend):
 
     def paste(self, pane_id: str, text: str, *, submit: bool = True) -> None:
         self._check_pane_id(pane_id)
+        bad = unpasteable(text)
+        if bad is not None:
+            raise TerminalError(f"refusing to paste text holding a {bad}: only tab, newline and carriage return "
+                                "may be pasted")
         if text:
             buffer = f"yuzu-{uuid.uuid4().hex}"
             self._run("load-buffer", "-b", buffer, "-", input=text.encode("utf-8"))

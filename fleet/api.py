@@ -1,25 +1,30 @@
-"""REST views for agents and management groups (thin wrappers over fleet.services)."""
+"""REST views of the fleet: thin wrappers over the same service functions as the MCP tools, with the same
+input contracts (each body is the twin tool's input schema; yuzu.api.contract)."""
 
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
 from rest_framework.decorators import api_view
 
+from mcp.schema import obj, string, without
 from yuzu import rbac
+from yuzu.api.contract import contract, items_of, payload, tool_input, tool_output
 from yuzu.api.envelope import cid_of, ok
-from yuzu.api.views import body, int_param, principal_of
+from yuzu.api.views import int_param, principal_of
+from yuzu.errors import NotFound
 
-from . import executions, inventory, services
+from . import executions, inventory, orientation, services
 
-GroupBody = inline_serializer("ManagementGroupBody", {
-    "name": serializers.CharField(max_length=128),
-    "description": serializers.CharField(required=False, max_length=1024),
-    "parent_id": serializers.CharField(required=False, allow_null=True),
-    "membership_type": serializers.ChoiceField(choices=["static", "dynamic"], required=False),
-    "scope_expression": serializers.CharField(required=False, max_length=8192),
-})
+GROUP_CREATE = tool_input("create_management_group")
+GROUP_UPDATE = without(tool_input("update_management_group"), "group_id")  # the group is in the path
+GROUP_MEMBER = obj({"agent_id": string(128, minLength=1)}, ["agent_id"])
+GROUP_ROLE = obj({"username": string(150, minLength=1), "role": string(64, minLength=1)}, ["username", "role"])
+EXECUTE = tool_input("execute_instruction")
+BUNDLE = tool_input("execute_bundle")
+SET_TAG = tool_input("set_tag")
+SCOPE = tool_input("validate_scope")
+QUARANTINE = tool_input("quarantine_device")
+AGENTS = items_of(tool_output("list_agents"), "agents")
 
 
-@extend_schema(summary="List agents the caller may see")
+@contract("GET", "List agents the caller may see", response=AGENTS)
 @api_view(["GET"])
 def agents_view(request):
     p = principal_of(request)
@@ -28,7 +33,7 @@ def agents_view(request):
     return ok(rows, count=len(rows))
 
 
-@extend_schema(summary="One agent with its tags")
+@contract("GET", "One agent with its attributes, tags and groups", response=tool_output("get_agent_details"))
 @api_view(["GET"])
 def agent_detail(request, agent_id):
     p = principal_of(request)
@@ -36,8 +41,9 @@ def agent_detail(request, agent_id):
     return ok(services.agent_details(p, agent_id))
 
 
-@extend_schema(methods=["GET"], summary="List management groups")
-@extend_schema(methods=["POST"], request=GroupBody, summary="Create a management group")
+@contract("GET", "List management groups", response=items_of(tool_output("list_management_groups"), "groups"))
+@contract("POST", "Create a management group", body=GROUP_CREATE, response=tool_output("create_management_group"),
+          status=201)
 @api_view(["GET", "POST"])
 def groups_view(request):
     p = principal_of(request)
@@ -46,14 +52,11 @@ def groups_view(request):
         rows = services.list_groups(p)
         return ok(rows, count=len(rows))
     rbac.check(p, "ManagementGroup", "Write")
-    d = body(request)
-    return ok(services.create_group(p, name=d.get("name", ""), description=d.get("description", ""),
-                                    parent_id=d.get("parent_id"), membership_type=d.get("membership_type", "static"),
-                                    scope_expression=d.get("scope_expression", ""), cid=cid_of(request)), status=201)
+    return ok(services.create_group(p, cid=cid_of(request), **payload(request, GROUP_CREATE)), status=201)
 
 
-@extend_schema(methods=["PUT"], request=GroupBody, summary="Update a management group")
-@extend_schema(methods=["GET"], summary="One management group with its members")
+@contract("PUT", "Update a management group", body=GROUP_UPDATE, response=tool_output("update_management_group"))
+@contract("GET", "One management group with its members", response=tool_output("get_management_group"))
 @api_view(["GET", "PUT"])
 def group_detail(request, group_id):
     p = principal_of(request)
@@ -61,25 +64,22 @@ def group_detail(request, group_id):
         rbac.check(p, "ManagementGroup", "Read", any_scope=True)
         return ok(services.get_group(p, group_id))
     rbac.check(p, "ManagementGroup", "Write", any_scope=True)
-    d = body(request)
-    fields = {k: d.get(k) for k in ("name", "description", "parent_id", "membership_type", "scope_expression") if k in d}
-    return ok(services.update_group(p, group_id, cid=cid_of(request), **fields))
+    return ok(services.update_group(p, group_id, cid=cid_of(request), **payload(request, GROUP_UPDATE)))
 
 
-@extend_schema(request=inline_serializer("GroupMember", {"agent_id": serializers.CharField()}),
-               summary="Add an agent to a static group")
+@contract("POST", "Add an agent to a static group", body=GROUP_MEMBER,
+          response=tool_output("add_management_group_member"), status=201)
 @api_view(["POST"])
 def group_members(request, group_id):
     p = principal_of(request)
     rbac.check(p, "ManagementGroup", "Write", any_scope=True)
-    d = body(request)
-    return ok(services.add_group_member(p, group_id, str(d.get("agent_id", "")), cid=cid_of(request)), status=201)
+    d = payload(request, GROUP_MEMBER)
+    return ok(services.add_group_member(p, group_id, d["agent_id"], cid=cid_of(request)), status=201)
 
 
-@extend_schema(methods=["POST"], request=inline_serializer("GroupRole", {"username": serializers.CharField(),
-                                                                         "role": serializers.CharField()}),
-               summary="Assign a role on this group")
-@extend_schema(methods=["GET"], summary="Role assignments on this group")
+@contract("POST", "Assign a role on this group", body=GROUP_ROLE,
+          response=tool_output("assign_management_group_role"), status=201)
+@contract("GET", "Role assignments on this group", response=tool_output("list_management_group_roles"))
 @api_view(["GET", "POST"])
 def group_roles(request, group_id):
     p = principal_of(request)
@@ -87,23 +87,18 @@ def group_roles(request, group_id):
         rbac.check(p, "ManagementGroup", "Read", any_scope=True)
         return ok(services.list_group_roles(p, group_id))
     rbac.check(p, "ManagementGroup", "Write", any_scope=True)
-    d = body(request)
-    return ok(services.assign_group_role(p, group_id, str(d.get("username", "")), str(d.get("role", "")),
-                                         cid=cid_of(request)), status=201)
+    d = payload(request, GROUP_ROLE)
+    return ok(services.assign_group_role(p, group_id, d["username"], d["role"], cid=cid_of(request)), status=201)
 
 
 # --- executions, bundles, tags, inventory, scope, quarantine (twins of the MCP tools) ----------
 
 
-ExecutionBody = inline_serializer("ExecutionBody", {
-    "plugin": serializers.CharField(max_length=128), "action": serializers.CharField(max_length=128),
-    "params": serializers.DictField(required=False), "scope": serializers.CharField(required=False, max_length=8192),
-    "agent_ids": serializers.ListField(child=serializers.CharField(max_length=128), required=False),
-})
-
-
-@extend_schema(methods=["POST"], request=ExecutionBody, summary="Dispatch plugin.action to agents (async)")
-@extend_schema(methods=["GET"], summary="Recent executions")
+@contract("POST", "Dispatch plugin.action to agents (async)", body=EXECUTE, response=tool_output("execute_instruction"),
+          status=202)
+@contract("GET", "Recent executions", response=tool_output("list_executions"),
+          query=[("definition_id", str, ""), ("status", str, "running|succeeded|completed|cancelled"),
+                 ("limit", int, "1-500, default 50")])
 @api_view(["GET", "POST"])
 def executions_view(request):
     p = principal_of(request)
@@ -113,20 +108,17 @@ def executions_view(request):
         return ok(executions.list_executions(p, definition_id=q.get("definition_id"), status=q.get("status"),
                                              limit=int_param(request, "limit", 50, 1, 500)))
     rbac.check(p, "Execution", "Execute", any_scope=True)
-    d = body(request)
-    return ok(executions.start_execution(p, plugin=d.get("plugin"), action=d.get("action"), params=d.get("params"),
-                                         scope=d.get("scope"), agent_ids=d.get("agent_ids"), cid=cid_of(request)),
-              status=202)
+    return ok(executions.start_execution(p, cid=cid_of(request), **payload(request, EXECUTE)), status=202)
 
 
-@extend_schema(summary="One execution with counts and progress")
+@contract("GET", "One execution with counts and progress", response=tool_output("get_execution_status"))
 @api_view(["GET"])
 def execution_detail(request, execution_id):
     rbac.check(principal_of(request), "Execution", "Read", any_scope=True)
     return ok(executions.execution_status(principal_of(request), execution_id))
 
 
-@extend_schema(request=None, summary="Cancel: stop further dispatch (commands already sent keep running)")
+@contract("POST", "Cancel: stop further dispatch (commands already sent keep running)")
 @api_view(["POST"])
 def execution_cancel(request, execution_id):
     p = principal_of(request)
@@ -134,7 +126,9 @@ def execution_cancel(request, execution_id):
     return ok(executions.cancel_execution(p, execution_id, cid=cid_of(request)))
 
 
-@extend_schema(summary="Agents' responses for one execution")
+@contract("GET", "Agents' responses for one execution", response=tool_output("query_responses"),
+          query=[("agent_id", str, ""), ("status", str, "RUNNING|SUCCESS|FAILURE|TIMEOUT|REJECTED"),
+                 ("limit", int, "1-1000, default 100")])
 @api_view(["GET"])
 def execution_responses(request, execution_id):
     p = principal_of(request)
@@ -144,7 +138,8 @@ def execution_responses(request, execution_id):
                                          status=q.get("status"), limit=int_param(request, "limit", 100, 1, 1000)))
 
 
-@extend_schema(summary="Count responses grouped by status, agent_id, exit_code or output")
+@contract("GET", "Count responses grouped by status, agent_id, exit_code or output",
+          response=tool_output("aggregate_responses"), query=[("group_by", str, "status|agent_id|exit_code|output")])
 @api_view(["GET"])
 def execution_aggregate(request, execution_id):
     p = principal_of(request)
@@ -153,19 +148,15 @@ def execution_aggregate(request, execution_id):
                                              group_by=request.query_params.get("group_by", "status")))
 
 
-@extend_schema(request=inline_serializer("BundleBody", {"agent_id": serializers.CharField(max_length=128),
-                                                        "steps": serializers.ListField(child=serializers.DictField())}),
-               summary="Run 1-32 steps on one agent")
+@contract("POST", "Run 1-32 steps on one agent", body=BUNDLE, response=tool_output("execute_bundle"), status=202)
 @api_view(["POST"])
 def bundles_view(request):
     p = principal_of(request)
     rbac.check(p, "Execution", "Execute", any_scope=True)
-    d = body(request)
-    return ok(executions.start_bundle(p, agent_id=d.get("agent_id"), steps=d.get("steps"), cid=cid_of(request)),
-              status=202)
+    return ok(executions.start_bundle(p, cid=cid_of(request), **payload(request, BUNDLE)), status=202)
 
 
-@extend_schema(summary="A bundle's collated result")
+@contract("GET", "A bundle's collated result", response=tool_output("get_bundle_result"))
 @api_view(["GET"])
 def bundle_detail(request, bundle_id):
     p = principal_of(request)
@@ -173,10 +164,10 @@ def bundle_detail(request, bundle_id):
     return ok(executions.bundle_result(p, bundle_id))
 
 
-@extend_schema(methods=["PUT"], request=inline_serializer("TagBody", {
-    "agent_id": serializers.CharField(), "key": serializers.CharField(), "value": serializers.CharField()}),
-    summary="Set a tag (pushed to the agent)")
-@extend_schema(methods=["GET"], summary="Tags of one agent (?agent_id=) or agents with a tag (?key=&value=)")
+@contract("PUT", "Set a tag (pushed to the agent)", body=SET_TAG, response=tool_output("set_tag"))
+@contract("GET", "Tags of one agent (?agent_id=) or agents with a tag (?key=&value=)",
+          response={"oneOf": [tool_output("get_tags"), tool_output("search_agents_by_tag")]},
+          query=[("agent_id", str, ""), ("key", str, ""), ("value", str, "")])
 @api_view(["GET", "PUT"])
 def tags_view(request):
     p = principal_of(request)
@@ -186,12 +177,12 @@ def tags_view(request):
         if q.get("agent_id"):
             return ok(services.get_tags(p, q["agent_id"]))
         return ok(services.search_agents_by_tag(p, q.get("key", ""), q.get("value")))
-    d = body(request)
     rbac.check(p, "Tag", "Write", any_scope=True)
-    return ok(services.set_tag(p, str(d.get("agent_id", "")), d.get("key"), d.get("value"), cid=cid_of(request)))
+    d = payload(request, SET_TAG)
+    return ok(services.set_tag(p, d["agent_id"], d["key"], d["value"], cid=cid_of(request)))
 
 
-@extend_schema(summary="Delete a tag")
+@contract("DELETE", "Delete a tag", response=tool_output("delete_tag"))
 @api_view(["DELETE"])
 def tag_detail(request, agent_id, key):
     p = principal_of(request)
@@ -199,7 +190,8 @@ def tag_detail(request, agent_id, key):
     return ok(services.delete_tag(p, agent_id, key, cid=cid_of(request)))
 
 
-@extend_schema(summary="Inventory rows (?agent_id=&plugin=)")
+@contract("GET", "Inventory rows (?agent_id=&plugin=)", response=tool_output("query_inventory"),
+          query=[("agent_id", str, ""), ("plugin", str, ""), ("limit", int, "1-1000, default 100")])
 @api_view(["GET"])
 def inventory_view(request):
     p = principal_of(request)
@@ -209,7 +201,7 @@ def inventory_view(request):
                                         limit=int_param(request, "limit", 100, 1, 1000)))
 
 
-@extend_schema(summary="Inventory plugins and agent counts")
+@contract("GET", "Inventory plugins and agent counts", response=tool_output("list_inventory_tables"))
 @api_view(["GET"])
 def inventory_tables(request):
     p = principal_of(request)
@@ -217,7 +209,7 @@ def inventory_tables(request):
     return ok(inventory.list_inventory_tables(p))
 
 
-@extend_schema(summary="All inventory of one agent")
+@contract("GET", "All inventory of one agent", response=tool_output("get_agent_inventory"))
 @api_view(["GET"])
 def agent_inventory_view(request, agent_id):
     p = principal_of(request)
@@ -225,28 +217,28 @@ def agent_inventory_view(request, agent_id):
     return ok(inventory.agent_inventory(p, agent_id))
 
 
-@extend_schema(request=inline_serializer("ScopeBody", {"expression": serializers.CharField(max_length=8192)}),
-               summary="Validate a scope expression")
+@contract("POST", "Validate a scope expression", body=SCOPE, response=tool_output("validate_scope"))
 @api_view(["POST"])
 def scope_validate(request):
     rbac.check(principal_of(request), "Infrastructure", "Read", any_scope=True)
-    return ok(inventory.validate_scope(str(body(request).get("expression", ""))))
+    return ok(inventory.validate_scope(inventory.scope_argument(payload(request, SCOPE))))
 
 
-@extend_schema(request=inline_serializer("ScopePreview", {"expression": serializers.CharField(max_length=8192)}),
-               summary="Agents a scope expression matches")
+PREVIEW = tool_input("preview_scope_targets")
+
+
+@contract("POST", "Agents a scope expression matches", body=PREVIEW, response=tool_output("preview_scope_targets"))
 @api_view(["POST"])
 def scope_preview(request):
     p = principal_of(request)
     rbac.check(p, "Infrastructure", "Read", any_scope=True)
-    return ok(inventory.preview_scope_targets(p, str(body(request).get("expression", ""))))
+    d = payload(request, PREVIEW)
+    return ok(inventory.preview_scope_targets(p, inventory.scope_argument(d), d.get("limit", 100)))
 
 
-@extend_schema(summary="Discovery: plugins, instructions or the scope language")
+@contract("GET", "Discovery: plugins, instructions, the scope language or the REST routes")
 @api_view(["GET"])
 def discover_view(request, kind):
-    from yuzu.errors import NotFound
-
     p = principal_of(request)
     rbac.check(p, "Infrastructure", "Read", any_scope=True)
     if kind == "plugins":
@@ -257,19 +249,15 @@ def discover_view(request, kind):
     if kind == "scope-kinds":
         return ok(inventory.describe_scope())
     if kind == "routes":
-        from .orientation import routes
-
-        return ok(routes())
+        return ok(orientation.routes())
     raise NotFound(f"unknown discovery kind: {kind}")
 
 
-@extend_schema(request=inline_serializer("QuarantineBody", {"agent_id": serializers.CharField(max_length=128),
-                                                            "reason": serializers.CharField(required=False, max_length=1024)}),
-               summary="Quarantine a device")
+@contract("POST", "Quarantine a device", body=QUARANTINE, response=tool_output("quarantine_device"))
 @api_view(["POST"])
 def quarantine_view(request):
     p = principal_of(request)
     rbac.check(p, "Security", "Execute", any_scope=True)
-    d = body(request)
-    return ok(inventory.quarantine_device(p, str(d.get("agent_id", "")), reason=str(d.get("reason", ""))[:1024],
+    d = payload(request, QUARANTINE)
+    return ok(inventory.quarantine_device(p, d["agent_id"], reason=d.get("reason", ""), whitelist=d.get("whitelist", ""),
                                           cid=cid_of(request)))

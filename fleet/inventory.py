@@ -96,6 +96,19 @@ def discover_instructions(principal):
     return {"instructions": rows, "count": len(rows)}
 
 
+def scope_argument(args):
+    """The scope expression of a scope tool's arguments: ``scope`` (the name execute_instruction uses) or its
+    older alias ``expression``; both only if they agree."""
+    scope, expression = args.get("scope"), args.get("expression")
+    if scope is not None and expression is not None and scope != expression:
+        raise YuzuError("pass scope or expression (the same argument by its older name), not two different ones",
+                        status=400, rpc_code=-32602)
+    value = scope if scope is not None else expression
+    if not isinstance(value, str) or not value:
+        raise YuzuError("scope is required", status=400, rpc_code=-32602)
+    return value
+
+
 def validate_scope(expression):
     from .scope import validate
 

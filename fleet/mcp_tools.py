@@ -9,6 +9,7 @@ from yuzu.metrics import MCP_POLL
 
 from . import events, executions, inventory, orientation, services
 from .models import Execution
+from .permissions import on_agent
 
 AGENT = obj({
     "agent_id": string(128), "hostname": string(255), "os": string(64), "arch": string(32),
@@ -19,6 +20,8 @@ GROUP = obj({"id": string(32), "name": string(128), "description": string(1024),
              "membership_type": enum(["static", "dynamic"]), "scope_expression": nullable(string(8192))},
             additional=True)
 GROUP_ID = string(128, "Group id (32 hex) or exact name", minLength=1)
+SCOPE_ARG = {"scope": string(8192, "Scope expression, e.g. ostype == linux AND tag:env == prod", minLength=1),
+             "expression": string(8192, "The same as scope (its older name)", minLength=1)}
 
 
 @tool(name="list_agents", title="List agents", securable="Infrastructure", operation="Read",
@@ -34,7 +37,7 @@ def list_agents(ctx, args):
 
 
 @tool(name="get_agent_details", title="Agent details", securable="Infrastructure", operation="Read",
-      rbac_agent_arg="agent_id",
+      object_permission=on_agent("agent_id"),
       description="One agent with its self-reported attributes, tags and management groups. An unknown or "
                   "invisible agent_id is an error (-32602 'Agent not found'), never an empty result.",
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
@@ -44,7 +47,7 @@ def get_agent_details(ctx, args):
     return services.agent_details(ctx.principal, args["agent_id"])
 
 
-@tool(name="get_tags", title="Agent tags", securable="Tag", operation="Read", rbac_agent_arg="agent_id",
+@tool(name="get_tags", title="Agent tags", securable="Tag", operation="Read", object_permission=on_agent("agent_id"),
       description="The tags (key=value) of one agent. An empty list means the agent has no tags.",
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
       output_schema=obj({"agent_id": string(128), "tags": array(obj({"key": string(64), "value": string(256)}))},
@@ -64,7 +67,7 @@ def search_agents_by_tag(ctx, args):
 
 
 @tool(name="set_tag", title="Set a tag", securable="Tag", operation="Write", effect="destructive", idempotent=True,
-      service_scope="confined", rbac_agent_arg="agent_id",
+      service_scope="confined", object_permission=on_agent("agent_id"),
       description="Sets tag key=value on one agent and pushes the tags to it. Category keys (role, environment, "
                   "location, service) are lower-cased and validated.",
       input_schema=obj({"agent_id": AGENT_ID, "key": string(64, minLength=1), "value": string(256)},
@@ -75,7 +78,7 @@ def set_tag(ctx, args):
 
 
 @tool(name="delete_tag", title="Delete a tag", securable="Tag", operation="Delete", effect="destructive",
-      idempotent=True, service_scope="confined", rbac_agent_arg="agent_id",
+      idempotent=True, service_scope="confined", object_permission=on_agent("agent_id"),
       prepare=lambda ctx, a, pinned=None: services.plan_delete_tag(ctx.principal, a["agent_id"], a["key"], pinned),
       description="Deletes tag `key` from one agent. Approval-gated for MCP tokens (operator and supervised): the "
                   "first call answers -32006 with an approval_id. deleted:false means the tag did not exist.",
@@ -347,7 +350,7 @@ STEP = obj({"plugin": string(128, minLength=1), "action": string(128, minLength=
 
 
 @tool(name="execute_bundle", title="Execute a bundle", securable="Execution", operation="Execute",
-      effect="destructive", idempotent=False, service_scope="confined", rbac_agent_arg="agent_id",
+      effect="destructive", idempotent=False, service_scope="confined", object_permission=on_agent("agent_id"),
       prepare=lambda ctx, a, pinned=None: executions.plan_bundle(ctx.principal, agent_id=a["agent_id"],
                                                                  steps=a["steps"], pinned=pinned),
       description="Runs 1-32 steps (plugin, action, params) on ONE agent; returns bundle_id. Collect with "
@@ -396,7 +399,7 @@ def list_inventory_tables(ctx, args):
 
 
 @tool(name="get_agent_inventory", title="Agent inventory", securable="Infrastructure", operation="Read",
-      rbac_agent_arg="agent_id",
+      object_permission=on_agent("agent_id"),
       description="All inventory one agent reported, by plugin. Unknown agent → -32602.",
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
       output_schema=obj({"agent_id": string(128), "inventory": {"type": "object"}, "result_truncated_by_cap": boolean()},
@@ -441,22 +444,25 @@ def get_definition(ctx, args):
 
 
 @tool(name="validate_scope", title="Validate a scope", securable="Infrastructure", operation="Read", rbac=False,
-      description="Parses a scope expression: {valid:true, expression:<canonical>} or {valid:false, error, "
-                  "position}. Matches nothing; use preview_scope_targets to see which agents it selects.",
-      input_schema=obj({"expression": string(8192, minLength=1)}, ["expression"]),
+      description="Parses a scope expression (`scope`, the name execute_instruction uses; `expression` is "
+                  "accepted too): {valid:true, expression:<canonical>} or {valid:false, error, position}. Matches "
+                  "nothing; use preview_scope_targets to see which agents it selects.",
+      input_schema=obj({**SCOPE_ARG}, anyOf=[{"required": ["scope"]}, {"required": ["expression"]}]),
       output_schema=obj({"valid": boolean(), "expression": string(8192), "error": string(1024),
                          "position": integer(0)}, ["valid"]))
 def validate_scope(ctx, args):
-    return inventory.validate_scope(args["expression"])
+    return inventory.validate_scope(inventory.scope_argument(args))
 
 
 @tool(name="preview_scope_targets", title="Preview scope targets", securable="Infrastructure", operation="Read",
-      description="The agents (you may see) a scope expression matches now. total:0 means none match.",
-      input_schema=obj({"expression": string(8192, minLength=1), "limit": integer(1, 1000)}, ["expression"]),
+      description="The agents (you may see) a scope expression (`scope`, or its alias `expression`) matches "
+                  "now. total:0 means none match.",
+      input_schema=obj({**SCOPE_ARG, "limit": integer(1, 1000)},
+                       anyOf=[{"required": ["scope"]}, {"required": ["expression"]}]),
       output_schema=obj({"expression": string(8192), "total": integer(0), "agents": array(AGENT),
                          "result_truncated_by_cap": boolean()}, ["total", "agents"]))
 def preview_scope_targets(ctx, args):
-    return inventory.preview_scope_targets(ctx.principal, args["expression"], args.get("limit", 100))
+    return inventory.preview_scope_targets(ctx.principal, inventory.scope_argument(args), args.get("limit", 100))
 
 
 @tool(name="discover_scope_kinds", title="Scope language", securable="Infrastructure", operation="Read",
@@ -467,7 +473,7 @@ def discover_scope_kinds(ctx, args):
 
 
 @tool(name="quarantine_device", title="Quarantine a device", securable="Security", operation="Execute",
-      effect="destructive", idempotent=True, service_scope="confined", rbac_agent_arg="agent_id",
+      effect="destructive", idempotent=True, service_scope="confined", object_permission=on_agent("agent_id"),
       prepare=lambda ctx, a, pinned=None: inventory.plan_quarantine(
           ctx.principal, a["agent_id"], reason=a.get("reason", ""), whitelist=a.get("whitelist", ""), pinned=pinned),
       description="Records a quarantine for one agent and dispatches quarantine.quarantine to it (the agent "

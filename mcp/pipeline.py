@@ -14,8 +14,6 @@ import time
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
-import jsonschema
-from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -27,6 +25,7 @@ from yuzu.policy import requires_approval, tier_allows
 
 from . import jsonrpc as rpc
 from .registry import ToolFailure, catalogue
+from .schema import error_path, first_error
 
 log = logging.getLogger("yuzu.mcp")
 TIER_REMEDIATION = "use a higher-tier MCP token, or the REST API / dashboard"
@@ -51,22 +50,6 @@ def approval_gate():
     return _approval_gate
 
 
-# "integer" is strict: 1.0 is not an integer argument (a float where an id or a count belongs is a bug).
-StrictValidator = jsonschema.validators.extend(
-    Draft202012Validator,
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda checker, v: isinstance(v, int) and not isinstance(v, bool)),
-)
-_validators = {}
-
-
-def validator_for(tool):
-    v = _validators.get((tool.catalogue, tool.name))
-    if v is None:
-        v = _validators[(tool.catalogue, tool.name)] = StrictValidator(tool.input_schema)
-    return v
-
-
 def a4(cid, retry_after_ms=None, remediation=None, **extra):
     data = {"correlation_id": cid, "retry_after_ms": retry_after_ms, "remediation": remediation}
     data.update(extra)
@@ -86,14 +69,12 @@ def _deny(ctx, code, message, result="denied", detail="", stamp_cid=False, **dat
 
 
 def schema_error_message(error):
-    path = "/" + "/".join(str(p) for p in error.absolute_path)
-    return f"arguments do not match the tool input schema at '{path}': {error.message}"
+    return f"arguments do not match the tool input schema at '{error_path(error)}': {error.message}"
 
 
 def check_arguments(tool, arguments):
     """Returns None or the first validation error, deterministic (by path)."""
-    errors = sorted(validator_for(tool).iter_errors(arguments), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    return errors[0] if errors else None
+    return first_error(tool.input_schema, arguments)
 
 
 def pre_checks(ctx, name, arguments):
@@ -127,16 +108,13 @@ def pre_checks(ctx, name, arguments):
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
-    verdict = _rbac_verdict(principal, tool, args) if tool.rbac else ALLOWED
-    if verdict == DENIED:
-        perm = f"{tool.securable}:{tool.operation}"
-        _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
-              remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
-    if verdict == HIDDEN:
-        # Another group's device reads exactly like one that does not exist (no oracle); the audit says why.
-        _deny(ctx, rpc.INVALID_PARAMS, f"Agent not found: {args[tool.rbac_agent_arg]}", result="failure",
-              detail=f"outside_caller_groups={tool.securable}:{tool.operation}")
     try:
+        # RBAC; a tool's object permission may also answer "not found" for an object outside the caller's
+        # groups (the same answer as for one that does not exist: no oracle).
+        if tool.rbac and not _rbac_allows(principal, tool, args):
+            perm = f"{tool.securable}:{tool.operation}"
+            _deny(ctx, rpc.PERMISSION_DENIED, f"permission denied: {perm}", detail=f"permission={perm}",
+                  remediation=f"ask an administrator for a role that grants {perm}", permission=perm)
         if requires_approval(principal.tier, tool.securable, tool.operation):
             gate = approval_gate()
             if gate is None:
@@ -149,30 +127,20 @@ def pre_checks(ctx, name, arguments):
             ctx.plan = tool.plan(ctx, args)
     except (YuzuError, ValidationError) as exc:
         exc = invalid_input(exc) if isinstance(exc, ValidationError) else exc
-        # The call's own validation refused it before anything happened (no ticket, nothing consumed).
+        # The call's own validation (or its object permission) refused it before anything happened (no ticket,
+        # nothing consumed).
         _deny(ctx, exc.rpc_code, exc.message, result=exc.audit_result, retry_after_ms=exc.retry_after_ms,
               remediation=exc.remediation, **({"permission": exc.permission} if exc.permission else {}),
               **exc.extra)
     return tool, args
 
 
-ALLOWED, DENIED, HIDDEN = "allowed", "denied", "hidden"
-
-
-def _rbac_verdict(principal, tool, args):
-    """DENIED when no role grants the tool's permission anywhere; HIDDEN when it is granted on some groups
-    only and the named device lies outside them; else ALLOWED (an unknown device is the handler's "not
-    found", the same answer as HIDDEN)."""
-    if not rbac.has_any(principal, tool.securable, tool.operation):
-        return DENIED
-    agent_id = args.get(tool.rbac_agent_arg) if tool.rbac_agent_arg else None
-    if agent_id:
-        from django.apps import apps
-
-        agent = apps.get_model("fleet", "Agent").objects.filter(pk=agent_id).first()
-        if agent is not None and not rbac.may(principal, tool.securable, tool.operation, agent=agent):
-            return HIDDEN
-    return ALLOWED
+def _rbac_allows(principal, tool, args):
+    """The tool's object permission when it declares one, else the permission on any scope (admit, then
+    the handler filters what the caller may see)."""
+    if tool.object_permission is not None:
+        return tool.object_permission(principal, tool, args)
+    return rbac.has_any(principal, tool.securable, tool.operation)
 
 
 def tool_result(structured, is_error=False):

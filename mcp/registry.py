@@ -51,7 +51,9 @@ class Tool:
     idempotent: bool = True
     service_scope: str = "denied"
     rbac: bool = True
-    rbac_agent_arg: str | None = None
+    # Object-level permission (DRF's has_object_permission): allows(principal, tool, args) -> bool, declared
+    # by the app that owns the object; without it RBAC asks for the permission on any scope.
+    object_permission: object = None
     catalogue: str = DEFAULT_CATALOGUE
     poll: bool = False
     precondition: object = None
@@ -164,14 +166,14 @@ def _cat(name):
 
 
 def tool(*, name, title, description, securable, operation, input_schema, output_schema=None, effect=None,
-         idempotent=None, service_scope="denied", rbac=True, rbac_agent_arg=None, catalogue=DEFAULT_CATALOGUE,
+         idempotent=None, service_scope="denied", rbac=True, object_permission=None, catalogue=DEFAULT_CATALOGUE,
          poll=False, precondition=None, prepare=None, progress=False):
     def register(fn):
         eff = effect or ("read" if operation == "Read" else "destructive")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
                  idempotent=(operation == "Read") if idempotent is None else idempotent,
-                 service_scope=service_scope, rbac=rbac, rbac_agent_arg=rbac_agent_arg, catalogue=catalogue,
+                 service_scope=service_scope, rbac=rbac, object_permission=object_permission, catalogue=catalogue,
                  poll=poll, precondition=precondition, prepare=prepare, progress=progress, module=fn.__module__)
         cat = _cat(catalogue)
         if name in cat.tools and cat.tools[name].module != t.module:

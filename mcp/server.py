@@ -108,19 +108,8 @@ def _principal(req):
     except AuthError as exc:
         return None, unauthorized(str(exc))
     if principal is None:
-        anon = settings.YUZU_MCP_TEST_ANONYMOUS_USER
-        if anon:  # test profile only (conformance suite, which cannot send a token)
-            return _anonymous(anon), None
         return None, unauthorized("send Authorization: Bearer yuzu_…")
     return principal, None
-
-
-def _anonymous(username):
-    from django.contrib.auth import get_user_model
-
-    from yuzu.rbac import Principal
-
-    return Principal(user=get_user_model().objects.get(username=username), via="session")
 
 
 def session_reject(principal, reason, sid=""):

@@ -179,6 +179,51 @@ def _terminate(principal, session, key):
           detail="reason=replay_window_exceeded")
 
 
+def revalidate(principal, session_id):
+    """Once a tick, for every held-open stream: the credential still valid (revoked, expired or its owner
+    deactivated → credential_revoked; backend unreachable → indeterminate), and the session still alive (this
+    also slides its idle expiry). Runs in a worker thread."""
+    from django.core.exceptions import ObjectDoesNotExist
+    from django.db import DatabaseError
+
+    try:
+        token = principal.token
+        if token is not None:
+            token.refresh_from_db(fields=["revoked_at", "expires_at", "retire_at"])
+            if not token.is_live():
+                return "credential_revoked"
+        user = principal.user
+        user.refresh_from_db(fields=["is_active"])
+        if not user.is_active:
+            return "credential_revoked"
+        if store().validate(session_id, principal.key) is None:
+            return "session_terminated"
+        return "ok"
+    except ObjectDoesNotExist:
+        return "credential_revoked"
+    except (DatabaseError, OSError):
+        return "indeterminate"
+
+
+class CredentialWatch:
+    """A stream's tick verdict: None to go on, else the reason to close with. A backend that cannot answer
+    is given AUTH_GRACE_SECONDS before the stream closes with auth_unavailable."""
+
+    def __init__(self, principal, session_id):
+        self.principal, self.session_id = principal, session_id
+        self.failing_since = None
+
+    async def check(self):
+        verdict = await hop(revalidate)(self.principal, self.session_id)
+        if verdict == "ok":
+            self.failing_since = None
+            return None
+        if verdict == "indeterminate":
+            self.failing_since = self.failing_since or time.monotonic()
+            return "auth_unavailable" if time.monotonic() - self.failing_since >= AUTH_GRACE_SECONDS else None
+        return verdict
+
+
 class GetStream:
     def __init__(self, consumer, principal, session, key):
         self.consumer, self.principal, self.session, self.key = consumer, principal, session, key
@@ -187,7 +232,7 @@ class GetStream:
         self.follow = None  # "post:<id>" when this GET resumed a streamed POST, until its result is delivered
         self.closed = False
         self.wrote_since_tick = False
-        self.auth_failing_since = None
+        self.watch = CredentialWatch(principal, session.id)
         self.ticker = None
         self.budget_held = True
 
@@ -248,42 +293,12 @@ class GetStream:
     async def on_tick(self):
         if self.closed:
             return
-        verdict = await hop(self._revalidate)()
-        if verdict == "ok":
-            self.auth_failing_since = None
-        elif verdict == "indeterminate":
-            self.auth_failing_since = self.auth_failing_since or time.monotonic()
-            if time.monotonic() - self.auth_failing_since >= AUTH_GRACE_SECONDS:
-                return await self.close("auth_unavailable")
-        else:
-            return await self.close(verdict)
+        reason = await self.watch.check()
+        if reason is not None:
+            return await self.close(reason)
         if not self.wrote_since_tick:
             await self.write(b": heartbeat\n\n")
         self.wrote_since_tick = False
-
-    def _revalidate(self):
-        """Once a tick: the credential still valid (revoked → close; backend unreachable → indeterminate),
-        and the session still alive (this also slides its idle expiry)."""
-        from django.core.exceptions import ObjectDoesNotExist
-        from django.db import DatabaseError
-
-        try:
-            token = self.principal.token
-            if token is not None:
-                token.refresh_from_db(fields=["revoked_at", "expires_at", "retire_at"])
-                if not token.is_live():
-                    return "credential_revoked"
-            user = self.principal.user
-            user.refresh_from_db(fields=["is_active"])
-            if not user.is_active:
-                return "credential_revoked"
-            if store().validate(self.session.id, self.principal.key) is None:
-                return "session_terminated"
-            return "ok"
-        except ObjectDoesNotExist:
-            return "credential_revoked"
-        except (DatabaseError, OSError):
-            return "indeterminate"
 
     async def close(self, reason):
         if self.closed:
@@ -389,6 +404,7 @@ class PostStream:
         self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
                                  mode="post", stream_tag=f"post:{ctx.request_id}", tool_result=tool_result,
                                  writer=self.write_frame)
+        self.watch = CredentialWatch(ctx.principal, ctx.session_id)
 
     async def write_frame(self, eid, frame):
         if not self.wire_open:
@@ -405,7 +421,21 @@ class PostStream:
         eid = self.ctx.following.meta.get("yuzu.execution_id")
         return {"execution_id": eid, "partial": True} if eid else {}
 
+    async def _tick_loop(self):
+        """The GET stream's re-validation, on the same tick: a credential revoked (or a session ended) while the
+        call streams stops the follower, and the response closes with that reason."""
+        try:
+            while self.follower.closed is None:
+                await asyncio.sleep(TICK_SECONDS)
+                reason = await self.watch.check()
+                if reason is not None:
+                    self.follower.detach(reason)
+                    return
+        except asyncio.CancelledError:
+            pass
+
     async def run(self):
+        ticker = asyncio.ensure_future(self._tick_loop())
         try:
             try:
                 reason = await self.follower.run()
@@ -426,6 +456,7 @@ class PostStream:
                     self.consumer.stream = None
                     self.consumer.stop_soon()
         finally:
+            ticker.cancel()
             release_record(self.key, self.ctx.request_id)
             self._release_lease()
 
@@ -465,7 +496,7 @@ class PostStream:
     async def on_wake(self):  # a POST response is fed by its follower, not by ring wake-ups
         return None
 
-    async def on_tick(self):
+    async def on_tick(self):  # its own tick loop re-validates (a plain POST opens no channel to be ticked on)
         return None
 
     async def close(self, reason):

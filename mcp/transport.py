@@ -1,6 +1,7 @@
 """Streamable HTTP transport: a Channels HTTP consumer at /mcp/v1 and /mcp/v1/ (and the bridge's
-/mcp/bridge/). Guards that need no database run here, before any work: kill switch, body bounds,
-Host and Origin, protocol version, JSON framing. Everything else is one worker-thread hop
+/mcp/bridge/). The body's size and declared length are bounded before it gets here, while it arrives
+(yuzu.bodylimit). Guards that need no database run here, before any work: kill switch, Host, Origin,
+Content-Type and -Encoding, protocol version, JSON framing. Everything else is one worker-thread hop
 (mcp.server.handle)."""
 
 import asyncio
@@ -28,7 +29,6 @@ from .registry import catalogue
 from .server import SUPPORTED_VERSIONS, Attach, Continuation, Reply, Request, handle, streaming_on
 
 log = logging.getLogger("yuzu.mcp")
-MAX_BODY = 4 * 1024 * 1024
 
 
 class StopEarly(Exception):
@@ -46,8 +46,6 @@ class McpConsumer(AsyncHttpConsumer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.size = 0
-        self.refused = None
         self.stream = None  # a live GET stream or streamed POST (mcp.sse) keeps the consumer open
 
     async def __call__(self, scope, receive, send):
@@ -108,47 +106,15 @@ class McpConsumer(AsyncHttpConsumer):
         return self._headers
 
     async def http_request(self, message):
-        """Enforce the body bound while the body arrives, not after."""
-        if self.refused is None and not self.body:
-            self.refused = self.body_guard()
-        if self.refused is None:
-            self.size += len(message.get("body", b""))
-            if self.size > MAX_BODY:
-                MCP_BODY_TOO_LARGE.labels("too_large").inc()
-                self.refused = _refuse(413, rpc.INVALID_REQUEST, "request body exceeds 4 MiB")
-                self.body = []
-            else:
-                self.body.append(message.get("body", b""))
+        self.body.append(message.get("body", b""))  # within the 4 MiB yuzu.bodylimit lets through
         if not message.get("more_body"):
             try:
-                if self.refused is not None:
-                    await self.reply(self.refused)
-                else:
-                    await self.handle(b"".join(self.body))
+                await self.handle(b"".join(self.body))
             finally:
                 if self.stream is None:
                     await self.disconnect()
             if self.stream is None:
                 raise StopConsumer()
-
-    def body_guard(self):
-        if self.scope["method"] not in ("POST", "PUT", "PATCH"):
-            return None
-        h = self.headers
-        if "transfer-encoding" in h or "content-length" not in h:
-            MCP_BODY_TOO_LARGE.labels("no_length").inc()
-            return _refuse(411, rpc.INVALID_REQUEST, "Content-Length required")
-        try:
-            length = int(h["content-length"])
-        except ValueError:
-            return _refuse(400, rpc.INVALID_REQUEST, "invalid Content-Length")
-        if length > MAX_BODY:
-            MCP_BODY_TOO_LARGE.labels("too_large").inc()
-            return _refuse(413, rpc.INVALID_REQUEST, "request body exceeds 4 MiB")
-        if h.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
-            MCP_BODY_TOO_LARGE.labels("encoding").inc()
-            return _refuse(415, rpc.INVALID_REQUEST, "Content-Encoding must be identity")
-        return None
 
     async def reply(self, reply):
         headers = [(b"x-correlation-id", correlation_id().encode())]
@@ -185,10 +151,21 @@ class McpConsumer(AsyncHttpConsumer):
         domain, _ = split_domain_port(host)
         if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
             return _refuse(421, rpc.INVALID_REQUEST, "Misdirected Request: Host not allowed")
+        # Origin on every request, whatever the streaming mode: with the admin session cookie also accepted,
+        # this check and the JSON-only body below are what keep another site's page (even one on another port
+        # of this host, which the browser treats as same-site) from calling tools with an admin's cookie.
         origin = self.headers.get("origin")
-        if origin is not None and streaming_on() and not self.origin_allowed(origin, host):
+        if origin is not None and not self.origin_allowed(origin, host):
             return _refuse(403, rpc.ORIGIN_REJECTED, "Origin not allowed",
                            data={"correlation_id": correlation_id(), "retry_after_ms": None})
+        if method == "POST":
+            # application/json cannot be sent cross-origin without a CORS preflight, which yuzu never grants.
+            media_type = self.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media_type != "application/json":
+                return _refuse(415, rpc.INVALID_REQUEST, "Content-Type must be application/json")
+            if self.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+                MCP_BODY_TOO_LARGE.labels("encoding").inc()
+                return _refuse(415, rpc.INVALID_REQUEST, "Content-Encoding must be identity")
         return None
 
     @staticmethod

@@ -385,6 +385,7 @@ REST = {
     ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
                                       body=lambda w, t, c, tok: {"agent_id": A(w, t)})],
     ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
+    ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
     ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
     ("api/v1/approvals", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals")],
     ("api/v1/approvals/pending/count", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals/pending/count")],
@@ -407,7 +408,7 @@ REST = {
 }
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
 PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
-ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/docs", "GET")}
+ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
 #: the hook sink takes a bridge worker's own token only: every API token is refused as a credential (401)
 WORKER_ONLY = {("api/v1/bridge/members/<str:pane_id>/events", "POST"): "/api/v1/bridge/members/%25999999/events"}
 #: the admin is for people: an OTP-verified session. Its pages redirect anyone else to the login page;

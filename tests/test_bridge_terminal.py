@@ -148,6 +148,28 @@ def test_multiline_paste_arrives_as_one_bracketed_read(backend, tmp_path):
     assert "yuzu-" not in listing.stdout  # paste-buffer -d removed the named buffer
 
 
+def test_control_characters_never_reach_the_pane(backend, tmp_path):
+    """An ESC[201~ inside the text would end the bracketed paste early; what follows (here Shift-Tab, "2",
+    Enter) would reach the program as keystrokes. paste refuses any such text; plain text still arrives as
+    ONE paste that only its own end marker closes."""
+    out = tmp_path / "paste.json"
+    pane = backend.start(unique("escape"), [PY, "-c", READER, str(out)], BASE_ENV)
+    wait_until(lambda: "READY" in backend.read_screen(pane.pane_id), what="reader ready")
+    with pytest.raises(TerminalError, match=r"U\+001B at offset 8"):
+        backend.paste(pane.pane_id, "harmless\x1b[201~\x1b[Z2\r")
+    for ch in ("\x00", "\x03", "\x07", "\x08", "\x0b", "\x1b", "\x7f", "\x84", "\x9b"):  # C0, DEL, C1
+        with pytest.raises(TerminalError, match=f"U\\+{ord(ch):04X} at offset 1"):
+            backend.paste(pane.pane_id, f"a{ch}b", submit=False)
+    text = "col 1\tcol 2\nthe literal text [201~ stays text ✳"
+    backend.paste(pane.pane_id, text)
+    wait_until(out.exists, what="reader result")
+    received = "".join(json.loads(out.read_text()))
+    assert received.count("\x1b[200~") == 1 and received.count("\x1b[201~") == 1, received
+    start = received.index("\x1b[200~") + len("\x1b[200~")
+    assert received[start:received.index("\x1b[201~")].replace("\r", "\n") == text
+    assert "harmless" not in received and "\x1b[Z" not in received  # nothing of the refused text arrived
+
+
 SCREEN_PROGRAM = textwrap.dedent(
     r"""
     import sys

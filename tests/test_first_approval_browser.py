@@ -68,6 +68,7 @@ def test_a_fresh_install_completes_its_first_approval(daphne, tmp_path):
         assert err["code"] == -32006, err
         tid = err["data"]["approval_id"]
         assert not Execution.objects.exists()
+        summary = f"Run os.info on {Agent.objects.get(pk=agent_id).hostname}"  # up to three agents by name
 
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -87,7 +88,6 @@ def test_a_fresh_install_completes_its_first_approval(daphne, tmp_path):
                 page.click("#yuzu-pending-approvals a")
                 page.wait_for_url(f"{server.base}/admin/approvals/approval/")
                 row = page.locator("#result_list tbody tr", has_text=tid[:8])
-                summary = f"Run os.info on {Agent.objects.get(pk=agent_id).hostname}"
                 assert summary in row.inner_text() and "claude" in row.inner_text()
                 shoot(page, tmp_path, "approvals-queue.png")
 

@@ -1,8 +1,9 @@
 """The official MCP conformance suite (`@modelcontextprotocol/conformance`, pinned 0.1.13: the last release
 that runs on Node 20) against a real daphne. See docs/mcp-conformance.md.
 
-The suite's CLI cannot send a token, so daphne runs with the test-only profile
-YUZU_MCP_TEST_ANONYMOUS_USER: a request with no credentials acts as a Viewer user made here.
+The suite's CLI cannot send a token, so it talks to daphne through tests/auth_proxy.py, which adds a Viewer's
+readonly token to every request: the server runs as in production, with no switch that lets unauthenticated
+calls in.
 
 Only the generic scenarios run. The rest need the "everything" fixture's test_* tools, resources and
 prompts (e.g. completion-complete asks about `test_prompt_with_arguments`), which yuzu does not ship.
@@ -18,12 +19,14 @@ import httpx
 import pytest
 
 from yuzu.models import AuditEvent
-from yuzu.rbac import assign_role, seed_builtin_roles
+from yuzu.rbac import seed_builtin_roles
+
+from .auth_proxy import AuthProxy
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 CONFORMANCE = "@modelcontextprotocol/conformance@0.1.13"
-ANON = "conformance-viewer"
+VIEWER = "conformance-viewer"
 SCENARIOS = ["server-initialize", "ping", "tools-list", "server-sse-multiple-streams", "dns-rebinding-protection",
              "logging-set-level"]
 
@@ -40,12 +43,13 @@ KNOWN_SUITE_BUGS = {
 
 
 @pytest.fixture
-def conformance_server(daphne, make_user, transactional_db):
+def conformance_server(daphne, mint, transactional_db):
     seed_builtin_roles()
-    assign_role(make_user(ANON), "Viewer")
-    server = daphne(YUZU_MCP_TEST_ANONYMOUS_USER=ANON)
-    server.localhost_mcp = f"http://localhost:{server.port}/mcp/v1/"  # dns-rebinding-protection needs localhost
-    return server
+    server = daphne()
+    proxy = AuthProxy(server.port, mint(VIEWER, role="Viewer", tier="readonly")).start()
+    server.localhost_mcp = f"http://localhost:{proxy.port}/mcp/v1/"  # dns-rebinding-protection needs localhost
+    yield server
+    proxy.stop()
 
 
 def run_scenario(url, scenario, out):
@@ -78,8 +82,8 @@ def test_conformance_scenario(conformance_server, tmp_path, scenario):
     assert any(c["status"] == "SUCCESS" for c in checks) or known
     if not known:
         assert proc.returncode == 0, proc.stdout[-3000:]
-    # The anonymous profile really ran as the Viewer (a session was opened for it), not as nobody.
-    assert AuditEvent.objects.filter(principal=ANON, action="mcp.session.open").exists()
+    # The suite really ran as the Viewer's token (a session was opened for it).
+    assert AuditEvent.objects.filter(principal=VIEWER, action="mcp.session.open").exists()
 
 
 def test_concurrent_posts_on_one_session(daphne, mint, tmp_path):

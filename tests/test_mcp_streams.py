@@ -18,7 +18,7 @@ from mcp.streams import ring_key, rings
 from mcp.transport import McpConsumer
 
 from .mcp_http import McpClient
-from .sse_client import Stream
+from .sse_client import Stream, parse_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -349,6 +349,32 @@ def test_duplicate_in_flight_request_id_is_409_and_cancel_detaches(test_session)
         assert closed and closed[0]["reason"] == "cancelled" and closed[0]["execution_id"] == "1"
         assert not any("result" in e.get("json", {}) for e in events)
         assert WORK[1]["done"] == 0  # the work itself was not touched
+    run(go)
+
+
+def test_streamed_post_closes_when_its_token_is_revoked(test_session, monkeypatch):
+    monkeypatch.setattr(sse, "TICK_SECONDS", 0.2)
+
+    async def go():
+        from channels.db import database_sync_to_async
+        from django.utils import timezone
+
+        from yuzu.models import ApiToken
+
+        s = await post(test_session, call_body(1, 3)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0])
+        await database_sync_to_async(lambda: ApiToken.objects.filter(owner__username="alice").update(
+            revoked_at=timezone.now()))()
+        events = await s.read_until(lambda ev: s.finished, timeout=5)
+        closed = [e["json"]["params"] for e in events
+                  if e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"]
+        assert closed and closed[0]["reason"] == "credential_revoked", events
+        assert closed[0]["execution_id"] == "1" and closed[0]["partial"] is True
+        assert closed[0]["remediation"] == "re-authenticate"
+        await advance(1, 3)  # the work itself goes on; nothing more is reported for the revoked token
+        await asyncio.sleep(0.3)
+        assert not any("result" in e.get("json", {}) for e in parse_events(s.buffer))
+        assert progress_of(parse_events(s.buffer)) == [0]
     run(go)
 
 

@@ -151,6 +151,22 @@ def test_origin_and_host(token):
     assert r.status == 200
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_origin_and_json_body_in_both_streaming_modes(token, streaming):
+    with override_settings(YUZU_MCP_NO_STREAMING=not streaming):
+        r = request(body=INIT, headers={**auth(token), "origin": "http://127.0.0.1:9999"})  # another port
+        assert r.status == 403 and r.error["code"] == -32008
+        r = request(body=INIT, headers={**auth(token), "origin": "null"})  # sandboxed frame, file:// page
+        assert r.status == 403 and r.error["code"] == -32008
+        for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                      "multipart/form-data; boundary=x", "application/jsonp", None):
+            r = request(body=INIT, headers={**auth(token), "content-type": ctype})
+            assert r.status == 415 and r.error["code"] == -32600, ctype
+        r = request(body=INIT, headers={**auth(token), "content-type": "Application/JSON; charset=utf-8",
+                                        "origin": "http://127.0.0.1:8000"})
+        assert r.status == 200
+
+
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer yuzu_" + "0" * 64},
                                      {"authorization": "Basic abc"}, {"authorization": "Bearer nope"},
                                      {"x-yuzu-token": "yuzu_" + "1" * 64}])

@@ -69,10 +69,16 @@ def test_malformed_json_and_wrong_shape_are_400(mint):
     assert r.status_code == 400
 
 
+@pytest.mark.django_db(transaction=True)
 def test_oversized_body_is_413(mint):
-    c = api(mint("alice", "Viewer"))
-    r = post(c, "/api/v1/rbac/check", b"{" + b" " * (4 * 1024 * 1024 + 10) + b"}")
-    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+    """Through the ASGI application, as a server runs it: bodies are bounded before Django sees them
+    (yuzu/bodylimit.py; tests/test_transport_security.py streams them to a real daphne)."""
+    from .mcp_http import request
+
+    headers = {"authorization": f"Bearer {mint('alice', 'Viewer')}"}
+    r = request(body=b"{" + b" " * (4 * 1024 * 1024 + 10) + b"}", headers=headers, path="/api/v1/rbac/check")
+    assert r.status == 413 and r.json()["error"]["code"] == 413
+    assert r.json()["error"]["message"] == "request body exceeds 4 MiB" and CID.match(r.headers["x-correlation-id"])
 
 
 def test_unknown_ids_are_404(mint):
@@ -149,19 +155,72 @@ def test_unlock_and_audit(mint, make_user):
     assert c.get("/api/v1/audit?limit=9999").status_code == 400
 
 
-def test_openapi_document_is_valid(mint):
+def test_openapi_document_is_valid_json_with_a_contract_for_every_route():
     from openapi_spec_validator import validate
 
+    from yuzu.api.contract import tool_input
+
     r = Client().get("/api/v1/openapi.json")
-    assert r.status_code in (200, 401)
-    doc = json.loads(api(mint("alice", "Viewer")).get("/api/v1/openapi.json", HTTP_ACCEPT="application/json").content)
+    assert r.status_code == 200 and r["Content-Type"].startswith("application/vnd.oai.openapi+json")
+    doc = json.loads(r.content)
     validate(doc)
-    assert "/api/v1/tokens" in doc["paths"] and "/api/v1/management-groups/{group_id}" in doc["paths"]
+    assert doc["openapi"] == "3.1.0"
+    assert doc["components"]["securitySchemes"]["bearer"] == {**doc["components"]["securitySchemes"]["bearer"],
+                                                              "type": "http", "scheme": "bearer"}
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            ok_codes = [c for c in op["responses"] if c.startswith("2")]
+            assert ok_codes, (method, path)
+            body = op["responses"][ok_codes[0]]["content"]["application/json"]["schema"]
+            assert body["required"] == ["data", "meta"], (method, path)  # the envelope, with a data schema
+            assert op["responses"]["403"] and op["summary"], (method, path)
+            assert {"bearer": []} in op["security"] or {"bridgeWorker": []} in op["security"], (method, path)
+    # One contract: the REST body IS the MCP tool's input schema (without approval_id).
+    body = doc["paths"]["/api/v1/executions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == json.loads(json.dumps(tool_input("execute_instruction")))
+    assert "approval_id" not in body["properties"]
+    yaml = Client().get("/api/v1/openapi.yaml")
+    assert yaml.status_code == 200 and yaml.content.startswith(b"openapi: 3.1.0")
 
 
-def test_api_docs_page(mint):
-    r = api(mint("alice", "Viewer")).get("/api/v1/docs")
-    assert r.status_code == 200 and b"redoc" in r.content.lower()
+def test_generating_the_openapi_document_warns_about_nothing(capsys):
+    from drf_spectacular.generators import SchemaGenerator
+
+    SchemaGenerator().get_schema(request=None, public=True)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_api_docs_page_loads_nothing_from_a_third_party():
+    r = Client().get("/api/v1/docs")
+    page = r.content.decode()
+    assert r.status_code == 200 and "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in page
+    assert "http://" not in page and "https://" not in page and "googleapis" not in page
+
+
+def test_rest_bodies_are_checked_against_the_same_schema_as_the_tool(mint):
+    c = api(mint("olive", "Operator"))
+    for body, where in (({"plugin": 5, "action": "info"}, "/plugin"), ({"plugin": "os"}, "/"),
+                        ({"plugin": "os", "action": "info", "bogus": 1}, "/"),
+                        ({"plugin": "os", "action": "info", "agent_ids": "a1"}, "/agent_ids")):
+        r = post(c, "/api/v1/executions", body)
+        assert r.status_code == 400, (body, r.content)
+        assert r.json()["error"]["message"].startswith(f"body does not match the schema at '{where}'"), r.json()
+    assert post(c, "/api/v1/tokens/x/rotate", {"overlap_secs": "1"}).json()["error"]["message"].startswith(
+        "body does not match the schema at '/overlap_secs'")
+
+
+def test_a_trailing_slash_or_a_wrong_mcp_path_says_where_to_go():
+    from .mcp_http import request
+
+    r = Client().get("/api/v1/agents/")
+    assert r.status_code == 404 and r.json()["error"]["remediation"] == \
+        "this API's paths have no trailing slash: use /api/v1/agents"
+    assert "openapi.json" in Client().get("/api/v1/nope").json()["error"]["remediation"]
+    for path in ("/mcp", "/mcp/", "/mcp/v2/"):
+        r = request("POST", {"jsonrpc": "2.0", "id": 1, "method": "ping"}, path=path)
+        assert r.status == 404, path
+        assert "/mcp/v1/" in r.json()["error"]["remediation"] and "/mcp/bridge/" in r.json()["error"]["remediation"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -181,3 +240,21 @@ def test_out_of_range_numeric_filters_are_400_not_500(client, mint):
     for args in ({"since": 99999999999999}, {"until": -1}, {"since": 10 ** 30}):
         err = mcp.call("query_audit_log", args).error
         assert err["code"] == -32602 and "arguments do not match the tool input schema" in err["message"], args
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scope_tools_take_scope_and_keep_expression_as_an_alias(mint):
+    from .mcp_http import McpClient
+
+    c = McpClient(mint("vic", role="Viewer", tier="readonly"))
+    c.initialize()
+    for args in ({"scope": "ostype == linux"}, {"expression": "ostype == linux"},
+                 {"scope": "ostype == linux", "expression": "ostype == linux"}):
+        assert c.call("validate_scope", args).json()["result"]["structuredContent"]["valid"] is True, args
+        assert c.call("preview_scope_targets", args).json()["result"]["structuredContent"]["total"] == 0
+    err = c.call("validate_scope", {"scope": "ostype == linux", "expression": "ostype == windows"}).error
+    assert err["code"] == -32602 and "not two different ones" in err["message"]
+    assert c.call("validate_scope", {}).error["code"] == -32602
+    rest = api(mint("val", "Viewer"))
+    assert post(rest, "/api/v1/scope/validate", {"scope": "ostype == linux"}).json()["data"]["valid"] is True
+    assert post(rest, "/api/v1/scope/validate", {"expression": "ostype =="}).json()["data"]["valid"] is False

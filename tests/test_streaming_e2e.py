@@ -647,6 +647,28 @@ def test_get_close_reasons(fleet, mint):
     assert metric(server, "yuzu_mcp_stream_closes_total", reason="superseded") == 1
 
 
+def test_streamed_post_closes_when_its_token_is_revoked(fleet, mint):
+    """A streamed POST re-validates its credential on the GET stream's tick: revoked mid-call, the response
+    closes with credential_revoked within a tick instead of reporting progress until the 120 s cap."""
+    from yuzu import tokens
+
+    server = fleet.server()
+    fleet.worker()
+    fleet.agents(server, [0])
+    fleet.wait_connected()
+    raw = mint("e2e-post-revoked", role="Operator", tier="operator")
+    r = Session(server.port, raw).call(1, "execute_instruction", sleep_args("sleep 30"), progress_token="r")
+    r.until(lambda f: progress_of(f) == [0])
+    t0 = time.monotonic()
+    owner = ApiToken.objects.get(token_hash=hash_secret(raw))
+    tokens.revoke_token(Principal(user=owner.owner), owner.pk)
+    close = closed_with(r, "credential_revoked", timeout=8)
+    assert time.monotonic() - t0 < 6.0  # the next tick (3 s), with slack for a loaded machine
+    assert close["execution_id"] and close["partial"] is True
+    assert response_of(r.frames(), 1) is None
+    assert metric(server, "yuzu_mcp_stream_closes_total", reason="credential_revoked") == 1
+
+
 def test_cancelled_detaches_and_the_execution_completes(fleet, mint):
     server = fleet.server()
     fleet.worker()

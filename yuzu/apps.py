@@ -7,6 +7,8 @@ class YuzuConfig(AppConfig):
     verbose_name = "yuzu: accounts, RBAC, tokens, audit"
 
     def ready(self):
+        from . import checks  # noqa: F401  (registers the start-up checks)
+
         post_migrate.connect(_seed_roles, sender=self)
 
 

@@ -1,4 +1,5 @@
-"""ASGI entry point: MCP endpoints and the agent WebSocket on Channels, everything else on Django."""
+"""ASGI entry point: MCP endpoints and the agent WebSocket on Channels, everything else on Django; every HTTP
+body bounded on the way in."""
 
 import os
 
@@ -17,14 +18,17 @@ from django.urls import path, re_path  # noqa: E402
 
 from fleet.routing import websocket_urlpatterns  # noqa: E402
 from mcp.transport import BridgeConsumer, McpConsumer  # noqa: E402
+from yuzu.bodylimit import BodyLimit, install_daphne  # noqa: E402
 
+# Every HTTP request body is bounded while it arrives (yuzu/bodylimit.py), under daphne before Twisted holds it.
+install_daphne()
 application = ProtocolTypeRouter({
-    "http": URLRouter([
+    "http": BodyLimit(URLRouter([
         path("mcp/v1", McpConsumer.as_asgi()),
         path("mcp/v1/", McpConsumer.as_asgi()),
         path("mcp/bridge", BridgeConsumer.as_asgi()),
         path("mcp/bridge/", BridgeConsumer.as_asgi()),
         re_path(r"", django_app),
-    ]),
+    ])),
     "websocket": URLRouter(websocket_urlpatterns),
 })

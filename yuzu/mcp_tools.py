@@ -6,7 +6,6 @@ from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj
 from . import rbac, tokens
 from .accounts import plan_unlock_account as plan_unlock
 from .accounts import unlock_account as unlock_service
-from .api.views import check_permission as check_permission_service
 from .audit import EPOCH_MAX, query_audit
 from .models import OPERATIONS, SECURABLES
 
@@ -52,7 +51,7 @@ def query_audit_log(ctx, args):
       output_schema=obj({"securable_type": string(64), "operation": string(16), "allowed": boolean(),
                          "rbac_allowed": boolean(), "tier_allowed": boolean()}, ["allowed"]))
 def check_permission(ctx, args):
-    return check_permission_service(ctx.principal, args["securable_type"], args["operation"])
+    return rbac.self_check(ctx.principal, args["securable_type"], args["operation"])
 
 
 @tool(name="discover_permissions", title="Discover permissions", securable="Infrastructure", operation="Read",
@@ -63,13 +62,11 @@ def check_permission(ctx, args):
                          "my_permissions": array(string(96)), "roles": array({"type": "object"}),
                          "roles_omitted": boolean()}, ["securables", "operations", "my_permissions"]))
 def discover_permissions(ctx, args):
-    from .api.views import list_roles
-
     grants = ctx.principal.grants()
     mine = sorted(f"{s}:{o}" + ("" if scope is None else f" (on {len(scope)} group(s))") for (s, o), scope in grants.items())
     data = {"securables": list(SECURABLES), "operations": list(OPERATIONS), "my_permissions": mine}
     if rbac.may(ctx.principal, "UserManagement", "Read"):
-        data["roles"] = list_roles()
+        data["roles"] = rbac.list_roles()
         data["roles_omitted"] = False
     else:
         data["roles_omitted"] = True
@@ -91,7 +88,9 @@ def list_api_tokens(ctx, args):
       description="Mints a new token for the caller (self-scoped); the secret is returned once. Supervised tier "
                   "only, and approval-gated. MCP tokens must expire within 90 days; an MCP caller may only create "
                   "tokens of its own tier or lower that expire no later than itself (pass mcp_tier and expires_at).",
-      input_schema=obj({"name": string(256, minLength=1), "expires_at": string(64, "ISO-8601"),
+      input_schema=obj({"name": string(256, minLength=1),
+                        "expires_at": {"type": ["string", "integer"], "maxLength": 64, "minimum": 0,
+                                       "maximum": EPOCH_MAX, "description": "ISO-8601, or epoch seconds"},
                         "scope_service": string(256), "mcp_tier": enum(["readonly", "operator", "supervised"]),
                         "approval_id": APPROVAL_ID}, ["name"]),
       output_schema=obj({"id": string(24), "token": string(80)}, ["id", "token"], additional=True))

@@ -171,6 +171,27 @@ def check(principal, securable, operation, *, agent=None, group=None, surface="r
         raise PermissionDenied(perm)
 
 
+def self_check(principal, securable, operation):
+    """May the caller do securable:operation (tier ceiling included)? check_permission and POST /rbac/check."""
+    rbac_ok = may(principal, securable, operation)
+    tier_ok = tier_allows(principal.tier, securable, operation)
+    return {"securable_type": securable, "operation": operation, "allowed": rbac_ok and tier_ok,
+            "rbac_allowed": rbac_ok, "tier_allowed": tier_ok}
+
+
+def list_roles():
+    return [{"name": r.name, "description": r.description, "builtin": r.builtin} for r in Role.objects.all()]
+
+
+def role_permissions(name):
+    from .errors import NotFound
+
+    role = Role.objects.filter(name=name).first()
+    if role is None:
+        raise NotFound(f"role not found: {name}")
+    return {"role": role.name, "permissions": [f"{p.securable}:{p.operation}" for p in role.permissions.all()]}
+
+
 def roles_with(securable, operation):
     return list(Role.objects.filter(permissions__securable=securable, permissions__operation=operation)
                 .values_list("name", flat=True))

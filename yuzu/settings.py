@@ -10,10 +10,25 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# var/ holds the embedded database (sessions, TOTP seeds, bridge profile environments) and the secret key:
+# yuzu creates it 0700 and every file it puts there 0600, by explicit modes rather than a process umask (a
+# umask would be inherited by what these processes start: bridge workers in tmux, the agent's commands).
+# An existing install looser than that is reported by the yuzu.W001 system check, not changed.
 VAR_DIR = Path(os.environ.get("YUZU_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def private_file(path, content=None):
+    """Create ``path`` with mode 0600 (and ``content``) unless it exists; an existing file is left as it is."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(content or "")
 
 
 def env_flag(name, default=False):
@@ -32,8 +47,7 @@ def _secret_key():
     if not path.exists():
         import secrets
 
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        private_file(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 
@@ -62,6 +76,7 @@ INSTALLED_APPS = [
     "django_otp.plugins.otp_totp",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from pinned static files: no CDN, works offline
     "channels",
     "yuzu",
     "mcp.apps.McpConfig",
@@ -126,6 +141,12 @@ else:
         }
     }
 DATABASE_IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
+SQLITE_FILE = None  # the embedded database's file, when there is one
+if DATABASES["default"]["ENGINE"].endswith("sqlite3") and not DATABASES["default"]["NAME"].startswith((":", "file:")):
+    SQLITE_FILE = Path(DATABASES["default"]["NAME"])
+    if SQLITE_FILE.parent.is_dir():
+        # Created empty and private before SQLite first opens it: its -wal and -shm files take the same mode.
+        private_file(SQLITE_FILE)
 
 REDIS_URL = os.environ.get("YUZU_REDIS_URL", "")
 if REDIS_URL:
@@ -183,6 +204,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "v1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "tryItOutEnabled": False},
+    "OAS_VERSION": "3.1.0",  # the tool schemas are JSON Schema 2020-12 (type: [x, "null"])
+    "COMPONENT_SPLIT_REQUEST": False,
 }
 
 # Approval notifications (docs/approvals.md#notifications). Links in them point at YUZU_PUBLIC_URL.
@@ -238,9 +264,12 @@ YUZU_MCP_DISABLE = env_flag("YUZU_MCP_DISABLE")
 YUZU_MCP_READ_ONLY = env_flag("YUZU_MCP_READ_ONLY")
 YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
 YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
-# Test-only profile for the MCP conformance suite, whose CLI cannot send a token: a request with no
-# credentials at all acts as this (Viewer) user. Never set it on a real server.
-YUZU_MCP_TEST_ANONYMOUS_USER = os.environ.get("YUZU_MCP_TEST_ANONYMOUS_USER", "")
+# A removed test-only switch that made unauthenticated MCP calls act as a user. A server started with it set
+# refuses to start rather than leave anyone believing it still does something (the conformance test now
+# reaches daphne through a proxy that adds a token: tests/auth_proxy.py).
+if "YUZU_MCP_TEST_ANONYMOUS_USER" in os.environ:
+    raise ImproperlyConfigured("YUZU_MCP_TEST_ANONYMOUS_USER is no longer supported: every MCP call needs a token "
+                               "(see docs/mcp-conformance.md); unset it")
 
 LOGGING = {
     "version": 1,

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView, SpectacularYAMLAPIView
 
 from fleet import api as fleet_api
 
@@ -40,8 +40,9 @@ api_v1 = [
     path("scope/preview", fleet_api.scope_preview),
     path("discover/<str:kind>", fleet_api.discover_view),
     path("quarantine", fleet_api.quarantine_view),
-    path("openapi.json", SpectacularAPIView.as_view(), name="openapi"),
-    path("docs", SpectacularRedocView.as_view(url_name="openapi"), name="api-docs"),
+    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
+    path("openapi.yaml", SpectacularYAMLAPIView.as_view(), name="openapi-yaml"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="api-docs"),
 ]
 
 urlpatterns = [

@@ -1,21 +1,43 @@
 """Django-level error pages: JSON envelopes under /api/, plain text elsewhere; never a stack trace."""
 
 from django.http import HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 
 from yuzu.errors import correlation_id
 
+MCP_ENDPOINTS = ("The MCP endpoints are /mcp/v1/ (the fleet) and /mcp/bridge/ (the bridge gateway): POST JSON-RPC "
+                 "there with Authorization: Bearer yuzu_… (docs/mcp.md).")
 
-def _resp(request, status, message):
-    if request.path.startswith("/api/"):
+
+def _resp(request, status, message, remediation=None):
+    if request.path.startswith(("/api/", "/mcp")):
         cid = getattr(request, "correlation_id", None) or correlation_id()
         r = JsonResponse({"error": {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": None,
-                                    "remediation": None}, "meta": {"api_version": "v1"}}, status=status)
+                                    "remediation": remediation}, "meta": {"api_version": "v1"}}, status=status)
         r["X-Correlation-Id"] = cid
         return r
-    return HttpResponse(message, status=status, content_type="text/plain")
+    return HttpResponse(f"{message}\n{remediation}" if remediation else message, status=status,
+                        content_type="text/plain")
+
+
+def _resolves(path):
+    try:
+        resolve(path)
+        return True
+    except Resolver404:
+        return False
 
 
 def not_found(request, exception=None):
+    """404, with the way to the right URL when there is one: the REST API has no trailing slashes, and
+    anything under /mcp that is not an endpoint points at the endpoints."""
+    path = request.path
+    if path.startswith("/api/") and path.endswith("/") and _resolves(path.rstrip("/")):
+        return _resp(request, 404, "not found", f"this API's paths have no trailing slash: use {path.rstrip('/')}")
+    if path == "/mcp" or path.startswith("/mcp/"):
+        return _resp(request, 404, "not an MCP endpoint", MCP_ENDPOINTS)
+    if path.startswith("/api/"):
+        return _resp(request, 404, "not found", "the routes are listed at /api/v1/openapi.json (reference: /api/v1/docs)")
     return _resp(request, 404, "not found")
 
 

@@ -1,28 +1,21 @@
-"""REST views for tokens, RBAC, users and audit: thin wrappers over the service functions."""
+"""REST views for tokens, RBAC, users and audit: thin wrappers over the service functions. Each route's
+body and response contract is stated once (yuzu.api.contract), shared with its MCP twin where it has one."""
 
-from rest_framework import serializers
 from rest_framework.decorators import api_view
-from drf_spectacular.utils import extend_schema, inline_serializer
 
+from mcp.schema import array, boolean, integer, obj, string
 from yuzu import rbac, tokens
 from yuzu.accounts import unlock_account
 from yuzu.audit import EPOCH_MAX, query_audit
 from yuzu.errors import YuzuError
-from yuzu.models import Role
 from yuzu.stepup import require_fresh_mfa
 
+from .contract import contract, items_of, payload, tool_input, tool_output
 from .envelope import cid_of, ok
 
 
 def principal_of(request):
     return request._request.principal
-
-
-def body(request):
-    data = request.data
-    if not isinstance(data, dict):
-        raise YuzuError("request body must be a JSON object", status=400)
-    return data
 
 
 def int_param(request, name, default, lo, hi):
@@ -41,16 +34,15 @@ def int_param(request, name, default, lo, hi):
     return value
 
 
-TokenCreate = inline_serializer("TokenCreate", {
-    "name": serializers.CharField(max_length=256),
-    "expires_at": serializers.CharField(required=False, help_text="ISO-8601 or epoch seconds"),
-    "scope_service": serializers.CharField(required=False, max_length=256),
-    "mcp_tier": serializers.ChoiceField(choices=["readonly", "operator", "supervised"], required=False),
-})
+TOKEN_CREATE = tool_input("create_api_token")
+TOKEN_ROTATE = obj({"overlap_secs": integer(0, tokens.MAX_OVERLAP_SECS, "How long the old token keeps working "
+                                                                       "(default 86400)")})
+TOKEN = tool_output("list_api_tokens")["properties"]["tokens"]["items"]
 
 
-@extend_schema(methods=["GET"], summary="List the caller's own API tokens")
-@extend_schema(methods=["POST"], request=TokenCreate, summary="Create an API token (shown once)")
+@contract("GET", "List the caller's own API tokens", response=array(TOKEN))
+@contract("POST", "Create an API token (the secret is shown once)", body=TOKEN_CREATE,
+          response=tool_output("create_api_token"), status=201)
 @api_view(["GET", "POST"])
 def tokens_view(request):
     p = principal_of(request)
@@ -59,13 +51,10 @@ def tokens_view(request):
         return ok(tokens.list_tokens(p))
     rbac.check(p, "ApiToken", "Write")
     require_fresh_mfa(p)
-    d = body(request)
-    return ok(tokens.create_token(p, name=d.get("name", ""), expires_at=d.get("expires_at"),
-                                  scope_service=d.get("scope_service") or "", mcp_tier=d.get("mcp_tier") or "",
-                                  cid=cid_of(request)), status=201)
+    return ok(tokens.create_token(p, cid=cid_of(request), **payload(request, TOKEN_CREATE)), status=201)
 
 
-@extend_schema(summary="Revoke an API token")
+@contract("DELETE", "Revoke an API token", response=tool_output("revoke_api_token"))
 @api_view(["DELETE"])
 def token_detail(request, token_id):
     p = principal_of(request)
@@ -74,17 +63,17 @@ def token_detail(request, token_id):
     return ok(tokens.revoke_token(p, token_id, cid=cid_of(request)))
 
 
-@extend_schema(request=inline_serializer("TokenRotate", {"overlap_secs": serializers.IntegerField(required=False)}),
-               summary="Rotate a token: mint a successor; the old one works for the overlap")
+@contract("POST", "Rotate a token: mint a successor; the old one works for the overlap", body=TOKEN_ROTATE,
+          response=tool_output("rotate_api_token"), status=201)
 @api_view(["POST"])
 def token_rotate(request, token_id):
     p = principal_of(request)
     rbac.check(p, "ApiToken", "Rotate")
-    d = body(request) if request.body else {}
-    return ok(tokens.rotate_token(p, token_id, overlap_secs=d.get("overlap_secs", 86400), cid=cid_of(request)), status=201)
+    overlap = payload(request, TOKEN_ROTATE).get("overlap_secs", 86400)
+    return ok(tokens.rotate_token(p, token_id, overlap_secs=overlap, cid=cid_of(request)), status=201)
 
 
-@extend_schema(request=None, summary="Confirm a rotation: retire the predecessor")
+@contract("POST", "Confirm a rotation: retire the predecessor", response=tool_output("confirm_api_token_rotation"))
 @api_view(["POST"])
 def token_confirm(request, token_id):
     p = principal_of(request)
@@ -92,56 +81,36 @@ def token_confirm(request, token_id):
     return ok(tokens.confirm_rotation(p, token_id, cid=cid_of(request)))
 
 
-def check_permission(principal, securable, operation):
-    """A self-check: may the caller do securable:operation (tier ceiling included)?"""
-    from yuzu.models import OPERATIONS, SECURABLES
-    from yuzu.policy import tier_allows
-
-    if securable not in SECURABLES or operation not in OPERATIONS:
-        raise YuzuError(f"unknown permission {securable}:{operation}", status=400)
-    rbac_ok = rbac.may(principal, securable, operation)
-    tier_ok = tier_allows(principal.tier, securable, operation)
-    return {"securable_type": securable, "operation": operation, "allowed": rbac_ok and tier_ok,
-            "rbac_allowed": rbac_ok, "tier_allowed": tier_ok}
+RBAC_CHECK = tool_input("check_permission")
 
 
-@extend_schema(request=inline_serializer("RbacCheck", {"securable_type": serializers.CharField(),
-                                                        "operation": serializers.CharField()}),
-               summary="May the caller do securable_type:operation?")
+@contract("POST", "May the caller do securable_type:operation?", body=RBAC_CHECK,
+          response=tool_output("check_permission"))
 @api_view(["POST"])
 def rbac_check(request):
-    d = body(request)
-    return ok(check_permission(principal_of(request), d.get("securable_type"), d.get("operation")))
+    d = payload(request, RBAC_CHECK)
+    return ok(rbac.self_check(principal_of(request), d["securable_type"], d["operation"]))
 
 
-def list_roles():
-    return [{"name": r.name, "description": r.description, "builtin": r.builtin} for r in Role.objects.all()]
+ROLE = obj({"name": string(64), "description": string(256), "builtin": boolean()}, ["name"])
 
 
-def role_permissions(name):
-    from yuzu.errors import NotFound
-
-    role = Role.objects.filter(name=name).first()
-    if role is None:
-        raise NotFound(f"role not found: {name}")
-    return {"role": role.name, "permissions": [f"{p.securable}:{p.operation}" for p in role.permissions.all()]}
-
-
-@extend_schema(summary="List roles")
+@contract("GET", "List roles", response=array(ROLE))
 @api_view(["GET"])
 def roles_view(request):
     rbac.check(principal_of(request), "UserManagement", "Read")
-    return ok(list_roles())
+    return ok(rbac.list_roles())
 
 
-@extend_schema(summary="A role's permissions")
+@contract("GET", "A role's permissions", response=obj({"role": string(64), "permissions": array(string(96))},
+                                                    ["role", "permissions"]))
 @api_view(["GET"])
 def role_permissions_view(request, name):
     rbac.check(principal_of(request), "UserManagement", "Read")
-    return ok(role_permissions(name))
+    return ok(rbac.role_permissions(name))
 
 
-@extend_schema(request=None, summary="Unlock a locked-out user account")
+@contract("POST", "Unlock a locked-out user account", response=tool_output("unlock_account"))
 @api_view(["POST"])
 def unlock_user(request, username):
     p = principal_of(request)
@@ -149,7 +118,10 @@ def unlock_user(request, username):
     return ok(unlock_account(p, username, cid=cid_of(request)))
 
 
-@extend_schema(summary="Query the audit log (newest first)")
+@contract("GET", "Query the audit log (newest first)", response=items_of(tool_output("query_audit_log"), "events"),
+          query=[("principal", str, "exact username"), ("action", str, "prefix, e.g. mcp."),
+                 ("target_type", str, "e.g. Approval"), ("since", int, "epoch seconds"),
+                 ("until", int, "epoch seconds"), ("limit", int, "1-500, default 50")])
 @api_view(["GET"])
 def audit_view(request):
     rbac.check(principal_of(request), "AuditLog", "Read")

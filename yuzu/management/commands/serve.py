@@ -32,8 +32,14 @@ class Command(BaseCommand):
             procs["sweeper"] = [py, manage, "run_periodic"]
         for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
             procs[name] = argv
-        self.stdout.write(f"yuzu serving on http://{settings.YUZU_BIND}/ ({', '.join(procs)}); Ctrl-C stops it.")
-        running = {name: subprocess.Popen(argv, start_new_session=True) for name, argv in procs.items()}
+        base = f"http://{settings.YUZU_BIND}"
+        self.stdout.write(f"yuzu serving on {base}/ ({', '.join(procs)}); Ctrl-C stops it.\n"
+                          f"  admin and approvals: {base}/admin/   MCP: {base}/mcp/v1/\n"
+                          f"  REST API reference:  {base}/api/v1/docs   (OpenAPI: {base}/api/v1/openapi.json)")
+        # celery beat writes its schedule under var/ and starts nothing else: it alone runs with a private
+        # umask (the others keep the caller's, which bridge workers and agent commands inherit).
+        running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1)
+                   for name, argv in procs.items()}
         stop = {"now": False}
 
         def on_signal(signum, frame):

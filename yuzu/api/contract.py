@@ -1,0 +1,92 @@
+"""A REST route's contract, stated once.
+
+The JSON Schema that validates a route's body is also its OpenAPI request body; for a capability with an MCP
+twin it is the tool's own input schema (``tool_input("execute_instruction")``, without ``approval_id``), so
+the REST face, the MCP face and the documentation cannot drift. Bodies are checked with the same strict
+validator as tool arguments and refused with one 400 shape. Services keep only the checks that need meaning.
+
+    @contract("POST", "Dispatch plugin.action to agents", body=tool_input("execute_instruction"),
+              response=tool_output("execute_instruction"), status=202)
+    @api_view(["POST"])
+    def executions_view(request): ...
+        data = payload(request)       # the validated body
+"""
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+
+from mcp.registry import catalogue
+from mcp.schema import array, error_path, first_error, integer, nullable, obj, string, without
+from yuzu.errors import YuzuError
+
+ANY = {"type": "object", "additionalProperties": True}
+META = obj({"api_version": string(8), "count": integer(0, 1_000_000)}, ["api_version"], additional=True)
+ERROR = obj({"error": obj({"code": integer(100, 599), "message": string(4096),
+                           "correlation_id": string(64), "retry_after_ms": nullable(integer(0, 86_400_000)),
+                           "remediation": nullable(string(1024)), "permission": string(96)},
+                          ["code", "message", "correlation_id"], additional=True),
+             "meta": META}, ["error", "meta"])
+ERRORS = {code: ERROR for code in (400, 401, 403, 404, 409, 413, 415, 429, 503)}
+
+
+def tool_input(name, catalogue_name="v1"):
+    """The MCP tool's input schema as a REST body (no approval_id: approvals are an MCP affair)."""
+    return without(catalogue(catalogue_name).tools[name].input_schema, "approval_id")
+
+
+def tool_output(name, catalogue_name="v1"):
+    return catalogue(catalogue_name).tools[name].output_schema or ANY
+
+
+def items_of(schema, key):
+    """A list route's data: the items of ``schema[key]`` (the MCP twin wraps them in an object)."""
+    return array(schema["properties"][key]["items"])
+
+
+def envelope(data):
+    return obj({"data": data, "meta": META}, ["data", "meta"])
+
+
+def contract(method, summary, *, body=None, response=None, status=200, query=(), description=None):
+    """The OpenAPI description of one method of a route: body schema, query parameters, the envelope
+    around ``response`` on ``status``, the error envelope on every refusal."""
+    params = [OpenApiParameter(name, type=kind, location=OpenApiParameter.QUERY, required=False, description=text)
+              for name, kind, text in query]
+
+    def decorate(view):
+        name = getattr(view, "cls", view).__name__  # the view function's name (DRF's api_view keeps it)
+        return extend_schema(methods=[method], summary=summary, description=description, parameters=params or None,
+                             operation_id=f"{name}_{method.lower()}",
+                             request={"application/json": body} if body is not None else None,
+                             responses={status: envelope(response or ANY), **ERRORS})(view)
+
+    return decorate
+
+
+def payload(request, schema):
+    """The request's JSON body, checked against ``schema`` with the strict validator tool arguments use."""
+    data = request.data or {}  # no body at all reads as an empty object
+    error = first_error(schema, data)
+    if error is not None:
+        raise YuzuError(f"body does not match the schema at '{error_path(error)}': {error.message}", status=400,
+                        remediation="fix the field named in the message; see /api/v1/openapi.json")
+    return data
+
+
+class BearerScheme(OpenApiAuthenticationExtension):
+    target_class = "yuzu.api.auth.YuzuAuthentication"
+    name = "bearer"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "yuzu_<64 hex>",
+                "description": "An API token (`yuzu_…`), from `manage.py mint_token`, POST /api/v1/tokens or "
+                               "bootstrap. X-Yuzu-Token is accepted too. The admin session cookie works for the "
+                               "admin's own pages."}
+
+
+class BridgeWorkerScheme(OpenApiAuthenticationExtension):
+    target_class = "bridge.api.WorkerTokenAuthentication"
+    name = "bridgeWorker"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "A bridge worker's own token (audience bridge)."}

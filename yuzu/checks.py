@@ -1,0 +1,51 @@
+"""Start-up checks (Django system checks: `serve`, `migrate` and `bootstrap` run them)."""
+
+import os
+import stat
+from pathlib import Path
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+SHOWN = 5
+
+
+def _loose(path):
+    """True if other users (group or others) have any access to ``path`` (a symlink's target is not followed)."""
+    try:
+        return bool(os.lstat(path).st_mode & 0o077)
+    except FileNotFoundError:
+        return False
+
+
+def loose_var_paths():
+    """var/ and everything in it that is not private (0700 directories, 0600 files), plus an embedded database
+    kept elsewhere. The collected static files (STATIC_ROOT), public by nature, are not looked at."""
+    var = Path(settings.VAR_DIR)
+    static = Path(settings.STATIC_ROOT)
+    found = []
+    if var.is_dir():
+        if _loose(var):
+            found.append(var)
+        for root, dirs, files in os.walk(var):
+            dirs[:] = [d for d in dirs if Path(root, d) != static]
+            found += [Path(root, name) for name in sorted(dirs + files) if _loose(Path(root, name))]
+    if settings.SQLITE_FILE is not None and var not in settings.SQLITE_FILE.parents:
+        db = settings.SQLITE_FILE
+        found += [p for p in (db, Path(f"{db}-wal"), Path(f"{db}-shm")) if _loose(p)]
+    return found
+
+
+@register(Tags.security)
+def var_permissions(app_configs, **kwargs):
+    loose = loose_var_paths()
+    if not loose:
+        return []
+    shown = ", ".join(f"{p} ({stat.filemode(os.lstat(p).st_mode)})" for p in loose[:SHOWN])
+    more = f" and {len(loose) - SHOWN} more" if len(loose) > SHOWN else ""
+    return [Warning(
+        f"{len(loose)} path(s) holding yuzu's database, secret key or agent state can be read by other users: "
+        f"{shown}{more}",
+        hint=f"make them private: chmod -R go-rwx {settings.VAR_DIR} (new installs are created that way; yuzu "
+             "does not change an existing install's modes itself)",
+        id="yuzu.W001")]
