@@ -102,10 +102,14 @@ def fuzz_mcp(base, tokens, n, stats):
 
     from tests.fuzz import bodies
 
+    endpoints = (("/mcp/v1/", "v1"), ("/mcp/bridge/", "bridge"))
     with httpx.Client(timeout=60, trust_env=False) as client:
-        for path, cat in (("/mcp/v1/", "v1"), ("/mcp/bridge/", "bridge")):
+        # Every session first: fuzzed initialize calls may use up a principal's session cap (8) later.
+        all_sessions = {path: {who: open_session(client, base + path, raw) for who, raw in tokens.items()}
+                        for path, _ in endpoints}
+        for path, cat in endpoints:
             url = base + path
-            sessions = {who: open_session(client, url, raw) for who, raw in tokens.items()}
+            sessions = all_sessions[path]
 
             @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
             @given(body=bodies(cat, large=True), who=st.sampled_from(sorted(tokens)),
@@ -146,6 +150,18 @@ def fuzz_rest(base, tokens, n, stats):
                                              f"{r.status_code} {r.content[:200]!r}")
 
             one()
+
+
+def exceptions(log):
+    """How often each exception ended a stack trace in the server log ("TypeError: unhashable type: 'list'"),
+    with the frame that raised it."""
+    found = Counter()
+    for block in log.split("Traceback (most recent call last):")[1:]:
+        lines = [line for line in block.splitlines() if line.strip()]
+        frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+        last = next((line for line in lines if not line.startswith((" ", "\t")) and ":" in line), "?")
+        found[f"{last.strip()[:120]} at {frames[-1][:160] if frames else '?'}"] += 1
+    return found
 
 
 def main():
@@ -195,6 +211,7 @@ def main():
                              if s.startswith("HTTP 5")),
         "failures": stats["failures"][:50],
         "tracebacks_in_server_log": log.count("Traceback"),
+        "exceptions_in_server_log": dict(exceptions(log)),
         "statuses": {k: dict(sorted(v.items())) for k, v in stats.items() if k != "failures"},
     }
     print(json.dumps(figures, indent=2))
