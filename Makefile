@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MCP_VENV := .venv-mcp
 
-.PHONY: run test deps test-deps clean
+.PHONY: run test fuzz deps test-deps clean
 
 run: deps
 	$(PY) manage.py migrate --noinput -v0
@@ -15,6 +15,12 @@ run: deps
 
 test: test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The adversarial suite's full runs (docs/security.md): the fuzz and the approval properties at full counts
+# in-process, then the same generators and schemathesis against a real daphne (bench/fuzz/). Minutes.
+fuzz: test-deps
+	YUZU_FUZZ=full $(PY) -m pytest tests/test_fuzz.py tests/test_approval_properties.py -q $(PYTEST_ARGS)
+	$(PY) bench/fuzz/run.py --json var/fuzz-last.json
 
 deps: $(VENV)/.installed
 

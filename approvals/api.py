@@ -54,7 +54,9 @@ def approval_detail(request, approval_id):
 @contract("POST", "Withdraw your own pending ticket", response=tool_output("withdraw_approval"))
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
-    return ok(services.withdraw(principal_of(request), approval_id, cid=cid_of(request)))
+    p = principal_of(request)
+    rbac.check_tier(p, "Approval", "Write")  # the submitter's own ticket: no role needed, but a readonly token may not
+    return ok(services.withdraw(p, approval_id, cid=cid_of(request)))
 
 
 def _review(request, approval_id, decision):

@@ -11,7 +11,6 @@ from yuzu.api.views import int_param, principal_of
 from yuzu.errors import NotFound
 
 from . import executions, inventory, orientation, services
-from .models import Agent
 
 GROUP_CREATE = tool_input("create_management_group")
 GROUP_UPDATE = without(tool_input("update_management_group"), "group_id")  # the group is in the path
@@ -49,7 +48,7 @@ def agent_detail(request, agent_id):
 def groups_view(request):
     p = principal_of(request)
     if request.method == "GET":
-        rbac.check(p, "ManagementGroup", "Read")
+        rbac.check(p, "ManagementGroup", "Read", any_scope=True)
         rows = services.list_groups(p)
         return ok(rows, count=len(rows))
     rbac.check(p, "ManagementGroup", "Write")
@@ -62,9 +61,9 @@ def groups_view(request):
 def group_detail(request, group_id):
     p = principal_of(request)
     if request.method == "GET":
-        rbac.check(p, "ManagementGroup", "Read")
+        rbac.check(p, "ManagementGroup", "Read", any_scope=True)
         return ok(services.get_group(p, group_id))
-    rbac.check(p, "ManagementGroup", "Write")
+    rbac.check(p, "ManagementGroup", "Write", any_scope=True)
     return ok(services.update_group(p, group_id, cid=cid_of(request), **payload(request, GROUP_UPDATE)))
 
 
@@ -73,7 +72,7 @@ def group_detail(request, group_id):
 @api_view(["POST"])
 def group_members(request, group_id):
     p = principal_of(request)
-    rbac.check(p, "ManagementGroup", "Write")
+    rbac.check(p, "ManagementGroup", "Write", any_scope=True)
     d = payload(request, GROUP_MEMBER)
     return ok(services.add_group_member(p, group_id, d["agent_id"], cid=cid_of(request)), status=201)
 
@@ -87,6 +86,7 @@ def group_roles(request, group_id):
     if request.method == "GET":
         rbac.check(p, "ManagementGroup", "Read", any_scope=True)
         return ok(services.list_group_roles(p, group_id))
+    rbac.check(p, "ManagementGroup", "Write", any_scope=True)
     d = payload(request, GROUP_ROLE)
     return ok(services.assign_group_role(p, group_id, d["username"], d["role"], cid=cid_of(request)), status=201)
 
@@ -257,7 +257,7 @@ def discover_view(request, kind):
 @api_view(["POST"])
 def quarantine_view(request):
     p = principal_of(request)
+    rbac.check(p, "Security", "Execute", any_scope=True)
     d = payload(request, QUARANTINE)
-    rbac.check(p, "Security", "Execute", agent=Agent.objects.filter(pk=d["agent_id"]).first())
     return ok(inventory.quarantine_device(p, d["agent_id"], reason=d.get("reason", ""), whitelist=d.get("whitelist", ""),
                                           cid=cid_of(request)))

@@ -501,13 +501,19 @@ def _responses(principal, execution_id, instruction_id):
     terminal status seen by the caller implies every row it then reads is final."""
     ex = None
     qs = Response.objects.all()
+    confined = rbac.group_scope(principal, "Response", "Read") is not None
+    mine = visible_agents(principal, "Response", "Read").values("agent_id")
     if execution_id:
         ex = _execution(execution_id)
+        if confined and ex.dispatched_by != principal.name and not AgentExecStatus.objects.filter(
+                execution_id=ex.id, agent_id__in=mine).exists():
+            # None of its agents is the caller's: it reads as absent, status included (no oracle).
+            raise NotFound(f"Execution not found: {execution_id}")
         qs = qs.filter(execution_id=ex.id)
     elif instruction_id:
         qs = qs.filter(instruction_id=instruction_id)
-    if rbac.group_scope(principal, "Response", "Read") is not None:
-        qs = qs.filter(agent_id__in=visible_agents(principal, "Response", "Read").values("agent_id"))
+    if confined:
+        qs = qs.filter(agent_id__in=mine)
     return ex, qs
 
 

@@ -90,8 +90,9 @@ def delete_tag(ctx, args):
 
 
 @tool(name="list_management_groups", title="List management groups", securable="ManagementGroup", operation="Read",
-      description="All management groups {id, name, description, parent_id, membership_type, scope_expression}. "
-                  "An empty list means no group has been created yet.",
+      description="The management groups you may see {id, name, description, parent_id, membership_type, "
+                  "scope_expression}: all with a fleet-wide grant, otherwise the groups you hold a role on and their "
+                  "sub-groups. An empty list means none of those exists.",
       input_schema=obj(),
       output_schema=obj({"groups": array(GROUP), "count": integer(0)}, ["groups", "count"]))
 def list_management_groups(ctx, args):
@@ -130,8 +131,8 @@ GROUP_FIELDS = {
 @tool(name="create_management_group", title="Create a management group", securable="ManagementGroup",
       operation="Write", effect="additive", idempotent=False,
       prepare=lambda ctx, a, pinned=None: services.plan_create_group(ctx.principal, pinned=pinned, **a),
-      description="Creates a management group (static, or dynamic by scope expression). Approval-gated on the "
-                  "supervised tier.",
+      description="Creates a management group (static, or dynamic by scope expression). Needs a fleet-wide "
+                  "ManagementGroup:Write. Approval-gated on the supervised tier.",
       input_schema=obj({"name": string(128, minLength=1), **GROUP_FIELDS, "approval_id": APPROVAL_ID}, ["name"]),
       output_schema=GROUP)
 def create_management_group(ctx, args):
@@ -142,8 +143,8 @@ def create_management_group(ctx, args):
       operation="Write", effect="destructive", idempotent=True,
       prepare=lambda ctx, a, pinned=None: services.plan_update_group(
           ctx.principal, a["group_id"], pinned=pinned, **{k: v for k, v in a.items() if k != "group_id"}),
-      description="Changes a group's name, description, parent, membership type or scope expression. "
-                  "Approval-gated on the supervised tier.",
+      description="Changes a group's name, description, parent, membership type or scope expression. Needs a "
+                  "fleet-wide ManagementGroup:Write. Approval-gated on the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "name": string(128, minLength=1), **GROUP_FIELDS,
                         "approval_id": APPROVAL_ID}, ["group_id"]),
       output_schema=GROUP)
@@ -155,7 +156,8 @@ def update_management_group(ctx, args):
       operation="Write", effect="additive", idempotent=True,
       prepare=lambda ctx, a, pinned=None: services.plan_add_group_member(ctx.principal, a["group_id"], a["agent_id"],
                                                                           pinned),
-      description="Adds an agent to a static group. Approval-gated on the supervised tier.",
+      description="Adds an agent to a static group. Needs a fleet-wide ManagementGroup:Write. Approval-gated on "
+                  "the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "agent_id": AGENT_ID, "approval_id": APPROVAL_ID},
                        ["group_id", "agent_id"]),
       output_schema=obj({"group_id": string(32), "agent_id": string(128), "added": boolean()}, ["added"]))

@@ -373,12 +373,14 @@ def summarize(principal, kind, ident=None, limit=25):
                 "items": [d], "resource_links": []}
     if not rbac.has_any(principal, "Execution", "Read"):
         raise rbac.denial(principal, "Execution", "Read")
-    from .models import Execution
+    from .executions import query_responses, visible_executions
 
-    ex = Execution.objects.filter(pk=ident or "").first()
+    # Confined like get_execution_status and query_responses: another group's execution reads as absent.
+    ex = visible_executions(principal).filter(pk=ident or "").first()
     if ex is None:
         raise NotFound(f"Execution not found: {ident}")
-    rows = list(ex.responses.values("agent_id", "status", "exit_code")[:limit])
+    rows = [{k: r[k] for k in ("agent_id", "status", "exit_code")}
+            for r in query_responses(principal, execution_id=ex.id, limit=limit)["responses"]]
     return {"kind": kind, "narrative": f"Execution {ex.id} ({ex.plugin}.{ex.action}) is {ex.status}: "
                                        f"{ex.agents_responded}/{ex.agents_targeted} responded, "
                                        f"{ex.agents_failure} failed.", "items": rows, "resource_links": []}

@@ -115,19 +115,47 @@ def group_view(g):
             "created_by": g.created_by, "created_at": g.created_at.isoformat(), "updated_at": g.updated_at.isoformat()}
 
 
+def visible_groups(principal, operation="Read"):
+    """The groups the principal may see for ManagementGroup:<operation>: all with a fleet-wide grant,
+    otherwise the groups it holds the grant on and their descendants."""
+    scope = rbac.group_scope(principal, "ManagementGroup", operation)
+    if scope is None:
+        return ManagementGroup.objects.all()
+    children, seen, todo = {}, set(), list(scope)
+    for gid, parent in ManagementGroup.objects.values_list("id", "parent_id"):
+        children.setdefault(parent, []).append(gid)
+    while todo:
+        g = todo.pop()
+        if g not in seen:
+            seen.add(g)
+            todo.extend(children.get(g, []))
+    return ManagementGroup.objects.filter(pk__in=seen)
+
+
 def list_groups(principal):
-    return [group_view(g) for g in ManagementGroup.objects.all()]
+    return [group_view(g) for g in visible_groups(principal)]
 
 
-def _group(group_id):
-    g = ManagementGroup.objects.filter(pk=group_id).first() or ManagementGroup.objects.filter(name=group_id).first()
+def _group(group_id, principal=None, operation="Read"):
+    """A group by id or exact name; one the principal may not reach reads as absent (no oracle)."""
+    qs = visible_groups(principal, operation) if principal is not None else ManagementGroup.objects.all()
+    g = qs.filter(pk=group_id).first() or qs.filter(name=group_id).first()
     if g is None:
         raise NotFound(f"management group not found: {group_id}")
     return g
 
 
+def _require_fleet_wide_write(principal):
+    """Which devices a group holds decides what its role holders may do on them, so creating a group or
+    changing its members, scope, type or parent needs a fleet-wide ManagementGroup:Write — a grant on one
+    group would otherwise widen itself (issue 10, found by the authorization matrix)."""
+    if not rbac.may(principal, "ManagementGroup", "Write"):
+        raise PermissionDenied("ManagementGroup:Write", "permission denied: ManagementGroup:Write (fleet-wide: "
+                               "creating or changing a group needs a grant on every group, not on one)")
+
+
 def get_group(principal, group_id):
-    g = _group(group_id)
+    g = _group(group_id, principal)
     data = group_view(g)
     data["members"] = sorted(group_agents(g).values_list("agent_id", flat=True))
     return data
@@ -145,25 +173,27 @@ def _validate_group_fields(fields):
             raise ValidationError({"scope_expression": str(exc)}) from None
 
 
-def _pinned_group(group_id, pinned, key="group"):
-    """The group a plan acts on: looked up by id or name, or — on an approved recall — the very group the
-    approver saw (a group renamed or re-created under the same name since is not silently swapped in)."""
+def _pinned_group(principal, group_id, pinned, key="group"):
+    """The group a plan acts on, among those the principal may write: looked up by id or name, or — on an
+    approved recall — the very group the approver saw (a group renamed or re-created under the same name
+    since is not silently swapped in)."""
     if pinned is not None and (pinned or {}).get(key):
-        g = ManagementGroup.objects.filter(pk=pinned[key]).first()
+        g = visible_groups(principal, "Write").filter(pk=pinned[key]).first()
         if g is None:
             raise NotFound(f"management group not found: {group_id} (it was deleted after the approval)")
         return g
-    return _group(group_id)
+    return _group(group_id, principal, "Write")
 
 
 def plan_create_group(principal, *, name, description="", parent_id=None, membership_type="static",
                       scope_expression="", pinned=None):
+    _require_fleet_wide_write(principal)
     if not name or len(name) > 128:
         raise ValidationError({"name": "name is required, at most 128 characters"})
     _validate_group_fields({"membership_type": membership_type, "scope_expression": scope_expression})
     if membership_type == ManagementGroup.DYNAMIC and not scope_expression:
         raise ValidationError({"scope_expression": "a dynamic group needs a scope_expression"})
-    parent = _pinned_group(parent_id, pinned, "parent") if parent_id else None
+    parent = _pinned_group(principal, parent_id, pinned, "parent") if parent_id else None
     if ManagementGroup.objects.filter(name=name).exists():
         raise ValidationError({"name": f"a group named '{name}' already exists"})
     fields = {"name": name, "description": description or "", "parent": parent, "membership_type": membership_type,
@@ -182,11 +212,12 @@ def create_group(principal, *, cid="", plan=None, **request):
 
 
 def plan_update_group(principal, group_id, *, pinned=None, **fields):
-    g = _pinned_group(group_id, pinned)
+    g = _pinned_group(principal, group_id, pinned)
+    _require_fleet_wide_write(principal)
     fields = {k: v for k, v in fields.items() if v is not None}
     _validate_group_fields(fields)
     if "parent_id" in fields:
-        parent = _pinned_group(fields["parent_id"], pinned, "parent") if fields["parent_id"] else None
+        parent = _pinned_group(principal, fields["parent_id"], pinned, "parent") if fields["parent_id"] else None
         p = parent
         while p is not None:
             if p.pk == g.pk:
@@ -213,7 +244,8 @@ def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
 
 
 def plan_add_group_member(principal, group_id, agent_id, pinned=None):
-    g = _pinned_group(group_id, pinned)
+    g = _pinned_group(principal, group_id, pinned)
+    _require_fleet_wide_write(principal)
     if g.membership_type == ManagementGroup.DYNAMIC:
         raise ValidationError({"group": "a dynamic group's members come from its scope expression"})
     agent = Agent.objects.filter(pk=agent_id).first()
@@ -249,7 +281,7 @@ def _group_roles_denial(g, operation):
 
 
 def list_group_roles(principal, group_id):
-    g = _group(group_id)
+    g = _group(group_id, principal)
     if not _may_manage_group_roles(principal, g, "Read"):
         raise _group_roles_denial(g, "Read")
     rows = RoleAssignment.objects.filter(group=g).select_related("user", "role")
@@ -257,7 +289,7 @@ def list_group_roles(principal, group_id):
 
 
 def plan_assign_group_role(principal, group_id, username, role, pinned=None):
-    g = _pinned_group(group_id, pinned)
+    g = _pinned_group(principal, group_id, pinned)
     if not _may_manage_group_roles(principal, g, "Write"):
         raise _group_roles_denial(g, "Write")
     user = get_user_model().objects.filter(username=username).first()

@@ -6,6 +6,7 @@ the X-Correlation-Id header (``correlation_of``)."""
 import json
 
 from yuzu.errors import correlation_id
+from yuzu import jsondata
 
 MAX_DEPTH = 32
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
@@ -66,7 +67,9 @@ def _depth_ok(value, limit=MAX_DEPTH):
 def parse_message(body):
     """Bytes → one JSON-RPC message dict, or RpcError (HTTP 400) for the framing failures."""
     try:
-        msg = json.loads(body)
+        msg = jsondata.loads(body)
+    except jsondata.InvalidJSON as exc:
+        raise RpcError(PARSE_ERROR, f"Parse error: {exc}", http_status=400) from None
     except (ValueError, UnicodeDecodeError):
         raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON", http_status=400) from None
     except RecursionError:

@@ -107,15 +107,12 @@ def pre_checks(ctx, name, arguments):
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
-    if tool.rbac:
-        try:
-            allowed = _rbac_allows(principal, tool, args)
-        except PermissionDenied as exc:  # an object permission that explains its refusal
-            _refuse(ctx, rpc.PERMISSION_DENIED, exc, f"permission={exc.permission}")
-        if not allowed:
-            exc = rbac.denial(principal, tool.securable, tool.operation)
-            _refuse(ctx, rpc.PERMISSION_DENIED, exc, f"permission={exc.permission}")
     try:
+        # RBAC; a tool's object permission may also answer "not found" for an object outside the caller's
+        # groups (the same answer as for one that does not exist: no oracle).
+        if tool.rbac and not _rbac_allows(principal, tool, args):
+            exc = rbac.denial(principal, tool.securable, tool.operation)  # says what is held and what is needed
+            _refuse(ctx, rpc.PERMISSION_DENIED, exc, f"permission={exc.permission}")
         if requires_approval(principal.tier, tool.securable, tool.operation):
             gate = approval_gate()
             if gate is None:
@@ -131,7 +128,8 @@ def pre_checks(ctx, name, arguments):
             ctx.plan = tool.plan(ctx, args)
     except (YuzuError, ValidationError) as exc:
         exc = invalid_input(exc) if isinstance(exc, ValidationError) else exc
-        # The call's own validation refused it before anything happened (no ticket, nothing consumed).
+        # The call's own validation (or its object permission) refused it before anything happened (no ticket,
+        # nothing consumed).
         _refuse(ctx, exc.rpc_code, exc, result=exc.audit_result)
     return tool, args
 

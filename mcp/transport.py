@@ -176,8 +176,9 @@ class McpConsumer(AsyncHttpConsumer):
         the streamed POST, otherwise progress goes to the session's GET channel."""
         if not msg or msg.get("method") != "tools/call" or not streaming_on() or "mcp-session-id" not in self.headers:
             return None
-        params = msg.get("params") or {}
-        tool = catalogue(self.catalogue).tools.get(params.get("name"))
+        params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+        name = params.get("name")
+        tool = catalogue(self.catalogue).tools.get(name) if isinstance(name, str) else None  # hostile bodies too
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         if tool is None or not tool.progress or "progressToken" not in meta:
             return None

@@ -19,7 +19,7 @@ from yuzu.rbac import BUILTIN_ROLES, Principal, assign_role
 
 from .mcp_http import McpClient
 from .sse_client import Stream
-from .test_mcp_pipeline import sample
+from .samples import sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,6 +15,11 @@ from .models import OPERATIONS, SECURABLES, Role, RoleAssignment, RolePermission
 from .policy import requires_approval, tier_allows, tier_floor
 
 ALL = [(s, o) for s in SECURABLES for o in OPERATIONS]
+#: Securables whose grants may be held on a management group: they concern devices, groups, or tickets
+#: pinned to devices. A role held on a group grants nothing on any other securable (the audit log, tokens,
+#: users, definitions, the bridge …): those are not any group's, and need a global grant.
+GROUP_SCOPED = frozenset({"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory",
+                          "ManagementGroup", "Approval"})
 READS = [(s, "Read") for s in SECURABLES]
 
 BUILTIN_ROLES = {
@@ -113,6 +118,8 @@ class Principal:
                     "securable", "operation", "role__assignments__group_id"
                 )
                 for sec, op, group_id in rows:
+                    if group_id is not None and sec not in GROUP_SCOPED:
+                        continue
                     if group_id is None:
                         grants[(sec, op)] = None
                     elif (sec, op) not in grants or grants[(sec, op)] is not None:
@@ -166,9 +173,10 @@ def has_any(principal, securable, operation):
     return scope is None or bool(scope)
 
 
-def check(principal, securable, operation, *, agent=None, group=None, surface="rest", any_scope=False):
-    """The REST face's gate: tier ceiling first, then RBAC. On non-MCP surfaces an MCP token may not
-    perform an approval-gated operation (the ticket could otherwise be bypassed)."""
+def check_tier(principal, securable, operation, *, surface="rest"):
+    """The token's tier ceiling, for a capability with no RBAC gate of its own (withdrawing one's own ticket)
+    as for every other: refused above the tier; on non-MCP surfaces an MCP token may not perform an
+    approval-gated operation (the ticket could otherwise be bypassed)."""
     perm = f"{securable}:{operation}"
     if not tier_allows(principal.tier, securable, operation):
         raise tier_denial(principal, securable, operation)
@@ -177,6 +185,11 @@ def check(principal, securable, operation, *, agent=None, group=None, surface="r
                                      "through MCP", extra={"tier": principal.tier},
                                remediation="call the MCP tool at /mcp/v1/ (tools/call): it mints an approval ticket "
                                            f"that a human reviews in the admin at {APPROVALS_PAGE}")
+
+
+def check(principal, securable, operation, *, agent=None, group=None, surface="rest", any_scope=False):
+    """The REST face's gate: the tier ceiling first (check_tier), then RBAC."""
+    check_tier(principal, securable, operation, surface=surface)
     allowed = has_any(principal, securable, operation) if any_scope else may(
         principal, securable, operation, agent=agent, group=group)
     if not allowed:
@@ -272,4 +285,4 @@ def user_assignments(user):
     return RoleAssignment.objects.filter(user=user).select_related("role", "group")
 
 
-__all__ = ["Principal", "may", "check", "group_scope", "seed_builtin_roles", "assign_role", "Q"]
+__all__ = ["Principal", "may", "check", "check_tier", "group_scope", "seed_builtin_roles", "assign_role", "Q"]

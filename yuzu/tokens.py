@@ -1,13 +1,14 @@
 """API-token service: one function per capability, shared by REST views and MCP tools."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .audit import audit
+from .audit import EPOCH_MAX, audit
 from .errors import NotFound, PermissionDenied, YuzuError
 from .models import ApiToken, MCP_TOKEN_MAX_DAYS, validate_token_fields
 from .plans import Plan
@@ -38,12 +39,17 @@ def parse_expiry(value, now=None):
     if isinstance(value, bool):
         raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
     if isinstance(value, (int, float)):
-        return timezone.datetime.fromtimestamp(value, tz=timezone.utc)
-    dt = parse_datetime(str(value)) if isinstance(value, str) else None
+        if not 0 <= value <= EPOCH_MAX:
+            raise ValidationError({"expires_at": f"expires_at in epoch seconds must be between 0 and {EPOCH_MAX}"})
+        return datetime.fromtimestamp(value, tz=dt_timezone.utc)
+    try:
+        dt = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well-formed but impossible, e.g. month 13
+        dt = None
     if dt is None:
         raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
     if timezone.is_naive(dt):
-        dt = timezone.make_aware(dt, timezone.utc)
+        dt = timezone.make_aware(dt, dt_timezone.utc)
     return dt
 
 

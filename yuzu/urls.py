@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.decorators.cache import cache_page
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView, SpectacularYAMLAPIView
 
 from fleet import api as fleet_api
@@ -40,8 +41,10 @@ api_v1 = [
     path("scope/preview", fleet_api.scope_preview),
     path("discover/<str:kind>", fleet_api.discover_view),
     path("quarantine", fleet_api.quarantine_view),
-    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
-    path("openapi.yaml", SpectacularYAMLAPIView.as_view(), name="openapi-yaml"),
+    # Public and costly to build (the YAML ~1 s of CPU): built once per process an hour, so anonymous requests
+    # cannot turn into CPU (the same for every caller: the document does not depend on who asks).
+    path("openapi.json", cache_page(3600)(SpectacularJSONAPIView.as_view()), name="openapi"),
+    path("openapi.yaml", cache_page(3600)(SpectacularYAMLAPIView.as_view()), name="openapi-yaml"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="api-docs"),
 ]
 
