@@ -58,6 +58,10 @@ class Refused(Exception):
     """Close 4401: the token or credential is not accepted."""
 
 
+class Superseded(Exception):
+    """Close 4409: a newer connection of this agent has registered."""
+
+
 # --- validation (pure) -------------------------------------------------------------------------
 
 def _text(msg, key, limit, *, optional=False):
@@ -139,9 +143,11 @@ def enroll(token, hostname):
     return agent_id, credential
 
 
-def register(agent_id, credential, fields, tags, plugins):
-    """Verify the credential (constant time), refresh what the agent reports, mark it connected.
-    Returns the agent's current tags."""
+def register(agent_id, credential, fields, tags, plugins, opened_at):
+    """Verify the credential (constant time), refresh what the agent reports, mark it connected as of
+    the connection opened at ``opened_at``. Returns the agent's current tags. The newest connection
+    wins: if one opened later has registered already, this one is stale (its agent has reconnected
+    since) and is refused with Superseded, changing nothing."""
     agent = Agent.objects.filter(pk=agent_id).first()
     stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
@@ -150,8 +156,11 @@ def register(agent_id, credential, fields, tags, plugins):
         raise Refused("invalid agent credential")
     now = timezone.now()
     with transaction.atomic():
-        Agent.objects.filter(pk=agent_id).update(connected=True, last_seen=now,
-                                                 simulated=bool(fields["attributes"].get("simulated")), **fields)
+        if not Agent.objects.filter(Q(connected_since__isnull=True) | Q(connected_since__lte=opened_at),
+                                    pk=agent_id).update(
+                connected=True, connected_since=opened_at, last_seen=now,
+                simulated=bool(fields["attributes"].get("simulated")), **fields):
+            raise Superseded("a newer connection of this agent has registered")
         for key, value in tags.items():
             Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
         AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=PLUGINS_INVENTORY,
@@ -168,8 +177,10 @@ def store_inventory(agent_id, plugin, data):
                                             defaults={"data": data, "collected_at": timezone.now()})
 
 
-def disconnected(agent_id):
-    Agent.objects.filter(pk=agent_id).update(connected=False, last_seen=timezone.now())
+def disconnected(agent_id, opened_at):
+    """The connection opened at ``opened_at`` closed: the agent is disconnected unless a newer
+    connection of it has registered since."""
+    Agent.objects.filter(pk=agent_id, connected_since=opened_at).update(connected=False, last_seen=timezone.now())
 
 
 def mark_silent_disconnected(now=None):
@@ -255,6 +266,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     TYPES = ("enroll", "register", "heartbeat", "inventory", "response")  # handled by on_<type>
 
     async def connect(self):
+        self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
         self.agent_id = None  # set once registered
         self.group = None
         self.enrolled = False
@@ -279,7 +291,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and not self.superseded:
-            await database_sync_to_async(disconnected)(self.agent_id)
+            await database_sync_to_async(disconnected)(self.agent_id, self.opened_at)
 
     async def refuse(self, code, reason):
         if not self.closing:
@@ -311,6 +323,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(CLOSE_MALFORMED, str(exc))
         except Refused as exc:
             await self.refuse(CLOSE_REFUSED, str(exc))
+        except Superseded as exc:
+            await self.refuse(CLOSE_SUPERSEDED, str(exc))
 
     async def on_enroll(self, msg):
         if self.enrolled:
@@ -327,20 +341,25 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                   "agent_version": _text(msg, "agent_version", 32, optional=True) or "",
                   "attributes": _attributes(msg)}
         tags, plugins = _tags(msg), _plugins(msg)
+        # The agent has spoken: however long the server now takes, this is not a silent connection.
+        # (Closing it 4408 under load made agents reconnect while their first register was still
+        # being processed.)
+        self.hello_timer.cancel()
         group = agent_group(agent_id)
         # Join before marking the agent connected so no command sent after that is missed; hold
         # what arrives until the credential is verified.
         await self.channel_layer.group_add(group, self.channel_name)
         self.group = group
         try:
-            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins)
-        except Refused:
+            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins,
+                                                             self.opened_at)
+        except (Refused, Superseded):
             await self.channel_layer.group_discard(group, self.channel_name)
             self.group, self.held = None, []
             raise
         self.agent_id = agent_id
-        self.hello_timer.cancel()
-        await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name})
+        await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name,
+                                                    "opened_at": self.opened_at.timestamp()})
         await self.send_json({"type": "registered", "agent_id": agent_id, "heartbeat_interval": heartbeat_interval(),
                               "tags": current})
         for payload in self.held:
@@ -375,7 +394,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     agent_push = relay
 
     async def agent_superseded(self, event):
-        """Another connection registered as this agent: the newest one wins."""
-        if event["channel"] != self.channel_name and self.agent_id:
+        """Another connection registered as this agent: the newest one (by the time it was opened) wins."""
+        if event["channel"] != self.channel_name and self.agent_id and \
+                event.get("opened_at", float("inf")) >= self.opened_at.timestamp():
             self.superseded = True
             await self.refuse(CLOSE_SUPERSEDED, "superseded by a newer connection of this agent")

@@ -34,6 +34,9 @@ class Agent(models.Model):
     simulated = models.BooleanField(default=False)
     quarantined = models.BooleanField(default=False)
     quarantine_reason = models.CharField(max_length=1024, blank=True)
+    # When the agent's current connection was opened: the newest connection to register wins, so a
+    # register that completes late on an older, abandoned connection cannot take the agent over.
+    connected_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["agent_id"]
