@@ -24,6 +24,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from yuzu.audit import audit
+from yuzu.metrics import FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
 from yuzu.models import hash_secret, new_hex_id
 
 from . import events
@@ -263,7 +264,7 @@ responses = ResponseBatcher()
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
-    TYPES = ("enroll", "register", "heartbeat", "inventory", "response")  # handled by on_<type>
+    TYPES = ("enroll", "register", "heartbeat", "inventory", "response", "received")  # handled by on_<type>
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
@@ -379,6 +380,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
 
+    async def on_received(self, msg):
+        """The agent has the command (an acknowledgement; fleet.executions._apply)."""
+        await responses.record(self.agent_id, {"command_id": _text(msg, "command_id", MAX_ID_BYTES),
+                                               "status": "RECEIVED"})
+
     # --- channel-layer handlers --------------------------------------------------------------
 
     async def relay(self, event):
@@ -390,7 +396,15 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.send_json(event["payload"])
 
-    agent_command = relay
+    async def agent_command(self, event):
+        """A command for this agent. One that cannot be written (the connection is closing) is re-sent
+        by the dispatcher unless the agent acknowledges it (fleet.tasks)."""
+        if self.closing:
+            FLEET_COMMAND_UNSENT.inc()
+            return
+        FLEET_COMMAND_SENDS.labels("resend" if event.get("resend") else "first").inc()
+        await self.relay(event)
+
     agent_push = relay
 
     async def agent_superseded(self, event):

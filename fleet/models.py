@@ -166,6 +166,7 @@ class Execution(models.Model):
     agents_responded = models.PositiveIntegerField(default=0)
     agents_success = models.PositiveIntegerField(default=0)
     agents_failure = models.PositiveIntegerField(default=0)
+    resent = models.PositiveIntegerField(default=0, help_text="Sends to agents that had not acknowledged the command")
     parent_id = models.CharField(max_length=32, blank=True)
     rerun_of = models.CharField(max_length=32, blank=True)
     bundle_id = models.CharField(max_length=64, blank=True, db_index=True)
@@ -190,11 +191,17 @@ class Execution(models.Model):
 
 
 class AgentExecStatus(models.Model):
+    """One target agent of an execution: ``pending`` → ``dispatched`` (sent, not acknowledged) →
+    ``running`` (acknowledged: the agent has it) → a terminal state. ``attempts`` counts the sends."""
+
     STATES = ("pending", "dispatched", "running", "success", "failure", "timeout", "rejected")
     TERMINAL = ("success", "failure", "timeout", "rejected")
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="agent_statuses")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="exec_statuses")
     status = models.CharField(max_length=16, default="pending")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     error_detail = models.TextField(blank=True)
     first_response_at = models.DateTimeField(null=True, blank=True)

@@ -1,28 +1,51 @@
 """Celery tasks of the fleet. Both are idempotent, so ``acks_late`` redelivery after a worker dies is safe:
-dispatch claims ``pending`` agents (marking them ``dispatched``) before sending, so a re-run never sends
-to an agent twice; responses are stored by the agent consumer, not here, so a worker restart loses none."""
+dispatch claims the agents it sends to (``pending`` → ``dispatched``, or a re-send's attempt) before
+sending, so a re-run never sends to an agent twice within its window; responses are stored by the agent
+consumer, not here, so a worker restart loses none.
+
+Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
+its first frame about it; one that has not within ACK_WINDOW_S of the send is sent it again, the window
+doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
+runs it twice. Re-sends wait while the execution's acknowledgements are still arriving (ACK_QUIET_S):
+a large fan-out that is merely being delivered is not flooded with duplicates."""
 
 import asyncio
+import contextvars
 import logging
+from datetime import timedelta
 
 from asgiref.sync import async_to_sync
 from celery import shared_task
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from django.db.models import F, Max, Min, Q
+from django.utils import timezone
 
 from .models import AgentExecStatus, Execution
 from .push import agent_group
 
 BATCH = 500
+SEND_CONCURRENCY = 50
+ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
+ACK_QUIET_S = 2.0  # re-sends wait until the execution's acknowledgements have stopped arriving this long
+MAX_SENDS = 5  # sends per agent in all: at 5, 10, 20 and 40 s, then the expiry sweep's TIMEOUT
 log = logging.getLogger("yuzu.fleet")
+
+
+def ack_window(attempts):
+    """Seconds after its ``attempts``-th send that an unacknowledged command is sent again."""
+    return ACK_WINDOW_S * 2 ** (attempts - 1)
 
 
 @shared_task(acks_late=True)
 def dispatch_execution(execution_id, sensitive=None):
-    """Send the execution's command to its pending agents, a batch at a time, until none are left or
-    the execution stops running (cancelled). ``sensitive`` carries the parameter values that are stored
-    redacted. Returns how many agents this run sent to."""
+    """Send the execution's command to the agents that should get it now: its pending agents, a batch
+    at a time, until none are left or the execution stops running (cancelled); then the agents whose
+    acknowledgement is overdue (re-sends). While any agent may still need a re-send, schedule this task
+    again for when that is due. ``sensitive`` carries the parameter values that are stored redacted (so
+    only this task's messages hold them). Returns how many sends this run made."""
     ex = Execution.objects.filter(pk=execution_id).first()
     if ex is None:
         return 0
@@ -35,18 +58,93 @@ def dispatch_execution(execution_id, sensitive=None):
             break
         async_to_sync(_send)(agent_ids, {"type": "agent.command", "payload": frame})
         sent += len(agent_ids)
+    overdue = _claim_unacknowledged(execution_id)
+    for i in range(0, len(overdue), BATCH):
+        async_to_sync(_send)(overdue[i:i + BATCH], {"type": "agent.command", "payload": frame, "resend": True})
+    sent += len(overdue)
+    delay = _next_check(execution_id)
+    if delay is not None:
+        _schedule(execution_id, sensitive, delay)
     return sent
 
 
 def _claim(execution_id):
-    """Mark the next batch of pending agents dispatched. Claiming before sending makes delivery
-    at-most-once: an agent whose send was lost to a crash ends in TIMEOUT, never runs a command twice."""
+    """Mark the next batch of pending agents dispatched (first send). Claiming before sending means a
+    crash between the two leaves the agent unacknowledged, which the next check re-sends."""
     with transaction.atomic():
         rows = list(AgentExecStatus.objects.select_for_update(skip_locked=True)
                     .filter(execution_id=execution_id, status="pending").order_by("id")
                     .values_list("id", "agent_id")[:BATCH])
-        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="pending").update(status="dispatched")
+        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="pending").update(
+            status="dispatched", attempts=1, last_sent_at=timezone.now())
     return [agent_id for _, agent_id in rows]
+
+
+def _claim_unacknowledged(execution_id):
+    """Claim a re-send of every agent still ``dispatched`` (sent, not acknowledged) past its window, with
+    sends left, while the execution runs and has not expired — unless acknowledgements are still
+    arriving. Counts them in the execution's ``resent``."""
+    now = timezone.now()
+    statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
+    last_ack = statuses.aggregate(at=Max("acknowledged_at"))["at"]
+    if last_ack is not None and now - last_ack < timedelta(seconds=ACK_QUIET_S):
+        return []
+    due = Q()
+    for attempts in range(1, MAX_SENDS):
+        due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts)))
+    with transaction.atomic():
+        if not Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).exists():
+            return []
+        rows = list(statuses.select_for_update(skip_locked=True).filter(due, status="dispatched")
+                    .order_by("id").values_list("id", "agent_id"))
+        if rows:
+            AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="dispatched").update(
+                attempts=F("attempts") + 1, last_sent_at=now)
+            Execution.objects.filter(pk=execution_id).update(resent=F("resent") + len(rows))
+    return [agent_id for _, agent_id in rows]
+
+
+def _next_check(execution_id):
+    """Seconds until a re-send may next be due, or None if none can be: every agent sent the command has
+    acknowledged it or used up its sends, or the execution is over or expired."""
+    now = timezone.now()
+    if not Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).exists():
+        return None
+    statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
+    due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"])) for row in
+           statuses.filter(status="dispatched", attempts__lt=MAX_SENDS).order_by().values("attempts")
+           .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
+    if not due:
+        return None
+    at, last_ack = min(due), statuses.aggregate(at=Max("acknowledged_at"))["at"]
+    if last_ack is not None:
+        at = max(at, last_ack + timedelta(seconds=ACK_QUIET_S))
+    return max((at - now).total_seconds(), 0.2)
+
+
+def _schedule(execution_id, sensitive, delay):
+    """Run dispatch_execution again in ``delay`` seconds: a countdown task on the broker, or in embedded
+    mode (Celery eager, inside the server process) a timer on the event loop the agents' sockets and
+    the in-memory channel layer live on."""
+    if not dispatch_execution.app.conf.task_always_eager:
+        dispatch_execution.apply_async((execution_id, sensitive), countdown=delay)
+    else:
+        async_to_sync(_call_later)(delay, execution_id, sensitive)
+
+
+async def _call_later(delay, execution_id, sensitive):
+    # In a fresh context: the caller's (a request's) carries asgiref's executor for that request's
+    # thread, which is gone by the time the timer fires.
+    loop = asyncio.get_running_loop()
+    loop.call_later(delay, lambda: loop.create_task(_dispatch_again(execution_id, sensitive)),
+                    context=contextvars.Context())
+
+
+async def _dispatch_again(execution_id, sensitive):
+    try:
+        await database_sync_to_async(dispatch_execution)(execution_id, sensitive)
+    except Exception:
+        log.exception("re-sending execution %s failed", execution_id)
 
 
 async def _send(agent_ids, message):
@@ -63,7 +161,18 @@ async def _send(agent_ids, message):
                 log.warning("channel %s is full; command %s not delivered", channel,
                             message["payload"].get("command_id"))
         return
-    await asyncio.gather(*(layer.group_send(agent_group(a), message) for a in agent_ids))
+    # At most SEND_CONCURRENCY at once: each concurrent group_send takes a Redis connection of its own,
+    # and hundreds opened at once per batch only queue up in Redis's accept backlog.
+    limit = asyncio.Semaphore(SEND_CONCURRENCY)
+
+    async def send(agent_id):
+        async with limit:
+            await layer.group_send(agent_group(agent_id), message)
+
+    failed = [r for r in await asyncio.gather(*map(send, agent_ids), return_exceptions=True) if isinstance(r, Exception)]
+    if failed:  # the agents concerned stay unacknowledged: the next check re-sends to them
+        log.warning("%d of %d sends of command %s failed, e.g. %r", len(failed), len(agent_ids),
+                    message["payload"].get("command_id"), failed[0])
 
 
 @shared_task(acks_late=True)

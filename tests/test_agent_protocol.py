@@ -198,6 +198,8 @@ BAD_FRAMES = {
     "output over 1 MiB": json.dumps({"type": "response", "command_id": "c", "status": "SUCCESS",
                                      "output": "x" * (1024 * 1024 + 1)}),
     "inventory data not an object": json.dumps({"type": "inventory", "plugin": "os", "data": [1]}),
+    "received without command_id": json.dumps({"type": "received"}),
+    "received command_id too long": json.dumps({"type": "received", "command_id": "c" * 161}),
 }
 
 

@@ -20,3 +20,11 @@ MCP_APPROVAL_REFUSED = Counter("yuzu_mcp_approval_refused_total", "approval reca
 MCP_APPROVAL_MASKED = Counter("yuzu_mcp_approval_masked_denials_total", "consume refusals masked as 'already used'")
 MCP_APPROVAL_PRECONDITION = Counter("yuzu_mcp_approval_precondition_denied_total", "recalls refused by a pre-consume precondition")
 MCP_APPROVAL_BURNED = Counter("yuzu_mcp_approval_burned_total", "consumed tickets whose call was then refused", ["tool", "reason"])
+
+FLEET_COMMAND_SENDS = Counter("yuzu_fleet_command_sends_total",
+                              "Commands written to agent WebSockets by this process", ["attempt"])
+FLEET_COMMAND_UNSENT = Counter("yuzu_fleet_command_unsent_total",
+                               "Commands that reached a connection already closing (re-sent if not acknowledged)")
+FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
+                                      "From a command's last send to the agent's acknowledgement",
+                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80))
