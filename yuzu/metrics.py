@@ -28,3 +28,6 @@ FLEET_COMMAND_UNSENT = Counter("yuzu_fleet_command_unsent_total",
 FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
                                       "From a command's last send to the agent's acknowledgement",
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80))
+AGENT_AUTH_FAILURES = Counter("yuzu_agent_auth_failures_total", "Refused agent enrolments and registers", ["action"])
+AGENT_ORIGIN_REFUSED = Counter("yuzu_agent_origin_refused_total",
+                               "Agent WebSocket handshakes refused for carrying an Origin header (a browser)")
