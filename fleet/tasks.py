@@ -4,10 +4,11 @@ sending, so a re-run never sends to an agent twice within its window; responses 
 consumer, not here, so a worker restart loses none.
 
 Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
-its first frame about it; one that has not within ACK_WINDOW_S of the send is sent it again, the window
+its first frame about it; one that has not within the window of the send is sent it again, the window
 doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
-runs it twice. Re-sends wait while the execution's acknowledgements are still arriving (ACK_QUIET_S):
-a large fan-out that is merely being delivered is not flooded with duplicates."""
+runs it twice. A large fan-out is not flooded with duplicates while it is merely being delivered: the
+first window grows with the number of agents targeted, and re-sends wait while the execution's
+acknowledgements are still arriving (ACK_QUIET_S)."""
 
 import asyncio
 import contextvars
@@ -29,14 +30,16 @@ from .push import agent_group
 BATCH = 500
 SEND_CONCURRENCY = 50
 ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
+ACK_WINDOW_PER_AGENT_S = 0.01  # ... or within this per agent targeted, if longer (5,000 agents: 50 s)
 ACK_QUIET_S = 2.0  # re-sends wait until the execution's acknowledgements have stopped arriving this long
-MAX_SENDS = 5  # sends per agent in all: at 5, 10, 20 and 40 s, then the expiry sweep's TIMEOUT
+MAX_SENDS = 5  # sends per agent in all (then the expiry sweep's TIMEOUT)
 log = logging.getLogger("yuzu.fleet")
 
 
-def ack_window(attempts):
-    """Seconds after its ``attempts``-th send that an unacknowledged command is sent again."""
-    return ACK_WINDOW_S * 2 ** (attempts - 1)
+def ack_window(attempts, targeted):
+    """Seconds after its ``attempts``-th send that a command still unacknowledged is sent again, for an
+    execution targeting ``targeted`` agents: 5, 10, 20, 40 s up to 500 agents."""
+    return max(ACK_WINDOW_S, targeted * ACK_WINDOW_PER_AGENT_S) * 2 ** (attempts - 1)
 
 
 @shared_task(acks_late=True)
@@ -89,12 +92,13 @@ def _claim_unacknowledged(execution_id):
     last_ack = statuses.aggregate(at=Max("acknowledged_at"))["at"]
     if last_ack is not None and now - last_ack < timedelta(seconds=ACK_QUIET_S):
         return []
-    due = Q()
-    for attempts in range(1, MAX_SENDS):
-        due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts)))
     with transaction.atomic():
-        if not Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).exists():
+        targeted = _running(execution_id, now)
+        if targeted is None:
             return []
+        due = Q()
+        for attempts in range(1, MAX_SENDS):
+            due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts, targeted)))
         rows = list(statuses.select_for_update(skip_locked=True).filter(due, status="dispatched")
                     .order_by("id").values_list("id", "agent_id"))
         if rows:
@@ -108,10 +112,11 @@ def _next_check(execution_id):
     """Seconds until a re-send may next be due, or None if none can be: every agent sent the command has
     acknowledged it or used up its sends, or the execution is over or expired."""
     now = timezone.now()
-    if not Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).exists():
+    targeted = _running(execution_id, now)
+    if targeted is None:
         return None
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
-    due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"])) for row in
+    due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"], targeted)) for row in
            statuses.filter(status="dispatched", attempts__lt=MAX_SENDS).order_by().values("attempts")
            .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
     if not due:
@@ -120,6 +125,12 @@ def _next_check(execution_id):
     if last_ack is not None:
         at = max(at, last_ack + timedelta(seconds=ACK_QUIET_S))
     return max((at - now).total_seconds(), 0.2)
+
+
+def _running(execution_id, now):
+    """How many agents the execution targets, if it is still running and not expired; else None."""
+    return Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).values_list(
+        "agents_targeted", flat=True).first()
 
 
 def _schedule(execution_id, sensitive, delay):
