@@ -409,6 +409,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         await self.accept()
+        self.expect_hello()
+
+    def expect_hello(self):
+        """Close 4408 unless the peer sends enroll or register within HELLO_TIMEOUT_S. The timer is
+        stopped while the server works on one of them: a slow server is not a silent peer (closing
+        those under a connect burst made the agents reconnect, and enrol again, while their first
+        attempt was still being processed)."""
         self.hello_timer = asyncio.get_running_loop().call_later(
             HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self.refuse(CLOSE_HELLO_TIMEOUT, "register timeout")))
 
@@ -469,9 +476,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             raise Malformed("already enrolled on this connection; send register")
         token = _text(msg, "token", 256, pattern=SECRET_RE, what="printable ASCII")
         hostname = _hostname(msg)
+        self.hello_timer.cancel()
         agent_id, credential = await database_sync_to_async(enroll)(token, hostname)
         self.enrolled = True
         await self.send_json({"type": "enrolled", "agent_id": agent_id, "credential": credential})
+        self.expect_hello()  # now register
 
     async def on_register(self, msg):
         agent_id = _text(msg, "agent_id", 64, pattern=AGENT_ID_RE, what="lowercase hex, as enroll issued it")
@@ -483,10 +492,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                          what="printable ASCII") or "",
                   "attributes": _attributes(msg)}
         tags, plugins = _tags(msg), _plugins(msg)
-        # The agent has spoken: however long the server now takes, this is not a silent connection.
-        # (Closing it 4408 under load made agents reconnect while their first register was still
-        # being processed.)
-        self.hello_timer.cancel()
+        self.hello_timer.cancel()  # see expect_hello
         group = agent_group(agent_id)
         # Join before marking the agent connected so no command sent after that is missed; hold
         # what arrives until the credential is verified.

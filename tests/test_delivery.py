@@ -3,6 +3,7 @@ channel layer): the register race that lost commands under a connect burst, ackn
 re-sends, and counters that stay exact through duplicates (docs/fleet.md, "Delivery guarantees")."""
 
 import asyncio
+import time
 from datetime import timedelta
 
 import pytest
@@ -196,3 +197,28 @@ def test_received_acknowledges_without_a_response_and_duplicates_never_count_twi
     ex.refresh_from_db()
     assert (ex.status, ex.agents_responded, ex.agents_success, ex.agents_failure) == ("completed", 3, 2, 1)
     assert Response.objects.count() == 3
+
+
+def test_a_slow_enrolment_is_not_closed_4408_but_silence_after_it_is(monkeypatch):
+    """Under a connect burst the server took longer than the hello timeout to enrol agents: they were
+    closed 4408 while their enrolment went through, enrolled again on the next connection (an orphan
+    agent and a device-token use each time) and added to the burst. The timer now pauses while the
+    server works and restarts once it has answered."""
+    monkeypatch.setattr(consumers, "HELLO_TIMEOUT_S", 0.3)
+    real_enroll = consumers.enroll
+
+    def slow_enroll(token, hostname):
+        time.sleep(1)  # the database thread is busy
+        return real_enroll(token, hostname)
+
+    monkeypatch.setattr(consumers, "enroll", slow_enroll)
+    token = mint_device_token()
+
+    async def scenario():
+        comm = await connect()
+        reply = await send(comm, {"type": "enroll", "token": token, "hostname": "web-1"})
+        assert reply["type"] == "enrolled"
+        assert await closed_with(comm, 4408) == "register timeout"  # ... but it must register in time
+
+    async_to_sync(scenario)()
+    assert Agent.objects.count() == 1
