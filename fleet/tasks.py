@@ -6,9 +6,9 @@ consumer, not here, so a worker restart loses none.
 Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
 its first frame about it; one that has not within the window of the send is sent it again, the window
 doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
-runs it twice. A large fan-out is not flooded with duplicates while it is merely being delivered: the
-first window grows with the number of agents targeted, and re-sends wait while the execution's
-acknowledgements are still arriving (ACK_QUIET_S)."""
+runs it twice. Re-sends must not add to the load of a server that is merely slow: the window grows
+with the number of agents targeted, re-sends wait until the execution's agents have gone quiet (no
+acknowledgement or answer stored for a while), and go out at most BATCH at a time."""
 
 import asyncio
 import contextvars
@@ -30,16 +30,22 @@ from .push import agent_group
 BATCH = 500
 SEND_CONCURRENCY = 50
 ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
-ACK_WINDOW_PER_AGENT_S = 0.01  # ... or within this per agent targeted, if longer (5,000 agents: 50 s)
-ACK_QUIET_S = 2.0  # re-sends wait until the execution's acknowledgements have stopped arriving this long
+ACK_QUIET_S = 2.0  # re-sends wait until nothing was stored for the execution's agents for this long
+PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
 MAX_SENDS = 5  # sends per agent in all (then the expiry sweep's TIMEOUT)
 log = logging.getLogger("yuzu.fleet")
 
 
 def ack_window(attempts, targeted):
     """Seconds after its ``attempts``-th send that a command still unacknowledged is sent again, for an
-    execution targeting ``targeted`` agents: 5, 10, 20, 40 s up to 500 agents."""
-    return max(ACK_WINDOW_S, targeted * ACK_WINDOW_PER_AGENT_S) * 2 ** (attempts - 1)
+    execution targeting ``targeted`` agents: 5, 10, 20, 40 s up to 500 agents; 50, 100, … s for 5,000."""
+    return max(ACK_WINDOW_S, targeted * PER_AGENT_S) * 2 ** (attempts - 1)
+
+
+def quiet_period(targeted):
+    """Seconds without any acknowledgement or answer stored for the execution before re-sends go out:
+    while they are still arriving, the server is delivering, not losing. 2 s up to 1,000 agents."""
+    return max(ACK_QUIET_S, targeted * PER_AGENT_S / 5)
 
 
 @shared_task(acks_late=True)
@@ -62,9 +68,9 @@ def dispatch_execution(execution_id, sensitive=None):
         async_to_sync(_send)(agent_ids, {"type": "agent.command", "payload": frame})
         sent += len(agent_ids)
     overdue = _claim_unacknowledged(execution_id)
-    for i in range(0, len(overdue), BATCH):
-        async_to_sync(_send)(overdue[i:i + BATCH], {"type": "agent.command", "payload": frame, "resend": True})
-    sent += len(overdue)
+    if overdue:
+        async_to_sync(_send)(overdue, {"type": "agent.command", "payload": frame, "resend": True})
+        sent += len(overdue)
     delay = _next_check(execution_id)
     if delay is not None:
         _schedule(execution_id, sensitive, delay)
@@ -84,23 +90,23 @@ def _claim(execution_id):
 
 
 def _claim_unacknowledged(execution_id):
-    """Claim a re-send of every agent still ``dispatched`` (sent, not acknowledged) past its window, with
-    sends left, while the execution runs and has not expired — unless acknowledgements are still
-    arriving. Counts them in the execution's ``resent``."""
+    """Claim a re-send of up to BATCH agents still ``dispatched`` (sent, not acknowledged) past their
+    window, with sends left, while the execution runs, has not expired and its agents have gone quiet.
+    Counts them in the execution's ``resent``."""
     now = timezone.now()
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
-    last_ack = statuses.aggregate(at=Max("acknowledged_at"))["at"]
-    if last_ack is not None and now - last_ack < timedelta(seconds=ACK_QUIET_S):
-        return []
     with transaction.atomic():
         targeted = _running(execution_id, now)
         if targeted is None:
+            return []
+        heard = _last_heard(statuses)
+        if heard is not None and now - heard < timedelta(seconds=quiet_period(targeted)):
             return []
         due = Q()
         for attempts in range(1, MAX_SENDS):
             due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts, targeted)))
         rows = list(statuses.select_for_update(skip_locked=True).filter(due, status="dispatched")
-                    .order_by("id").values_list("id", "agent_id"))
+                    .order_by("id").values_list("id", "agent_id")[:BATCH])
         if rows:
             AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="dispatched").update(
                 attempts=F("attempts") + 1, last_sent_at=now)
@@ -121,10 +127,16 @@ def _next_check(execution_id):
            .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
     if not due:
         return None
-    at, last_ack = min(due), statuses.aggregate(at=Max("acknowledged_at"))["at"]
-    if last_ack is not None:
-        at = max(at, last_ack + timedelta(seconds=ACK_QUIET_S))
+    at, heard = min(due), _last_heard(statuses)
+    if heard is not None:
+        at = max(at, heard + timedelta(seconds=quiet_period(targeted)))
     return max((at - now).total_seconds(), 0.2)
+
+
+def _last_heard(statuses):
+    """When the last acknowledgement or answer of these agents was stored (None: not yet)."""
+    times = statuses.aggregate(ack=Max("acknowledged_at"), answer=Max("completed_at")).values()
+    return max((t for t in times if t is not None), default=None)
 
 
 def _running(execution_id, now):
