@@ -7,8 +7,9 @@ Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent ackno
 its first frame about it; one that has not within the window of the send is sent it again, the window
 doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
 runs it twice. Re-sends must not add to the load of a server that is merely slow: the window grows
-with the number of agents targeted, re-sends wait until the execution's agents have gone quiet (no
-acknowledgement or answer stored for a while), and go out at most BATCH at a time."""
+with the number of agents targeted, re-sends wait until the execution has gone quiet (no send, and no
+acknowledgement or answer stored, for a while), and go out at most BATCH at a time, one round per quiet
+period."""
 
 import asyncio
 import contextvars
@@ -43,8 +44,9 @@ def ack_window(attempts, targeted):
 
 
 def quiet_period(targeted):
-    """Seconds without any acknowledgement or answer stored for the execution before re-sends go out:
-    while they are still arriving, the server is delivering, not losing. 2 s up to 1,000 agents."""
+    """Seconds without activity on the execution (a send, or an acknowledgement or answer stored) before
+    re-sends go out: while answers are still arriving, the server is delivering, not losing; and each
+    round of at most BATCH re-sends waits this long after the one before. 2 s up to 1,000 agents."""
     return max(ACK_QUIET_S, targeted * PER_AGENT_S / 5)
 
 
@@ -99,8 +101,8 @@ def _claim_unacknowledged(execution_id):
         targeted = _running(execution_id, now)
         if targeted is None:
             return []
-        heard = _last_heard(statuses)
-        if heard is not None and now - heard < timedelta(seconds=quiet_period(targeted)):
+        active = _last_activity(statuses)
+        if active is not None and now - active < timedelta(seconds=quiet_period(targeted)):
             return []
         due = Q()
         for attempts in range(1, MAX_SENDS):
@@ -127,15 +129,17 @@ def _next_check(execution_id):
            .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
     if not due:
         return None
-    at, heard = min(due), _last_heard(statuses)
-    if heard is not None:
-        at = max(at, heard + timedelta(seconds=quiet_period(targeted)))
+    at, active = min(due), _last_activity(statuses)
+    if active is not None:
+        at = max(at, active + timedelta(seconds=quiet_period(targeted)))
     return max((at - now).total_seconds(), 0.2)
 
 
-def _last_heard(statuses):
-    """When the last acknowledgement or answer of these agents was stored (None: not yet)."""
-    times = statuses.aggregate(ack=Max("acknowledged_at"), answer=Max("completed_at")).values()
+def _last_activity(statuses):
+    """When these agents were last sent the command, or last had an acknowledgement or answer stored.
+    Counting sends paces the re-sends: a round waits for the quiet period after the one before."""
+    times = statuses.aggregate(sent=Max("last_sent_at"), ack=Max("acknowledged_at"),
+                               answer=Max("completed_at")).values()
     return max((t for t in times if t is not None), default=None)
 
 
