@@ -363,8 +363,9 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
 
     slow = execute(rest, plugin="script", action="run", agent_ids=[agent_id],
                    params={"argv": json.dumps(["sh", "-c", "echo started; sleep 3; echo finished"])})["execution_id"]
-    # Kill only once the agent runs it: dispatch is at-most-once, so a worker killed between claiming an
-    # agent and sending to it leaves that agent to the expiry sweep (not what this test is about).
+    # Kill only once the agent runs it: a worker killed between claiming an agent and sending to it
+    # leaves that agent to the re-send, which waits for the broker to redeliver the task (not what this
+    # test is about).
     wait_for(lambda: AgentExecStatus.objects.filter(execution_id=slow, status="running").exists(), 20,
              "the agent to start the slow command", stack.logs)
     stack.worker.kill()  # SIGKILL the worker mid-execution
