@@ -31,7 +31,7 @@ from .push import agent_group
 BATCH = 500
 SEND_CONCURRENCY = 50
 ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
-ACK_QUIET_S = 2.0  # re-sends wait until nothing was stored for the execution's agents for this long
+ACK_QUIET_S = 2.0  # re-sends wait until the execution had no send, acknowledgement or answer for this long
 PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
 MAX_SENDS = 5  # sends per agent in all (then the expiry sweep's TIMEOUT)
 log = logging.getLogger("yuzu.fleet")
@@ -152,7 +152,8 @@ def _running(execution_id, now):
 def _schedule(execution_id, sensitive, delay):
     """Run dispatch_execution again in ``delay`` seconds: a countdown task on the broker, or in embedded
     mode (Celery eager, inside the server process) a timer on the event loop the agents' sockets and
-    the in-memory channel layer live on."""
+    the in-memory channel layer live on. (An eager dispatch outside a server, e.g. from a shell, has no
+    such loop: the timer goes with the temporary one, and there are no agents to re-send to anyway.)"""
     if not dispatch_execution.app.conf.task_always_eager:
         dispatch_execution.apply_async((execution_id, sensitive), countdown=delay)
     else:
