@@ -7,10 +7,13 @@ socket with 4400 and a reason (what was stored before stays stored). A refused i
 ``agent_group(agent_id)``, so any server process can address any agent."""
 
 import asyncio
+import contextvars
 import hmac
 import json
 import logging
+import re
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 
 from channels.db import database_sync_to_async
@@ -24,6 +27,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from yuzu.audit import audit
+from yuzu.metrics import AGENT_AUTH_FAILURES, AGENT_ORIGIN_REFUSED, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
 from yuzu.models import hash_secret, new_hex_id
 
 from . import events
@@ -33,7 +37,7 @@ from .push import agent_group
 
 log = logging.getLogger("yuzu.fleet.agents")
 
-CLOSE_MALFORMED, CLOSE_REFUSED, CLOSE_HELLO_TIMEOUT, CLOSE_SUPERSEDED = 4400, 4401, 4408, 4409
+CLOSE_MALFORMED, CLOSE_REFUSED, CLOSE_FORBIDDEN, CLOSE_HELLO_TIMEOUT, CLOSE_SUPERSEDED = 4400, 4401, 4403, 4408, 4409
 MAX_FRAME_CHARS = 4 * 1024 * 1024
 MAX_OUTPUT_BYTES = 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
@@ -42,6 +46,13 @@ MAX_ATTRIBUTES = 64
 MAX_TAGS = 64
 MAX_CATALOGUE_BYTES = 256 * 1024
 HELLO_TIMEOUT_S = 30
+AUDIT_WINDOW_S = 60  # refused enrolments/registers: at most one audit row per source address per window
+MAX_AUDIT_SOURCES = 10000  # source addresses tracked at once; beyond that they share one window
+AGENT_ID_RE = re.compile(r"[0-9a-f]{1,64}")  # enroll mints 32 lowercase hex characters
+SECRET_RE = re.compile(r"[\x21-\x7e]+")  # device tokens and agent credentials: printable ASCII
+ASCII_RE = re.compile(r"[\x20-\x7e]*")  # os, arch, agent_version
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")  # json.loads joins surrogate pairs: any left is unpaired
 PLUGINS_INVENTORY = "agent.plugins"  # the AgentInventory row holding the agent's plugin catalogue
 _DUMMY_HASH = hash_secret("no such agent")
 
@@ -54,19 +65,83 @@ class Malformed(Exception):
     """Close 4400: the message breaks the protocol."""
 
 
+@dataclass(frozen=True)
+class Failure:
+    """The audit row of a refused enrolment or register (written by FailureAudit)."""
+
+    action: str
+    principal: str
+    target_type: str
+    target_id: str
+    detail: str
+
+
 class Refused(Exception):
     """Close 4401: the token or credential is not accepted."""
+
+    def __init__(self, message, failure=None):
+        super().__init__(message)
+        self.failure = failure
+
+
+class Superseded(Exception):
+    """Close 4409: a newer connection of this agent has registered."""
 
 
 # --- validation (pure) -------------------------------------------------------------------------
 
-def _text(msg, key, limit, *, optional=False):
+def _storable(text):
+    """Text the database can store: PostgreSQL refuses NUL characters and unpaired surrogates."""
+    return not UNSTORABLE_RE.search(text)
+
+
+def _text(msg, key, limit, *, optional=False, pattern=None, what="text without control characters"):
+    """A string field of at most ``limit`` UTF-8 bytes, matching ``pattern`` (default: no control
+    characters at all)."""
     value = msg.get(key)
     if value is None and optional:
         return None
-    if not isinstance(value, str) or len(value.encode()) > limit or (not optional and not value):
+    if not isinstance(value, str) or len(value.encode(errors="surrogatepass")) > limit or (not optional and not value):
         raise Malformed(f"'{key}' must be a {'' if optional else 'non-empty '}string of at most {limit} bytes")
+    if pattern is not None:
+        valid = pattern.fullmatch(value)
+    else:
+        valid = _storable(value) and not CONTROL_RE.search(value)
+    if not valid:
+        raise Malformed(f"'{key}' must be {what}")
     return value
+
+
+def _free_text(msg, key, limit):
+    """Command output and errors: any text, made storable (NUL and unpaired surrogates become U+FFFD)."""
+    value = msg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Malformed(f"'{key}' must be a string or null")
+    value = UNSTORABLE_RE.sub("\ufffd", value)
+    if len(value.encode()) > limit:
+        raise Malformed(f"'{key}' must be a string of at most {limit} bytes")
+    return value
+
+
+def _json(value, key):
+    """Raise unless every string (key or value) in ``value`` is storable."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str) and not _storable(v):
+            raise Malformed(f"'{key}' contains a NUL character or an unpaired surrogate")
+    return value
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _object(msg, key, max_keys):
@@ -77,7 +152,7 @@ def _object(msg, key, max_keys):
 
 
 def _attributes(msg):
-    attrs = _object(msg, "attributes", MAX_ATTRIBUTES)
+    attrs = _json(_object(msg, "attributes", MAX_ATTRIBUTES), "attributes")
     for k, v in attrs.items():
         scalar = v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 1024)
         if len(k) > 64 or not scalar:
@@ -87,22 +162,26 @@ def _attributes(msg):
 
 def _tags(msg):
     try:
-        return dict(normalise_tag(k, v) for k, v in _object(msg, "tags", MAX_TAGS).items())
+        return dict(normalise_tag(k, v) for k, v in _json(_object(msg, "tags", MAX_TAGS), "tags").items())
     except ValidationError as exc:
         raise Malformed(f"invalid tag: {exc.messages[0]}") from None
 
 
 def _plugins(msg):
-    plugins = _object(msg, "plugins", 1024)
+    plugins = _json(_object(msg, "plugins", 1024), "plugins")
     if len(json.dumps(plugins)) > MAX_CATALOGUE_BYTES:
         raise Malformed(f"'plugins' exceeds {MAX_CATALOGUE_BYTES} bytes")
     return plugins
 
 
+def _hostname(msg):
+    return _text(msg, "hostname", 255)
+
+
 def _response(msg):
     frame = {"command_id": _text(msg, "command_id", MAX_ID_BYTES), "status": msg.get("status"),
-             "output": _text(msg, "output", MAX_OUTPUT_BYTES, optional=True) or "",
-             "error": _text(msg, "error", MAX_ERROR_BYTES, optional=True), "exit_code": msg.get("exit_code")}
+             "output": _free_text(msg, "output", MAX_OUTPUT_BYTES) or "",
+             "error": _free_text(msg, "error", MAX_ERROR_BYTES), "exit_code": msg.get("exit_code")}
     if frame["status"] not in STATUS_CODES:
         raise Malformed(f"'status' must be one of {', '.join(STATUS_CODES)}")
     code = frame["exit_code"]
@@ -131,27 +210,31 @@ def enroll(token, hostname):
     if not claimed:
         reason = ("unknown token" if dt is None else "revoked" if dt.revoked_at else
                   "expired" if dt.expires_at and dt.expires_at <= now else "no uses left")
-        audit(who, "agent.enroll", "failure", target_type="DeviceToken", target_id=dt.id if dt else "",
-              detail=f"hostname={hostname} reason={reason}")
-        raise Refused("enrolment refused: the device token is not valid")
+        raise Refused("enrolment refused: the device token is not valid",
+                      Failure("agent.enroll", who, "DeviceToken", dt.id if dt else "",
+                              f"hostname={hostname} reason={reason}"))
     audit(who, "agent.enroll", "success", target_type="Agent", target_id=agent_id,
           detail=f"hostname={hostname} device_token={dt.id}")
     return agent_id, credential
 
 
-def register(agent_id, credential, fields, tags, plugins):
-    """Verify the credential (constant time), refresh what the agent reports, mark it connected.
-    Returns the agent's current tags."""
+def register(agent_id, credential, fields, tags, plugins, opened_at):
+    """Verify the credential (constant time), refresh what the agent reports, mark it connected as of
+    the connection opened at ``opened_at``. Returns the agent's current tags. The newest connection
+    wins: if one opened later has registered already, this one is stale (its agent has reconnected
+    since) and is refused with Superseded, changing nothing."""
     agent = Agent.objects.filter(pk=agent_id).first()
     stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
-        audit(f"agent:{agent_id}", "agent.register", "failure", target_type="Agent", target_id=agent_id,
-              detail="invalid credential")
-        raise Refused("invalid agent credential")
+        raise Refused("invalid agent credential",
+                      Failure("agent.register", f"agent:{agent_id}", "Agent", agent_id, "invalid credential"))
     now = timezone.now()
     with transaction.atomic():
-        Agent.objects.filter(pk=agent_id).update(connected=True, last_seen=now,
-                                                 simulated=bool(fields["attributes"].get("simulated")), **fields)
+        if not Agent.objects.filter(Q(connected_since__isnull=True) | Q(connected_since__lte=opened_at),
+                                    pk=agent_id).update(
+                connected=True, connected_since=opened_at, last_seen=now,
+                simulated=bool(fields["attributes"].get("simulated")), **fields):
+            raise Superseded("a newer connection of this agent has registered")
         for key, value in tags.items():
             Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
         AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=PLUGINS_INVENTORY,
@@ -168,8 +251,10 @@ def store_inventory(agent_id, plugin, data):
                                             defaults={"data": data, "collected_at": timezone.now()})
 
 
-def disconnected(agent_id):
-    Agent.objects.filter(pk=agent_id).update(connected=False, last_seen=timezone.now())
+def disconnected(agent_id, opened_at):
+    """The connection opened at ``opened_at`` closed: the agent is disconnected unless a newer
+    connection of it has registered since."""
+    Agent.objects.filter(pk=agent_id, connected_since=opened_at).update(connected=False, last_seen=timezone.now())
 
 
 def mark_silent_disconnected(now=None):
@@ -249,19 +334,88 @@ def _settle(future, exc=None):
 responses = ResponseBatcher()
 
 
+# --- refused enrolments and registers: audited, but not one row each ---------------------------
+
+def _audit_failure(source, failure, count=None):
+    """One audit row: a first failure (``count`` None), or the ``count`` failures of a closed window."""
+    detail = (f"{failure.detail} source={source}" if count is None else
+              f"source={source} failures={count} in the last {AUDIT_WINDOW_S} s; last: {failure.detail}")
+    audit(failure.principal, failure.action, "failure", target_type=failure.target_type,
+          target_id=failure.target_id, detail=detail)
+
+
+class FailureAudit:
+    """Refused enrolments and registers, audited without letting an unauthenticated peer flood the
+    audit log: the first failure of a source address (per action) is written at once; the ones after it
+    within AUDIT_WINDOW_S are counted, and written as one row carrying the count when the window ends
+    (which opens the next window). So a source costs at most one row per window. Every failure counts
+    in yuzu_agent_auth_failures_total. Per server process (per event loop, like ResponseBatcher)."""
+
+    def __init__(self):
+        self.loop, self.windows = None, {}
+
+    async def record(self, source, failure):
+        AGENT_AUTH_FAILURES.labels(failure.action.removeprefix("agent.")).inc()
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            self.loop, self.windows = loop, {}
+        if (source, failure.action) not in self.windows and len(self.windows) >= MAX_AUDIT_SOURCES:
+            source = "(many sources)"
+        window = self.windows.get((source, failure.action))
+        if window is not None:
+            window["count"] += 1
+            window["last"] = failure
+            return
+        self.open((source, failure.action))
+        await database_sync_to_async(_audit_failure)(source, failure)
+
+    def open(self, key):
+        self.windows[key] = {"count": 0, "last": None}
+        self.loop.call_later(AUDIT_WINDOW_S, lambda: self.loop.create_task(self.close(key)),
+                             context=contextvars.Context())
+
+    async def close(self, key):
+        window = self.windows.pop(key, None)
+        if window and window["count"]:
+            self.open(key)
+            await database_sync_to_async(_audit_failure)(key[0], window["last"], window["count"])
+
+
+failures = FailureAudit()
+
+
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
-    TYPES = ("enroll", "register", "heartbeat", "inventory", "response")  # handled by on_<type>
+    TYPES = ("enroll", "register", "heartbeat", "inventory", "response", "received")  # handled by on_<type>
 
     async def connect(self):
+        self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
         self.agent_id = None  # set once registered
         self.group = None
         self.enrolled = False
         self.closing = False
         self.superseded = False
         self.held = []  # group messages that arrive while the credential is being checked
+        self.hello_timer = None
+        client = self.scope.get("client") or ()
+        self.source = str(client[0]) if client else "unknown"
+        if any(name.lower() == b"origin" for name, _ in self.scope.get("headers", ())):
+            # Only a browser sends Origin; agents never do. Refused at the handshake (HTTP 403), so no
+            # web page can reach the agent protocol with its visitor's network position.
+            AGENT_ORIGIN_REFUSED.inc()
+            log.info("refused an agent WebSocket handshake from %s carrying an Origin header", self.source)
+            self.closing = True
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
         await self.accept()
+        self.expect_hello()
+
+    def expect_hello(self):
+        """Close 4408 unless the peer sends enroll or register within HELLO_TIMEOUT_S. The timer is
+        stopped while the server works on one of them: a slow server is not a silent peer (closing
+        those under a connect burst made the agents reconnect, and enrol again, while their first
+        attempt was still being processed)."""
         self.hello_timer = asyncio.get_running_loop().call_later(
             HELLO_TIMEOUT_S, lambda: asyncio.ensure_future(self.refuse(CLOSE_HELLO_TIMEOUT, "register timeout")))
 
@@ -275,11 +429,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code):
-        self.hello_timer.cancel()
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and not self.superseded:
-            await database_sync_to_async(disconnected)(self.agent_id)
+            await database_sync_to_async(disconnected)(self.agent_id, self.opened_at)
 
     async def refuse(self, code, reason):
         if not self.closing:
@@ -296,9 +451,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if len(text_data) > MAX_FRAME_CHARS:
                 raise Malformed("frame too large")
             try:
-                msg = json.loads(text_data)
+                msg = json.loads(text_data, parse_constant=_no_constant)
             except ValueError:
-                raise Malformed("frame is not JSON") from None
+                raise Malformed("frame is not JSON (NaN and Infinity are not JSON either)") from None
             if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
                 raise Malformed("a JSON object with a string 'type' is expected")
             if msg["type"] not in self.TYPES:
@@ -310,37 +465,49 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except Malformed as exc:
             await self.refuse(CLOSE_MALFORMED, str(exc))
         except Refused as exc:
+            if exc.failure is not None:
+                await failures.record(self.source, exc.failure)
             await self.refuse(CLOSE_REFUSED, str(exc))
+        except Superseded as exc:
+            await self.refuse(CLOSE_SUPERSEDED, str(exc))
 
     async def on_enroll(self, msg):
         if self.enrolled:
             raise Malformed("already enrolled on this connection; send register")
-        token, hostname = _text(msg, "token", 256), _text(msg, "hostname", 255)
+        token = _text(msg, "token", 256, pattern=SECRET_RE, what="printable ASCII")
+        hostname = _hostname(msg)
+        self.hello_timer.cancel()
         agent_id, credential = await database_sync_to_async(enroll)(token, hostname)
         self.enrolled = True
         await self.send_json({"type": "enrolled", "agent_id": agent_id, "credential": credential})
+        self.expect_hello()  # now register
 
     async def on_register(self, msg):
-        agent_id, credential = _text(msg, "agent_id", 128), _text(msg, "credential", 256)
-        fields = {"hostname": _text(msg, "hostname", 255), "os": _text(msg, "os", 64, optional=True) or "",
-                  "arch": _text(msg, "arch", 32, optional=True) or "",
-                  "agent_version": _text(msg, "agent_version", 32, optional=True) or "",
+        agent_id = _text(msg, "agent_id", 64, pattern=AGENT_ID_RE, what="lowercase hex, as enroll issued it")
+        credential = _text(msg, "credential", 256, pattern=SECRET_RE, what="printable ASCII")
+        fields = {"hostname": _hostname(msg),
+                  "os": _text(msg, "os", 64, optional=True, pattern=ASCII_RE, what="printable ASCII") or "",
+                  "arch": _text(msg, "arch", 32, optional=True, pattern=ASCII_RE, what="printable ASCII") or "",
+                  "agent_version": _text(msg, "agent_version", 32, optional=True, pattern=ASCII_RE,
+                                         what="printable ASCII") or "",
                   "attributes": _attributes(msg)}
         tags, plugins = _tags(msg), _plugins(msg)
+        self.hello_timer.cancel()  # see expect_hello
         group = agent_group(agent_id)
         # Join before marking the agent connected so no command sent after that is missed; hold
         # what arrives until the credential is verified.
         await self.channel_layer.group_add(group, self.channel_name)
         self.group = group
         try:
-            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins)
-        except Refused:
+            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins,
+                                                             self.opened_at)
+        except (Refused, Superseded):
             await self.channel_layer.group_discard(group, self.channel_name)
             self.group, self.held = None, []
             raise
         self.agent_id = agent_id
-        self.hello_timer.cancel()
-        await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name})
+        await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name,
+                                                    "opened_at": self.opened_at.timestamp()})
         await self.send_json({"type": "registered", "agent_id": agent_id, "heartbeat_interval": heartbeat_interval(),
                               "tags": current})
         for payload in self.held:
@@ -355,10 +522,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         data = msg.get("data")
         if not isinstance(data, dict):
             raise Malformed("'data' must be an object")
+        _json(data, "data")
         await database_sync_to_async(store_inventory)(self.agent_id, plugin, data)
 
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
+
+    async def on_received(self, msg):
+        """The agent has the command (an acknowledgement; fleet.executions._apply)."""
+        await responses.record(self.agent_id, {"command_id": _text(msg, "command_id", MAX_ID_BYTES),
+                                               "status": "RECEIVED"})
 
     # --- channel-layer handlers --------------------------------------------------------------
 
@@ -371,11 +544,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.send_json(event["payload"])
 
-    agent_command = relay
+    async def agent_command(self, event):
+        """A command for this agent. One that cannot be written (the connection is closing) is re-sent
+        by the dispatcher unless the agent acknowledges it (fleet.tasks)."""
+        if self.closing:
+            FLEET_COMMAND_UNSENT.inc()
+            return
+        FLEET_COMMAND_SENDS.labels("resend" if event.get("resend") else "first").inc()
+        await self.relay(event)
+
     agent_push = relay
 
     async def agent_superseded(self, event):
-        """Another connection registered as this agent: the newest one wins."""
-        if event["channel"] != self.channel_name and self.agent_id:
+        """Another connection registered as this agent: the newest one (by the time it was opened) wins."""
+        if event["channel"] != self.channel_name and self.agent_id and \
+                event.get("opened_at", float("inf")) >= self.opened_at.timestamp():
             self.superseded = True
             await self.refuse(CLOSE_SUPERSEDED, "superseded by a newer connection of this agent")

@@ -30,6 +30,7 @@ from django.utils import timezone
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
+from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
@@ -51,6 +52,8 @@ MAX_EXPIRES_IN = 86400
 SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
 REDACTED = "[redacted]"
 STATUS_CODES = {name: code for code, name in Response.STATUS_NAMES.items()}
+RECEIVED = -1  # a `received` frame: the agent has the command (an acknowledgement; never a stored status)
+OPEN_CODES = (RECEIVED, Response.RUNNING)  # codes after which an agent's row may still move
 AGENT_STATE = {Response.RUNNING: "running", Response.SUCCESS: "success", Response.FAILURE: "failure",
                Response.TIMEOUT: "timeout", Response.REJECTED: "rejected"}
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
@@ -305,22 +308,29 @@ def record_response(agent_id, frame):
 def record_responses(frames, publish=True):
     """Store a batch of validated frames ``[(agent_id, frame), …]`` in one transaction, in order, and
     publish one event per execution that changed (or, with ``publish=False``, leave that to the caller).
-    The agent consumers of a server process hand their frames here together
+    A frame is a response (``status`` one of STATUS_CODES) or an acknowledgement (``status`` RECEIVED,
+    from a ``received`` frame). The agent consumers of a server process hand their frames here together
     (fleet.consumers.ResponseBatcher). Returns the changed executions."""
-    _, changed = _apply([(agent_id, f["command_id"], STATUS_CODES[f["status"]], f.get("output") or "",
-                          f.get("exit_code"), f.get("error") or "") for agent_id, f in frames])
+    _, changed = _apply([(agent_id, f["command_id"], RECEIVED if f["status"] == "RECEIVED" else STATUS_CODES[f["status"]],
+                          f.get("output") or "", f.get("exit_code"), f.get("error") or "") for agent_id, f in frames])
     if publish:
         for ex in changed:
             events.publish(ex)
     return changed
 
 
-def _apply(items):
+def _apply(items, acknowledge=True):
     """Apply ``[(agent_id, command_id, code, output, exit_code, error), …]`` in one transaction, as if one
     by one in order: the per-agent row moves first (a terminal state is reached once, ever), then the
     Response row, then the counters with F() expressions. ``output=None`` keeps the stored output. A
     frame for an unknown command, from an agent that was not targeted, or after the agent's terminal
-    one changes nothing. Returns (frames that changed something, the changed executions).
+    one changes nothing — so a duplicate (an agent answering a re-sent command with its stored result)
+    is never counted twice. Returns (frames that changed something, the changed executions).
+
+    Frames from agents (``acknowledge``) are acknowledgements: the first one for a command sets the
+    row's ``acknowledged_at``. Code RECEIVED is an acknowledgement and nothing else: a ``pending`` or
+    ``dispatched`` row becomes ``running``; no Response row, no counter, no event. The sweep's TIMEOUTs
+    (``acknowledge=False``) acknowledge nothing.
 
     The per-agent rows are read FOR UPDATE, in id order (SQLite's IMMEDIATE transactions serialise
     writers anyway), so another writer of the same rows (the sweep, another server process) waits and
@@ -339,13 +349,15 @@ def _apply(items):
         pairs = {(exs[command_id]["id"], agent_id) for agent_id, command_id, *_ in items}
         rows = {(r[1], r[2]): r for r in AgentExecStatus.objects.select_for_update().filter(
             execution_id__in={e for e, _ in pairs}, agent_id__in={a for _, a in pairs}).order_by("id").values_list(
-            "id", "execution_id", "agent_id", "status") if (r[1], r[2]) in pairs}
+            "id", "execution_id", "agent_id", "status", "acknowledged_at", "last_sent_at") if (r[1], r[2]) in pairs}
         final, moved = {}, 0  # (execution id, agent id) → the state this batch leaves
         for agent_id, command_id, code, output, exit_code, error in items:
             pair = (exs[command_id]["id"], agent_id)
             row, before = rows.get(pair), final.get(pair)
-            if row is None or row[3] in AgentExecStatus.TERMINAL or (before and before["code"] != Response.RUNNING):
+            if row is None or row[3] in AgentExecStatus.TERMINAL or (before and before["code"] not in OPEN_CODES):
                 continue
+            if code == RECEIVED and (before is not None or row[3] not in ("pending", "dispatched")):
+                continue  # acknowledged already
             if output is None and before is not None:
                 output = before["output"]
             final[pair] = {"id": row[0], "command_id": command_id, "code": code, "output": output,
@@ -354,12 +366,17 @@ def _apply(items):
         if not final:
             return 0, []
         at = connection.ops.adapt_datetimefield_value(now)
-        _executemany(AgentExecStatus, ["status", "exit_code", "error_detail", "completed_at", "first_response_at"],
+        answered = {pair: st for pair, st in final.items() if st["code"] != RECEIVED}
+        ack = [at] if acknowledge else []
+        _executemany(AgentExecStatus, ["status", "exit_code", "error_detail", "completed_at", "first_response_at"]
+                     + ["acknowledged_at"] * len(ack),
                      [(AGENT_STATE[st["code"]], st["exit_code"], st["error"], at if st["code"] != Response.RUNNING
-                       else None, at, st["id"]) for st in final.values()])
-        _store_responses(final, exs, now, at)
+                       else None, at, *ack, st["id"]) for st in answered.values()])
+        _executemany(AgentExecStatus, ["status", "acknowledged_at"],
+                     [("running", at, st["id"]) for st in final.values() if st["code"] == RECEIVED])
+        _store_responses(answered, exs, now, at)
         counts = {}  # execution id → [terminal, success]
-        for (ex_id, _), st in final.items():
+        for (ex_id, _), st in answered.items():
             if st["code"] != Response.RUNNING:
                 c = counts.setdefault(ex_id, [0, 0])
                 c[0], c[1] = c[0] + 1, c[1] + int(st["code"] == Response.SUCCESS)
@@ -371,7 +388,12 @@ def _apply(items):
                                      agents_responded__gte=F("agents_targeted")).update(
                 status=Case(When(agents_failure=0, then=Value(Execution.SUCCEEDED)),
                             default=Value(Execution.COMPLETED)), completed_at=now)
-    return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in final}))
+    if acknowledge:
+        for pair in final:
+            acknowledged_at, last_sent_at = rows[pair][4:]
+            if acknowledged_at is None and last_sent_at is not None:
+                FLEET_COMMAND_ACK_SECONDS.observe(max((now - last_sent_at).total_seconds(), 0.0))
+    return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in answered}))
 
 
 def _store_responses(final, exs, now, at):
@@ -402,11 +424,12 @@ def _store_responses(final, exs, now, at):
 def _executemany(model, columns, rows):
     """``UPDATE <table> SET <column> = %s, … WHERE id = %s`` once per row of parameters, as one prepared
     statement (per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more in Python).
-    ``first_response_at`` keeps its value once set."""
+    ``first_response_at`` and ``acknowledged_at`` keep their value once set."""
     if not rows:
         return
     q = connection.ops.quote_name
-    sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c == "first_response_at" else f"{q(c)} = %s" for c in columns)
+    sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c in ("first_response_at", "acknowledged_at") else f"{q(c)} = %s"
+                     for c in columns)
     with connection.cursor() as cursor:
         cursor.executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
 
@@ -422,7 +445,8 @@ def expire_overdue(now=None, limit=5000):
     if not rows:
         return 0
     timed_out, changed = _apply([(agent_id, command_id, Response.TIMEOUT, None, None,
-                                  "no terminal response before the command expired") for agent_id, command_id in rows])
+                                  "no terminal response before the command expired") for agent_id, command_id in rows],
+                                acknowledge=False)
     for ex in changed:
         events.publish(ex)
     return timed_out
@@ -453,7 +477,7 @@ def execution_view(ex):
         "dispatched_by": ex.dispatched_by, "dispatched_at": _iso(ex.dispatched_at), "expires_at": _iso(ex.expires_at),
         "completed_at": _iso(ex.completed_at), "agents_targeted": ex.agents_targeted,
         "agents_responded": ex.agents_responded, "agents_success": ex.agents_success,
-        "agents_failure": ex.agents_failure, "progress_pct": ex.progress_pct,
+        "agents_failure": ex.agents_failure, "progress_pct": ex.progress_pct, "resent": ex.resent,
         "retry_after_ms": None if ex.is_terminal else RESULT_POLL_RETRY_MS, "bundle_id": ex.bundle_id or None,
     }
 

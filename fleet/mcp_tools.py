@@ -252,6 +252,9 @@ PARAM_VALUE = {"type": ["string", "number", "integer", "boolean", "null"], "maxL
 EXECUTION = obj({"id": string(32), "status": enum(["running", "succeeded", "completed", "cancelled"]),
                  "agents_targeted": integer(0), "agents_responded": integer(0), "agents_success": integer(0),
                  "agents_failure": integer(0), "progress_pct": {"type": "number"},
+                 "resent": integer(0, description="How many times the command was sent again to an agent that had "
+                                                  "not acknowledged it (delivery is at-least-once; each agent runs "
+                                                  "it once)"),
                  "retry_after_ms": nullable(integer(0))}, ["id", "status"], additional=True)
 EXECUTION_ID = string(32, "The execution_id execute_instruction returned", minLength=1)
 RESPONSE = obj({"agent_id": string(128), "status": string(16), "output": string(1 << 20),

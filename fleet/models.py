@@ -34,6 +34,9 @@ class Agent(models.Model):
     simulated = models.BooleanField(default=False)
     quarantined = models.BooleanField(default=False)
     quarantine_reason = models.CharField(max_length=1024, blank=True)
+    # When the agent's current connection was opened: the newest connection to register wins, so a
+    # register that completes late on an older, abandoned connection cannot take the agent over.
+    connected_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["agent_id"]
@@ -165,6 +168,7 @@ class Execution(models.Model):
     agents_responded = models.PositiveIntegerField(default=0)
     agents_success = models.PositiveIntegerField(default=0)
     agents_failure = models.PositiveIntegerField(default=0)
+    resent = models.PositiveIntegerField(default=0, help_text="Sends to agents that had not acknowledged the command")
     parent_id = models.CharField(max_length=32, blank=True)
     rerun_of = models.CharField(max_length=32, blank=True)
     bundle_id = models.CharField(max_length=64, blank=True, db_index=True)
@@ -189,11 +193,17 @@ class Execution(models.Model):
 
 
 class AgentExecStatus(models.Model):
+    """One target agent of an execution: ``pending`` → ``dispatched`` (sent, not acknowledged) →
+    ``running`` (acknowledged: the agent has it) → a terminal state. ``attempts`` counts the sends."""
+
     STATES = ("pending", "dispatched", "running", "success", "failure", "timeout", "rejected")
     TERMINAL = ("success", "failure", "timeout", "rejected")
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="agent_statuses")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="exec_statuses")
     status = models.CharField(max_length=16, default="pending")
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_sent_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     error_detail = models.TextField(blank=True)
     first_response_at = models.DateTimeField(null=True, blank=True)

@@ -1,28 +1,62 @@
 """Celery tasks of the fleet. Both are idempotent, so ``acks_late`` redelivery after a worker dies is safe:
-dispatch claims ``pending`` agents (marking them ``dispatched``) before sending, so a re-run never sends
-to an agent twice; responses are stored by the agent consumer, not here, so a worker restart loses none."""
+dispatch claims the agents it sends to (``pending`` → ``dispatched``, or a re-send's attempt) before
+sending, so a re-run never sends to an agent twice within its window; responses are stored by the agent
+consumer, not here, so a worker restart loses none.
+
+Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
+its first frame about it; one that has not within the window of the send is sent it again, the window
+doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
+runs it twice. Re-sends must not add to the load of a server that is merely slow: the window grows
+with the number of agents targeted, re-sends wait until the execution has gone quiet (no send, and no
+acknowledgement or answer stored, for a while), and go out at most BATCH at a time, one round per quiet
+period."""
 
 import asyncio
+import contextvars
 import logging
+from datetime import timedelta
 
 from asgiref.sync import async_to_sync
 from celery import shared_task
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from django.db.models import F, Max, Min, Q
+from django.utils import timezone
 
 from .models import AgentExecStatus, Execution
 from .push import agent_group
 
 BATCH = 500
+SEND_CONCURRENCY = 50
+ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
+ACK_QUIET_S = 2.0  # re-sends wait until the execution had no send, acknowledgement or answer for this long
+PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
+MAX_SENDS = 5  # sends per agent in all (then the expiry sweep's TIMEOUT)
 log = logging.getLogger("yuzu.fleet")
+
+
+def ack_window(attempts, targeted):
+    """Seconds after its ``attempts``-th send that a command still unacknowledged is sent again, for an
+    execution targeting ``targeted`` agents: 5, 10, 20, 40 s up to 500 agents; 50, 100, … s for 5,000."""
+    return max(ACK_WINDOW_S, targeted * PER_AGENT_S) * 2 ** (attempts - 1)
+
+
+def quiet_period(targeted):
+    """Seconds without activity on the execution (a send, or an acknowledgement or answer stored) before
+    re-sends go out: while answers are still arriving, the server is delivering, not losing; and each
+    round of at most BATCH re-sends waits this long after the one before. 2 s up to 1,000 agents."""
+    return max(ACK_QUIET_S, targeted * PER_AGENT_S / 5)
 
 
 @shared_task(acks_late=True)
 def dispatch_execution(execution_id, sensitive=None):
-    """Send the execution's command to its pending agents, a batch at a time, until none are left or
-    the execution stops running (cancelled). ``sensitive`` carries the parameter values that are stored
-    redacted. Returns how many agents this run sent to."""
+    """Send the execution's command to the agents that should get it now: its pending agents, a batch
+    at a time, until none are left or the execution stops running (cancelled); then the agents whose
+    acknowledgement is overdue (re-sends). While any agent may still need a re-send, schedule this task
+    again for when that is due. ``sensitive`` carries the parameter values that are stored redacted (so
+    only this task's messages hold them). Returns how many sends this run made."""
     ex = Execution.objects.filter(pk=execution_id).first()
     if ex is None:
         return 0
@@ -35,18 +69,110 @@ def dispatch_execution(execution_id, sensitive=None):
             break
         async_to_sync(_send)(agent_ids, {"type": "agent.command", "payload": frame})
         sent += len(agent_ids)
+    overdue = _claim_unacknowledged(execution_id)
+    if overdue:
+        async_to_sync(_send)(overdue, {"type": "agent.command", "payload": frame, "resend": True})
+        sent += len(overdue)
+    delay = _next_check(execution_id)
+    if delay is not None:
+        _schedule(execution_id, sensitive, delay)
     return sent
 
 
 def _claim(execution_id):
-    """Mark the next batch of pending agents dispatched. Claiming before sending makes delivery
-    at-most-once: an agent whose send was lost to a crash ends in TIMEOUT, never runs a command twice."""
+    """Mark the next batch of pending agents dispatched (first send). Claiming before sending means a
+    crash between the two leaves the agent unacknowledged, which the next check re-sends."""
     with transaction.atomic():
         rows = list(AgentExecStatus.objects.select_for_update(skip_locked=True)
                     .filter(execution_id=execution_id, status="pending").order_by("id")
                     .values_list("id", "agent_id")[:BATCH])
-        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="pending").update(status="dispatched")
+        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="pending").update(
+            status="dispatched", attempts=1, last_sent_at=timezone.now())
     return [agent_id for _, agent_id in rows]
+
+
+def _claim_unacknowledged(execution_id):
+    """Claim a re-send of up to BATCH agents still ``dispatched`` (sent, not acknowledged) past their
+    window, with sends left, while the execution runs, has not expired and its agents have gone quiet.
+    Counts them in the execution's ``resent``."""
+    now = timezone.now()
+    statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
+    with transaction.atomic():
+        targeted = _running(execution_id, now)
+        if targeted is None:
+            return []
+        active = _last_activity(statuses)
+        if active is not None and now - active < timedelta(seconds=quiet_period(targeted)):
+            return []
+        due = Q()
+        for attempts in range(1, MAX_SENDS):
+            due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts, targeted)))
+        rows = list(statuses.select_for_update(skip_locked=True).filter(due, status="dispatched")
+                    .order_by("id").values_list("id", "agent_id")[:BATCH])
+        if rows:
+            AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="dispatched").update(
+                attempts=F("attempts") + 1, last_sent_at=now)
+            Execution.objects.filter(pk=execution_id).update(resent=F("resent") + len(rows))
+    return [agent_id for _, agent_id in rows]
+
+
+def _next_check(execution_id):
+    """Seconds until a re-send may next be due, or None if none can be: every agent sent the command has
+    acknowledged it or used up its sends, or the execution is over or expired."""
+    now = timezone.now()
+    targeted = _running(execution_id, now)
+    if targeted is None:
+        return None
+    statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
+    due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"], targeted)) for row in
+           statuses.filter(status="dispatched", attempts__lt=MAX_SENDS).order_by().values("attempts")
+           .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
+    if not due:
+        return None
+    at, active = min(due), _last_activity(statuses)
+    if active is not None:
+        at = max(at, active + timedelta(seconds=quiet_period(targeted)))
+    return max((at - now).total_seconds(), 0.2)
+
+
+def _last_activity(statuses):
+    """When these agents were last sent the command, or last had an acknowledgement or answer stored.
+    Counting sends paces the re-sends: a round waits for the quiet period after the one before."""
+    times = statuses.aggregate(sent=Max("last_sent_at"), ack=Max("acknowledged_at"),
+                               answer=Max("completed_at")).values()
+    return max((t for t in times if t is not None), default=None)
+
+
+def _running(execution_id, now):
+    """How many agents the execution targets, if it is still running and not expired; else None."""
+    return Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).values_list(
+        "agents_targeted", flat=True).first()
+
+
+def _schedule(execution_id, sensitive, delay):
+    """Run dispatch_execution again in ``delay`` seconds: a countdown task on the broker, or in embedded
+    mode (Celery eager, inside the server process) a timer on the event loop the agents' sockets and
+    the in-memory channel layer live on. (An eager dispatch outside a server, e.g. from a shell, has no
+    such loop: the timer goes with the temporary one, and there are no agents to re-send to anyway.)"""
+    if not dispatch_execution.app.conf.task_always_eager:
+        dispatch_execution.apply_async((execution_id, sensitive), countdown=delay)
+    else:
+        async_to_sync(_call_later)(delay, execution_id, sensitive)
+
+
+async def _call_later(delay, execution_id, sensitive):
+    # In a fresh context: the caller's (a request's) carries asgiref's executor for that request's
+    # thread, which is gone by the time the timer fires.
+    loop = asyncio.get_running_loop()
+    loop.call_later(delay, lambda: loop.create_task(_dispatch_again(execution_id, sensitive)),
+                    context=contextvars.Context())
+
+
+async def _dispatch_again(execution_id, sensitive):
+    try:
+        await database_sync_to_async(dispatch_execution)(execution_id, sensitive)
+    except Exception:
+        log.exception("re-sending execution %s failed", execution_id)
 
 
 async def _send(agent_ids, message):
@@ -63,7 +189,18 @@ async def _send(agent_ids, message):
                 log.warning("channel %s is full; command %s not delivered", channel,
                             message["payload"].get("command_id"))
         return
-    await asyncio.gather(*(layer.group_send(agent_group(a), message) for a in agent_ids))
+    # At most SEND_CONCURRENCY at once: each concurrent group_send takes a Redis connection of its own,
+    # and hundreds opened at once per batch only queue up in Redis's accept backlog.
+    limit = asyncio.Semaphore(SEND_CONCURRENCY)
+
+    async def send(agent_id):
+        async with limit:
+            await layer.group_send(agent_group(agent_id), message)
+
+    failed = [r for r in await asyncio.gather(*map(send, agent_ids), return_exceptions=True) if isinstance(r, Exception)]
+    if failed:  # the agents concerned stay unacknowledged: the next check re-sends to them
+        log.warning("%d of %d sends of command %s failed, e.g. %r", len(failed), len(agent_ids),
+                    message["payload"].get("command_id"), failed[0])
 
 
 @shared_task(acks_late=True)

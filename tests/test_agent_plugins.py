@@ -259,7 +259,12 @@ def test_agent_program_enrols_registers_and_answers_commands(tmp_path):
         if m["type"] == "response":
             responses.setdefault(m["command_id"], []).append(m)
     assert [r["status"] for r in responses["c-sleep"]] == ["RUNNING", "SUCCESS"]  # no output, no progress frames
-    assert [r["status"] for r in responses["c-os"]] == ["RUNNING", "SUCCESS"]  # once, despite redelivery
+    # Run once despite the re-send: the repeat is answered with `received` (still running) or with
+    # the same terminal frame again (done), never run a second time.
+    statuses = [r["status"] for r in responses["c-os"]]
+    assert statuses[:2] == ["RUNNING", "SUCCESS"] and set(statuses[2:]) <= {"SUCCESS"}
+    assert all(r == responses["c-os"][1] for r in responses["c-os"][1:])
+    assert len([m for m in server.received if m["type"] == "received"]) + len(statuses) == 3
     assert json.loads(responses["c-os"][-1]["output"])["system"] == "Linux"
     assert [r["status"] for r in responses["c-unknown"]] == ["REJECTED"]
     assert responses["c-bad"][-1]["status"] == "REJECTED" and "path" in responses["c-bad"][-1]["error"]
@@ -296,3 +301,43 @@ def test_a_result_finished_while_disconnected_is_sent_after_reconnecting(tmp_pat
 
     asyncio.run(scenario())
     assert len(connections) == 2
+
+
+def test_a_re_sent_command_runs_once_across_reconnects_and_gets_the_kept_result(tmp_path):
+    """The server re-sends a command it has no acknowledgement for. While it runs the agent answers
+    `received`; once done, with the terminal frame it kept — also on a later connection."""
+    (tmp_path / "state.json").write_text(json.dumps({"agent_id": "a1", "credential": "yza_test"}))
+    command = {"type": "command", "command_id": "c1", "plugin": "script", "action": "run",
+               "parameters": {"argv": "sleep 1"}}
+    frames, connections, done = [], [], asyncio.Event()
+
+    async def handler(ws):
+        connections.append(ws)
+        async for raw in ws:
+            msg = json.loads(raw)
+            frames.append((len(connections), msg))
+            if msg["type"] == "register":
+                await ws.send(json.dumps({"type": "registered", "agent_id": "a1", "heartbeat_interval": 30}))
+                await ws.send(json.dumps(command))
+                if len(connections) == 1:
+                    await ws.send(json.dumps(command))  # a re-send while it runs
+            elif msg["type"] == "response" and msg["status"] == "SUCCESS":
+                if len(connections) == 1:
+                    await ws.close()  # the agent reconnects; the server re-sends once more
+                else:
+                    done.set()
+
+    async def scenario():
+        async with websockets.serve(handler, "127.0.0.1", 0) as srv:
+            port = srv.sockets[0].getsockname()[1]
+            client = AgentClient(f"ws://127.0.0.1:{port}", None, tmp_path, config={"script_allow": [["sleep", "*"]]})
+            task = asyncio.create_task(client.run())
+            await asyncio.wait_for(done.wait(), 30)
+            task.cancel()
+
+    asyncio.run(scenario())
+    about = [(n, m["type"], m.get("status")) for n, m in frames if m.get("command_id") == "c1"]
+    assert about == [(1, "response", "RUNNING"), (1, "received", None), (1, "response", "SUCCESS"),
+                     (2, "response", "SUCCESS")]
+    first, second = [m for _, m in frames if m.get("status") == "SUCCESS"]
+    assert first == second and first["exit_code"] == 0

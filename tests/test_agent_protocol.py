@@ -1,7 +1,9 @@
 """The agent WebSocket protocol against the real consumer (Channels' WebsocketCommunicator over the
 project's channel layer): enrolment, register, heartbeat, inventory, commands and response frames,
-and the 4400 / 4401 / 4408 / 4409 closes."""
+the 4400 / 4401 / 4403 / 4408 / 4409 closes, and what a hostile peer gets (browser Origins, malformed
+identities, floods of refused enrolments)."""
 
+import asyncio
 import io
 import json
 from datetime import timedelta
@@ -13,6 +15,8 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.core.management import call_command
 from django.utils import timezone
+from prometheus_client import REGISTRY
+import websockets
 
 from fleet import consumers
 from fleet.agent.plugins import catalogue
@@ -48,8 +52,18 @@ def register_msg(agent_id, credential, **extra):
             "plugins": catalogue(), **extra}
 
 
-async def connect():
-    comm = WebsocketCommunicator(URLRouter(websocket_urlpatterns), "/agent/v1/ws")
+def agent_endpoint(client=("127.0.0.1", 40000)):
+    """The agent routes, as daphne would call them for a peer at ``client``."""
+    router = URLRouter(websocket_urlpatterns)
+
+    async def app(scope, receive, send):
+        return await router({**scope, "client": list(client)}, receive, send)
+
+    return app
+
+
+async def connect(client=("127.0.0.1", 40000)):
+    comm = WebsocketCommunicator(agent_endpoint(client), "/agent/v1/ws")
     connected, _ = await comm.connect()
     assert connected
     return comm
@@ -77,9 +91,11 @@ async def closed_with(comm, code):
     return out.get("reason", "")
 
 
-async def until(check, timeout=5.0):
-    import asyncio
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
+
+async def until(check, timeout=5.0):
     for _ in range(int(timeout / 0.05)):
         if await db(check)():
             return
@@ -167,7 +183,7 @@ def test_wrong_credential_closes_4401():
         await comm.send_json_to(register_msg(agent_id, "yza_" + "f" * 64))
         assert "invalid agent credential" in await closed_with(comm, 4401)
         comm = await connect()
-        await comm.send_json_to(register_msg("no-such-agent", "yza_" + "f" * 64))
+        await comm.send_json_to(register_msg("0" * 32, "yza_" + "f" * 64))  # no such agent
         await closed_with(comm, 4401)
 
     async_to_sync(scenario)()
@@ -198,6 +214,12 @@ BAD_FRAMES = {
     "output over 1 MiB": json.dumps({"type": "response", "command_id": "c", "status": "SUCCESS",
                                      "output": "x" * (1024 * 1024 + 1)}),
     "inventory data not an object": json.dumps({"type": "inventory", "plugin": "os", "data": [1]}),
+    "inventory data with NUL": json.dumps({"type": "inventory", "plugin": "os", "data": {"k": ["a\x00"]}}),
+    "inventory NaN": '{"type": "inventory", "plugin": "os", "data": {"load": NaN}}',
+    "inventory plugin with a newline": json.dumps({"type": "inventory", "plugin": "os\nx", "data": {}}),
+    "command_id with NUL": json.dumps({"type": "response", "command_id": "os-\x00", "status": "SUCCESS"}),
+    "received without command_id": json.dumps({"type": "received"}),
+    "received command_id too long": json.dumps({"type": "received", "command_id": "c" * 161}),
 }
 
 
@@ -234,6 +256,165 @@ def test_malformed_before_register_closes_4400(frame, why):
         return await closed_with(comm, 4400)
 
     assert why in async_to_sync(scenario)()
+
+
+# --- hostile peers: browsers, malformed identities, refusal floods ----------------------------------
+
+def test_a_handshake_with_an_origin_header_is_refused_4403():
+    """Only a browser sends Origin; the agent program never does. A web page must not reach the agent
+    protocol through its visitor's browser."""
+    before = sample("yuzu_agent_origin_refused_total")
+
+    async def scenario():
+        comm = WebsocketCommunicator(agent_endpoint(), "/agent/v1/ws",
+                                     headers=[(b"origin", b"https://evil.example")])
+        assert await comm.connect() == (False, 4403)
+
+    async_to_sync(scenario)()
+    assert sample("yuzu_agent_origin_refused_total") == before + 1
+    assert not AuditEvent.objects.exists()
+
+
+@pytest.mark.live
+def test_daphne_answers_a_browser_handshake_403_and_an_agent_handshake_101(daphne, tmp_path):
+    server = daphne()
+    url = f"ws://127.0.0.1:{server.port}/agent/v1/ws"
+
+    async def scenario():
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(url, origin="http://127.0.0.1:8000", open_timeout=10):
+                pass
+        assert refused.value.response.status_code == 403
+        async with websockets.connect(url, open_timeout=10) as ws:  # no Origin: an agent
+            await ws.send(json.dumps({"type": "heartbeat"}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 4400
+
+    asyncio.run(scenario())
+
+
+BAD_IDENTITIES = {
+    "non-ASCII agent_id": {"agent_id": "é" * 10},
+    "60-character non-hex agent_id": {"agent_id": "g" * 60},
+    "over-long agent_id": {"agent_id": "a" * 65},
+    "upper-case agent_id": {"agent_id": "ABCDEF"},
+    "agent_id with NUL": {"agent_id": "ab\x00cd"},
+    "hostname with NUL": {"hostname": "web-1\x00"},
+    "hostname with a newline": {"hostname": "web-1\nrole=admin"},
+    "hostname with an unpaired surrogate": {"hostname": "web-\ud800"},
+    "non-ASCII os": {"os": "lïnux"},
+    "arch with a control character": {"arch": "x86\x1b[2J"},
+    "non-ASCII credential": {"credential": "yza_é"},
+    "attribute value with NUL": {"attributes": {"kernel": "6.1\x00"}},
+    "tag value with NUL": {"tags": {"owner": "ops\x00"}},
+    "plugin catalogue with NUL": {"plugins": {"os.info": {"risk": "read\x00", "params": {}}}},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_IDENTITIES))
+def test_a_malformed_identity_closes_4400_without_a_traceback(name, caplog):
+    token = mint_device_token()
+
+    async def scenario():
+        comm = await connect()
+        reply = await send(comm, {"type": "enroll", "token": token, "hostname": "web-1"})
+        await comm.send_json_to({**register_msg(reply["agent_id"], reply["credential"]), **BAD_IDENTITIES[name]})
+        return await closed_with(comm, 4400)
+
+    reason = async_to_sync(scenario)()
+    field = next(iter(BAD_IDENTITIES[name]))
+    assert field in reason, reason
+    assert not Agent.objects.filter(connected=True).exists()
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("frame", [
+    '{"type": "enroll", "token": "yzd_\\u00e9", "hostname": "web-1"}',
+    '{"type": "enroll", "token": "yzd_x", "hostname": "web\\u0000"}',
+    '{"type": "register", "agent_id": "ab", "credential": "c", "hostname": "h", "attributes": {"load": NaN}}',
+    '{"type": "register", "agent_id": "ab", "credential": "c", "hostname": "h", "attributes": {"k": Infinity}}',
+])
+def test_malformed_enrolments_and_json_constants_close_4400(frame):
+    async def scenario():
+        comm = await connect()
+        await comm.send_to(text_data=frame)
+        return await closed_with(comm, 4400)
+
+    assert async_to_sync(scenario)()
+    assert not Agent.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_command_output_with_nul_is_stored_not_a_crash(principal):
+    """Output is data, not identity: a NUL (which PostgreSQL cannot store) becomes U+FFFD."""
+    token = mint_device_token()
+    op = principal("olive", "Operator")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        out = await db(start_execution)(op, plugin="os", action="info", agent_ids=[agent_id])
+        await comm.receive_json_from(timeout=5)
+        await comm.send_json_to({"type": "response", "command_id": out["command_id"], "status": "SUCCESS",
+                                 "output": "a\x00b", "exit_code": 0, "error": "e\udc80"})
+        await until(lambda: Execution.objects.get(pk=out["execution_id"]).status == "succeeded")
+        await comm.disconnect()
+        return out["execution_id"]
+
+    r = Response.objects.get(execution_id=async_to_sync(scenario)())
+    assert (r.output, r.error_detail) == ("a\ufffdb", "e\ufffd")
+
+
+def failure_rows(action):
+    return list(AuditEvent.objects.filter(action=action, result="failure").order_by("id").values_list("detail",
+                                                                                                       flat=True))
+
+
+@pytest.mark.parametrize("action", ["enroll", "register"])
+def test_refusals_cost_one_audit_row_per_source_per_window_carrying_the_count(action):
+    """An unauthenticated peer cannot flood the audit log: 25 refusals from one address write one row at
+    once and one row with the count when the window (60 s) ends; another address gets its own row."""
+    token = mint_device_token()
+    before = sample("yuzu_agent_auth_failures_total", action=action)
+
+    async def scenario():
+        if action == "register":
+            comm, agent_id, _, _ = await enrolled_agent(token)
+            await comm.disconnect()
+            bad = register_msg(agent_id, "yza_" + "0" * 64)
+        else:
+            bad = {"type": "enroll", "token": "yzd_" + "0" * 64, "hostname": "guess"}
+
+        async def refused(client):
+            comm = await connect(client)
+            await comm.send_json_to(bad)
+            await closed_with(comm, 4401)
+
+        for _ in range(25):
+            await refused(("203.0.113.7", 50000))
+        assert len(await db(failure_rows)(f"agent.{action}")) == 1
+        await refused(("198.51.100.9", 50000))
+        assert len(await db(failure_rows)(f"agent.{action}")) == 2
+        await consumers.failures.close(("203.0.113.7", f"agent.{action}"))  # the window ends
+        return await db(failure_rows)(f"agent.{action}")
+
+    first, other, count = async_to_sync(scenario)()
+    assert "source=203.0.113.7" in first and "source=198.51.100.9" in other
+    assert count.startswith("source=203.0.113.7 failures=24 in the last 60 s; last: ")
+    assert sample("yuzu_agent_auth_failures_total", action=action) == before + 26
+
+
+def test_the_audit_window_closes_by_itself(monkeypatch):
+    monkeypatch.setattr(consumers, "AUDIT_WINDOW_S", 2)
+
+    async def scenario():
+        for _ in range(2):
+            comm = await connect(("203.0.113.7", 50000))
+            await comm.send_json_to({"type": "enroll", "token": "yzd_" + "0" * 64, "hostname": "guess"})
+            await closed_with(comm, 4401)
+        await until(lambda: len(failure_rows("agent.enroll")) == 2, timeout=15)
+
+    async_to_sync(scenario)()
+    assert "failures=1 in the last 2 s" in failure_rows("agent.enroll")[1]
 
 
 # --- commands and responses --------------------------------------------------------------------

@@ -8,7 +8,8 @@ run_periodic` for the sweep), a real agent (`python -m fleet.agent`, enrolled wi
 - an action the agent did not declare is refused (-32602) before anything is dispatched;
 - an agent SIGKILLed mid-execution ends in TIMEOUT through the sweep, not a hang;
 - a Celery worker SIGKILLed mid-execution and restarted loses no response (Redis only: embedded mode has
-  no separate worker to restart).
+  no separate worker to restart);
+- a swarm that loses commands and answers on purpose still runs the command exactly once on every agent.
 
 Runs on SQLite or PostgreSQL (YUZU_DATABASE_URL), embedded or on Redis (YUZU_REDIS_URL). Every wait has
 a deadline."""
@@ -355,8 +356,9 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
 
     slow = execute(rest, plugin="script", action="run", agent_ids=[agent_id],
                    params={"argv": json.dumps(["sh", "-c", "echo started; sleep 3; echo finished"])})["execution_id"]
-    # Kill only once the agent runs it: dispatch is at-most-once, so a worker killed between claiming an
-    # agent and sending to it leaves that agent to the expiry sweep (not what this test is about).
+    # Kill only once the agent runs it: a worker killed between claiming an agent and sending to it
+    # leaves that agent to the re-send, which waits for the broker to redeliver the task (not what this
+    # test is about).
     wait_for(lambda: AgentExecStatus.objects.filter(execution_id=slow, status="running").exists(), 20,
              "the agent to start the slow command", stack.logs)
     stack.worker.kill()  # SIGKILL the worker mid-execution
@@ -376,6 +378,50 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
         assert len(rows) == 1 and rows[0].status == Response.SUCCESS and expected in rows[0].output, (eid, rows)
         assert (ex.status, ex.agents_targeted, ex.agents_responded, ex.agents_success) == ("succeeded", 1, 1, 1)
     assert Response.objects.count() == 3
+
+
+# --- delivery: commands lost on purpose ------------------------------------------------------------
+
+@live
+def test_commands_lost_on_purpose_still_run_exactly_once_on_every_agent(stack, rest, tmp_path):
+    """A swarm that loses messages on purpose (agent_swarm --lossy): in two of every six agents, one
+    ignores the first delivery of the command, the other runs it but its answers are lost until the
+    command arrives again. The server re-sends what is not acknowledged (with Redis: the Celery worker's
+    countdown task; embedded: a timer on daphne's event loop), each agent runs the command exactly
+    once, and the execution ends succeeded with exact counters."""
+    n, k = 60, 6
+    out = io.StringIO()
+    call_command("mint_device_token", "--name", "lossy swarm", "--max-uses", str(n), stdout=out)
+    ran = tmp_path / "ran.txt"
+    swarm = stack.spawn("swarm", [sys.executable, "manage.py", "agent_swarm", "--count", str(n), "--server",
+                                  f"ws://127.0.0.1:{stack.server.port}", "--token", out.getvalue().strip(),
+                                  "--state-dir", str(tmp_path / "swarm"), "--prefix", "lossy", "--lossy", str(k),
+                                  "--record", str(ran)])
+    wait_for(lambda: swarm.proc.poll() is None and Agent.objects.filter(hostname__startswith="lossy-",
+                                                                        connected=True).count() == n,
+             90, f"{n} simulated agents to connect", stack.logs)
+    receipt = execute(rest, plugin="os", action="info", scope='hostname LIKE "lossy-*"')
+    assert receipt["agents_reached"] == n
+    eid, cid = receipt["execution_id"], receipt["command_id"]
+
+    view = poll_terminal(rest, eid, 90, stack)
+    assert view["status"] == "succeeded", view
+    assert (view["agents_targeted"], view["agents_responded"], view["agents_success"], view["agents_failure"]) == \
+        (n, n, n, 0)
+    assert Response.objects.filter(execution_id=eid, status=Response.SUCCESS).count() == n == Response.objects.filter(
+        execution_id=eid).count()
+    # Every agent ran it exactly once: the lossy ones too, though they were sent it twice or more.
+    runs = ran.read_text().split("\n")[:-1]
+    assert sorted(runs) == sorted(f"lossy-{i:05d} {cid}" for i in range(n)), runs
+    hostname = dict(Agent.objects.filter(hostname__startswith="lossy-").values_list("agent_id", "hostname"))
+    attempts = {int(hostname[a][-5:]): tries for a, tries in
+                AgentExecStatus.objects.filter(execution_id=eid).values_list("agent_id", "attempts")}
+    lossy = [i for i in range(n) if i % k in (0, 1)]
+    assert all(attempts[i] >= 2 for i in lossy), attempts
+    assert view["resent"] == sum(tries - 1 for tries in attempts.values()) >= len(lossy)
+    metrics = httpx.get(stack.server.base + "/metrics", timeout=10).text
+    resent = re.search(r'^yuzu_fleet_command_sends_total\{attempt="resend"\} (\S+)$', metrics, re.M)
+    assert resent and float(resent.group(1)) >= len(lossy), metrics[-2000:]
 
 
 # --- docs/fleet.md stays true to the code ----------------------------------------------------------

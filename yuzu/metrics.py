@@ -24,3 +24,13 @@ MCP_APPROVAL_BURNED = Counter("yuzu_mcp_approval_burned_total", "consumed ticket
 APPROVAL_NOTIFICATIONS = Counter(
     "yuzu_approval_notifications_total", "approval notifications by channel and outcome (approvals.notify)",
     ["channel", "outcome"])
+FLEET_COMMAND_SENDS = Counter("yuzu_fleet_command_sends_total",
+                              "Commands written to agent WebSockets by this process", ["attempt"])
+FLEET_COMMAND_UNSENT = Counter("yuzu_fleet_command_unsent_total",
+                               "Commands that reached a connection already closing (re-sent if not acknowledged)")
+FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
+                                      "From a command's last send to the agent's acknowledgement",
+                                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80))
+AGENT_AUTH_FAILURES = Counter("yuzu_agent_auth_failures_total", "Refused agent enrolments and registers", ["action"])
+AGENT_ORIGIN_REFUSED = Counter("yuzu_agent_origin_refused_total",
+                               "Agent WebSocket handshakes refused for carrying an Origin header (a browser)")

@@ -2,7 +2,10 @@
 run the commands the server sends (docs/agent-protocol.md).
 
 Reconnects with exponential backoff and jitter. Plugins run in a thread pool so heartbeats keep
-flowing; a terminal response that could not be sent is kept and re-sent after the next register."""
+flowing; a terminal response that could not be sent is kept and re-sent after the next register.
+The server re-sends a command it has no acknowledgement for: the agent runs each command_id once (it
+remembers recent ones across reconnects) and answers a repeat with the result it kept, or with a
+``received`` frame while the command still runs."""
 
 import asyncio
 import json
@@ -12,7 +15,7 @@ import platform
 import random
 import socket
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,11 +32,12 @@ MAX_OUTPUT = 1024 * 1024  # the server's per-frame output limit
 MAX_SEND = 1024 * 1024 - 1024  # daphne's default limit on an incoming message is 1 MiB
 MAX_ERROR = 64 * 1024
 MAX_FRAME = 8 * 1024 * 1024  # a command carries up to 32 parameters of 64 KiB
-TERMINAL = ("SUCCESS", "FAILURE", "TIMEOUT", "REJECTED")
 CLOSE_MALFORMED, CLOSE_REFUSED, CLOSE_SUPERSEDED = 4400, 4401, 4409
 BACKOFF_CAP_S = 60.0
 REPLY_TIMEOUT_S = 30.0
 OUTBOX_MAX = 1000
+SEEN_MAX = 4096  # command ids remembered, so a re-sent command is not run again
+RESULTS_MAX_BYTES = 16 * 1024 * 1024  # terminal frames kept to answer a re-sent command with
 
 
 class Refused(Exception):
@@ -75,6 +79,10 @@ def clip(text, limit):
     return text if len(raw) <= limit else raw[:limit].decode(errors="ignore")
 
 
+def kept_size(frame):
+    return len(frame["output"] or "") + len(frame["error"] or "")
+
+
 def encode(frame):
     """JSON text of a frame, trimming a response's output until the whole frame fits MAX_SEND."""
     text = json.dumps(frame, ensure_ascii=False)
@@ -102,7 +110,8 @@ class AgentClient:
         self.ws = None
         self.registered = False
         self.outbox = deque(maxlen=OUTBOX_MAX)
-        self.seen = deque(maxlen=4096)  # command ids already accepted: a redelivered command runs once
+        self.seen = OrderedDict()  # command_id → its terminal frame once known (None while running)
+        self.kept_bytes = 0  # of the terminal frames kept in self.seen
         self.tasks = set()
         self._send_lock = None
 
@@ -219,40 +228,68 @@ class AgentClient:
             return
         kind = msg.get("type") if isinstance(msg, dict) else None
         if kind == "command":
-            task = asyncio.create_task(self.run_command(msg))
+            task = asyncio.create_task(self.on_command(msg))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         elif kind == "tags" and isinstance(msg.get("tags"), dict):
             self.tags = msg["tags"]
             log.info("%s: tags now %s", self.hostname, self.tags)
 
-    async def run_command(self, msg):
+    async def on_command(self, msg):
+        """Run a new command_id; answer a repeat (the server re-sends what it has no acknowledgement
+        for) with the terminal frame kept for it, or ``received`` while it runs or once it is forgotten."""
         cid = msg.get("command_id")
-        if not isinstance(cid, str) or not cid or cid in self.seen:
+        if not isinstance(cid, str) or not cid:
             return
-        self.seen.append(cid)
+        if cid in self.seen:
+            kept = self.seen[cid]
+            await self.send(dict(kept) if kept else {"type": "received", "command_id": cid}, keep=bool(kept))
+            return
+        self.seen[cid] = None
+        while len(self.seen) > SEEN_MAX:
+            self.forget()
+        result = await self.run_command(cid, msg)
+        frame = self.response(cid, result)
+        if cid in self.seen:
+            self.seen[cid] = frame
+            self.kept_bytes += kept_size(frame)
+            while self.kept_bytes > RESULTS_MAX_BYTES and len(self.seen) > 1:
+                self.forget()
+        await self.send(frame, keep=True)
+
+    def forget(self):
+        _, kept = self.seen.popitem(last=False)
+        if kept:
+            self.kept_bytes -= kept_size(kept)
+
+    async def run_command(self, cid, msg):
+        """Validate and run one command (its first delivery); returns its Result. Sends RUNNING first,
+        which tells the server the command arrived."""
         plugin, action, params = msg.get("plugin"), msg.get("action"), msg.get("parameters") or {}
         expires_at = msg.get("expires_at")
         if not (isinstance(plugin, str) and isinstance(action, str) and isinstance(params, dict)
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in params.items())):
-            result = Result("REJECTED", error="malformed command: plugin, action and string parameters expected")
-        elif isinstance(expires_at, (int, float)) and time.time() > expires_at:
-            result = Result("TIMEOUT", error="the command expired before it started")
-        elif f"{plugin}.{action}" not in self.plugins:
-            result = Result("REJECTED", error=f"unknown plugin/action: {plugin}.{action}")
-        else:
-            await self.respond(cid, Result("RUNNING"))
-            loop = asyncio.get_running_loop()
+            return Result("REJECTED", error="malformed command: plugin, action and string parameters expected")
+        if isinstance(expires_at, (int, float)) and time.time() > expires_at:
+            return Result("TIMEOUT", error="the command expired before it started")
+        if f"{plugin}.{action}" not in self.plugins:
+            return Result("REJECTED", error=f"unknown plugin/action: {plugin}.{action}")
+        await self.send(self.response(cid, Result("RUNNING")))
+        loop = asyncio.get_running_loop()
 
-            def progress(output):
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.respond(cid, Result("RUNNING", output))))
+        def progress(output):
+            frame = self.response(cid, Result("RUNNING", output))
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.send(frame)))
 
-            ctx = Context(config={**self.config, "hostname": self.hostname}, server=self.url, progress=progress)
-            result = await loop.run_in_executor(self.pool, execute, self.plugins, plugin, action, params, ctx)
-        await self.respond(cid, result)
+        ctx = Context(config={**self.config, "hostname": self.hostname}, server=self.url, progress=progress)
+        return await loop.run_in_executor(self.pool, self.execute, plugin, action, params, ctx)
 
-    async def respond(self, cid, result):
-        await self.send({"type": "response", "command_id": cid, "status": result.status,
-                         "output": clip(result.output, MAX_OUTPUT), "exit_code": result.exit_code,
-                         "error": clip(result.error, MAX_ERROR) if result.error is not None else None},
-                        keep=result.status in TERMINAL)
+    def execute(self, plugin, action, params, ctx):
+        """Run a plugin action (in the thread pool)."""
+        return execute(self.plugins, plugin, action, params, ctx)
+
+    @staticmethod
+    def response(cid, result):
+        return {"type": "response", "command_id": cid, "status": result.status,
+                "output": clip(result.output, MAX_OUTPUT), "exit_code": result.exit_code,
+                "error": clip(result.error, MAX_ERROR) if result.error is not None else None}

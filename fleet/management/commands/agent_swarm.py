@@ -1,11 +1,18 @@
-"""python manage.py agent_swarm --count N --server URL --token TOKEN [--state-dir DIR]
+"""python manage.py agent_swarm --count N --server URL --token TOKEN [--state-dir DIR] [--lossy K] [--record FILE]
 
 N simulated agents in one process, each on its own real WebSocket through the normal enrol/register
 protocol. They declare ``simulated: true`` in their attributes, report synthetic inventory, and answer
-every plugin action instantly with a synthetic result."""
+every plugin action instantly with a synthetic result.
+
+For tests of delivery (docs/fleet.md, "Delivery guarantees"): ``--lossy K`` loses messages on purpose
+in two of every K agents — agent 0 mod K ignores the first delivery of each command (lost on its way
+in), agent 1 mod K runs it but sends nothing about it until the command arrives again (its answers
+lost on the way out, so only the kept result answers the re-send). ``--record FILE`` appends one line
+``<hostname> <command_id>`` per command run, so a test can check each ran exactly once."""
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,15 +29,46 @@ def synthetic_inventory(index, hostname):
             "memory_total": (4 + index % 4) * 2**30, "simulated": True}
 
 
-async def swarm(count, server, token, state_dir, prefix):
+class SimulatedAgent(AgentClient):
+    def __init__(self, *args, loss=None, record=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss, self.record = loss, record
+        self.ignored = set()  # "in": command ids whose first delivery was dropped
+        self.muted = set()  # "out": command ids whose answers are being dropped until they arrive again
+
+    async def on_command(self, msg):
+        cid = msg.get("command_id")
+        if self.loss == "in" and cid not in self.ignored:
+            self.ignored.add(cid)
+            return
+        if self.loss == "out":
+            if cid in self.muted:
+                self.muted.discard(cid)  # the re-send: answer it for real
+            elif cid not in self.seen:
+                self.muted.add(cid)
+        await super().on_command(msg)
+
+    async def send(self, frame, keep=False):
+        if frame.get("command_id") not in self.muted:
+            await super().send(frame, keep)
+
+    async def run_command(self, cid, msg):
+        if self.record is not None:  # one short O_APPEND write per line: lines never interleave
+            os.write(self.record, f"{self.hostname} {cid}\n".encode())
+        return await super().run_command(cid, msg)
+
+
+async def swarm(count, server, token, state_dir, prefix, lossy=0, record=None):
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="yuzu-swarm")
     plugins = simulated()
+    record = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if record else None
 
     def client(i):
         hostname = f"{prefix}-{i:05d}"
-        return AgentClient(server, token, Path(state_dir) / hostname, config={"tags": {"environment": "simulated"}},
-                           plugins=plugins, hostname=hostname, attributes={"simulated": True, "swarm_index": i},
-                           inventory=lambda: synthetic_inventory(i, hostname), pool=pool)
+        loss = {0: "in", 1: "out"}.get(i % lossy) if lossy else None
+        return SimulatedAgent(server, token, Path(state_dir) / hostname, config={"tags": {"environment": "simulated"}},
+                              plugins=plugins, hostname=hostname, attributes={"simulated": True, "swarm_index": i},
+                              inventory=lambda: synthetic_inventory(i, hostname), pool=pool, loss=loss, record=record)
 
     async def start(i, agent):
         await asyncio.sleep(i * 0.005)  # spread the connects
@@ -49,14 +87,22 @@ class Command(BaseCommand):
         parser.add_argument("--token", required=True, help="device token allowing at least --count enrolments")
         parser.add_argument("--state-dir", default=None, help="identities of the simulated agents (default var/swarm)")
         parser.add_argument("--prefix", default="sim", help="hostname prefix")
+        parser.add_argument("--lossy", type=int, default=0, metavar="K",
+                            help="tests of delivery: in two of every K agents, lose the first delivery of each "
+                                 "command (agent 0 mod K) or the answers to it (agent 1 mod K)")
+        parser.add_argument("--record", default=None, metavar="FILE",
+                            help="append '<hostname> <command_id>' to FILE for every command run")
 
-    def handle(self, *args, count, server, token, state_dir, prefix, **opts):
+    def handle(self, *args, count, server, token, state_dir, prefix, lossy, record, **opts):
         if not 1 <= count <= 100000:
             raise CommandError("--count must be 1-100000")
+        if lossy and lossy < 2:
+            raise CommandError("--lossy must be at least 2")
         logging.getLogger("yuzu.agent").setLevel(logging.WARNING)
         self.stdout.write(f"starting {count} simulated agents against {server}; Ctrl-C stops them")
         try:
-            failures = asyncio.run(swarm(count, server, token, state_dir or settings.VAR_DIR / "swarm", prefix))
+            failures = asyncio.run(swarm(count, server, token, state_dir or settings.VAR_DIR / "swarm", prefix,
+                                         lossy, record))
         except KeyboardInterrupt:
             return
         refused = [f for f in failures if isinstance(f, Refused)]
