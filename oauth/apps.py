@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OauthConfig(AppConfig):
+    name = "oauth"
+    verbose_name = "OAuth: MCP clients and their connections"
