@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.http import JsonResponse
+from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.utils.http import urlencode
 from django.views import View
@@ -106,8 +106,7 @@ class AuthorizeView(OAuthLibMixin, View):
         if not (user.is_authenticated and user.is_active and user.is_staff and user.is_verified()):
             return redirect_to_login(request.get_full_path(), settings.LOGIN_URL)
         if not mfa_is_fresh(Principal(user=user, via="session", mfa_verified_at=request.session.get(MFA_SESSION_KEY))):
-            return OAuth2ResponseRedirect("/admin/stepup/?" + urlencode({"next": request.get_full_path()}),
-                                          ["http", "https"])
+            return HttpResponseRedirect("/admin/stepup/?" + urlencode({"next": request.get_full_path()}))
 
         asked = [t for t in TIER_ORDER if tier_scope(t) in scopes] or [TIER_ORDER[-1]]
         ceiling = tier_ceiling(user)
