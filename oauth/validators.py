@@ -56,6 +56,12 @@ class Validator(OAuth2Validator):
                 return None
             request.yuzu_registration_admitted = True
         client = super()._load_application(client_id, request)
+        if first_sight and client is not None and client.authorization_grant_type != Application.GRANT_AUTHORIZATION_CODE:
+            client.delete()  # a document asking for a grant yuzu does not offer registers nothing
+            audit("anonymous", "oauth.client_metadata", "failure", target_type="OAuthClient", target_id=client_id[:256],
+                  detail="grant_types must be authorization_code (and refresh_token)")
+            request.client = None
+            return None
         if first_sight and client is not None:
             audit("anonymous", "oauth.client.register", "success", target_type="OAuthClient", target_id=client_id[:256],
                   detail=f"via=metadata_document name={printable(client.name, 64)!r} "
