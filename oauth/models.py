@@ -79,22 +79,38 @@ class Authorization(models.Model):
         return max(1, int(min(settings.YUZU_OAUTH_ACCESS_TOKEN_SECONDS, remaining)))
 
     def issue_access_token(self, expires, now=None):
-        """The raw access token: the first mints the connection's ApiToken, a refresh replaces its secret (the
-        previous one stops working) and pushes its expiry on. Never past the consent's end."""
+        """The raw access token. The first for a consent mints the connection's ApiToken — or, when the same person
+        already connected the same client to the same endpoint (a re-authorization, a step-up to another tier), takes
+        that connection's token over, so the client's MCP session and bridge state (keyed by the token) carry on.
+        A refresh replaces the token's secret (the previous one stops working) and pushes its expiry on. Never past
+        the consent's end."""
         now = now or timezone.now()
         expires = min(expires, self.expires_at)
+        raw = TOKEN_PREFIX + secrets.token_hex(32)
         if self.api_token is None:
-            client = printable(self.application.name, 64) or "OAuth client"
-            token, raw = ApiToken.mint(self.user, f"{client} (OAuth, {OAUTH_RESOURCES[self.audience]}/, until "
-                                                  f"{self.expires_at:%Y-%m-%d})", mcp_tier=self.mcp_tier,
-                                       expires_at=expires, audience=self.audience, now=now)
+            previous = (Authorization.objects.filter(user=self.user, application=self.application,
+                                                     audience=self.audience, revoked_at__isnull=True,
+                                                     api_token__revoked_at__isnull=True)
+                        .exclude(pk=self.pk).exclude(api_token=None).select_related("api_token").first())
+            if previous is None:
+                token, raw = ApiToken.mint(self.user, self.token_name(), mcp_tier=self.mcp_tier, expires_at=expires,
+                                           audience=self.audience, now=now)
+                action = "api_token.create"
+            else:
+                token = previous.api_token
+                Authorization.objects.filter(pk=previous.pk).update(api_token=None)
+                previous.api_token = None
+                previous.revoke("superseded by a new consent")
+                ApiToken.objects.filter(pk=token.pk).update(token_hash=hash_secret(raw), prefix=raw[:12],
+                                                            expires_at=expires, mcp_tier=self.mcp_tier,
+                                                            name=self.token_name())
+                action = "oauth.token.reissue"
             self.api_token = token
             self.save(update_fields=["api_token"])
-            audit(self.user, "api_token.create", "success", target_type="ApiToken", target_id=token.id,
+            audit(self.user, action, "success", target_type="ApiToken", target_id=token.id,
                   detail=f"via=oauth authorization={self.pk} client={self.application.client_id} "
                          f"mcp_tier={self.mcp_tier} endpoint={OAUTH_RESOURCES[self.audience]}/")
             return raw
-        raw = TOKEN_PREFIX + secrets.token_hex(32)
         renewed = ApiToken.objects.filter(pk=self.api_token_id, revoked_at__isnull=True).update(
             token_hash=hash_secret(raw), prefix=raw[:12], expires_at=expires)
         if not renewed:
@@ -102,6 +118,10 @@ class Authorization(models.Model):
         audit(self.user, "oauth.token.refresh", "success", target_type="ApiToken", target_id=self.api_token_id,
               detail=f"authorization={self.pk} client={self.application.client_id}")
         return raw
+
+    def token_name(self):
+        client = printable(self.application.name, 64) or "OAuth client"
+        return f"{client} (OAuth, {OAUTH_RESOURCES[self.audience]}/, until {self.expires_at:%Y-%m-%d})"
 
     def revoke(self, reason, by="system"):
         """End the connection: its access token and every refresh token of its family stop working. Idempotent."""

@@ -256,6 +256,29 @@ def test_a_bridge_token_is_not_valid_on_v1_and_the_other_way_round(person):
     assert mcp(v1["access_token"], "/mcp/bridge/").status == 401
 
 
+def test_a_new_consent_for_the_same_client_takes_the_connection_over(person):
+    """Re-authorizing (or stepping up to another tier) keeps one connection: the same API token row, so the client's
+    MCP session carries on; the previous consent's tokens stop working."""
+    browser = person()
+    flow, first = connect(browser, tier="readonly")
+    c = McpClient(first["access_token"])
+    c.initialize()
+    _, second = connect(browser, client_id=flow.client_id, tier="operator")
+    token = ApiToken.objects.get(audience="mcp-v1")
+    assert token.mcp_tier == "operator" and token.prefix == second["access_token"][:12]
+    assert mcp(first["access_token"]).status == 401
+    assert refresh(flow.client_id, first["refresh_token"]).json()["error"] == "invalid_grant"
+    c.token = second["access_token"]
+    assert c.rpc("tools/list").status == 200  # the same session, now at the operator tier
+    old, new = Authorization.objects.order_by("created_at")
+    assert (old.revoked_reason, old.api_token, new.api_token) == ("superseded by a new consent", None, token)
+    assert audit("oauth.token.reissue", "success")
+    # Another endpoint, or another person, is another connection.
+    connect(browser, client_id=flow.client_id, resource=BRIDGE)
+    connect(person("bob"), client_id=flow.client_id)
+    assert ApiToken.objects.exclude(audience="api").count() == 3
+
+
 # --- refresh: rotation and reuse detection ---------------------------------------------------------------------
 
 def test_refresh_rotates_both_tokens_and_keeps_one_api_token_row(person):
