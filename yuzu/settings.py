@@ -83,7 +83,7 @@ INSTALLED_APPS = [
     "fleet",
     "approvals",
     "bridge",
-    "oauth2_provider",
+    "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
 
