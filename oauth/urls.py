@@ -2,6 +2,7 @@ from django.urls import path
 from oauth2_provider.views import RevokeTokenView, TokenView
 
 from . import discovery, views
+from .views import refuse_nul
 
 PRM = ".well-known/oauth-protected-resource"
 
@@ -12,8 +13,8 @@ urlpatterns = [
     path(f"{PRM}/mcp/bridge", discovery.protected_resource, {"audience": "mcp-bridge"}),
     path(f"{PRM}/mcp/bridge/", discovery.protected_resource, {"audience": "mcp-bridge"}),
     path(".well-known/oauth-authorization-server", discovery.authorization_server),
-    path("oauth/authorize", views.AuthorizeView.as_view(), name="oauth-authorize"),
-    path("oauth/token", TokenView.as_view(), name="oauth-token"),
-    path("oauth/register", views.register, name="oauth-register"),
-    path("oauth/revoke", RevokeTokenView.as_view(), name="oauth-revoke"),
+    path("oauth/authorize", refuse_nul(views.AuthorizeView.as_view()), name="oauth-authorize"),
+    path("oauth/token", refuse_nul(TokenView.as_view()), name="oauth-token"),
+    path("oauth/register", refuse_nul(views.register), name="oauth-register"),
+    path("oauth/revoke", refuse_nul(RevokeTokenView.as_view()), name="oauth-revoke"),
 ]

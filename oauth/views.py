@@ -2,6 +2,7 @@
 registration (RFC 7591), token and revocation (django-oauth-toolkit's views on yuzu's validator)."""
 
 import json
+from functools import wraps
 from urllib.parse import urlsplit
 
 from django import forms
@@ -43,6 +44,18 @@ TIER_HELP = {
                   "changes) wait until another person approves them.",
 }
 DEFAULT_DAYS = 30
+
+
+def refuse_nul(view):
+    """A parameter with a NUL character is malformed (and PostgreSQL could not even look it up): refused first."""
+    @wraps(view)
+    def checked(request, *args, **kwargs):
+        if any("\x00" in part for params in (request.GET, request.POST) for key, values in params.lists()
+               for part in (key, *values)):
+            return JsonResponse({"error": "invalid_request", "error_description": "a parameter contains a NUL "
+                                                                                "character"}, status=400)
+        return view(request, *args, **kwargs)
+    return checked
 
 
 def redirect_uri_problem(uri):
@@ -186,8 +199,8 @@ def client_metadata(data):
     """RFC 7591 metadata → Application fields, or raise ValueError(error, description). Only what yuzu supports:
     the authorization code grant with refresh, response type code, https (or loopback http) redirect URIs."""
     uris = data.get("redirect_uris")
-    if not isinstance(uris, list) or not 1 <= len(uris) <= 10 or not all(isinstance(u, str) and 0 < len(u) <= 2000
-                                                                          for u in uris):
+    if not isinstance(uris, list) or not 1 <= len(uris) <= 10 or not all(
+            isinstance(u, str) and 0 < len(u) <= 2000 and u.isprintable() and " " not in u for u in uris):
         raise ValueError("invalid_redirect_uri", "redirect_uris must be a list of 1 to 10 URIs")
     for uri in uris:
         parts = urlsplit(uri)

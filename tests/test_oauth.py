@@ -596,3 +596,8 @@ def test_a_token_request_never_returns_500_on_garbage(person):
                  {"grant_type": "client_credentials", "client_id": flow.client_id}):
         r = token_request(data)
         assert 400 <= r.status_code < 500, (data, r.status_code, r.content)
+    # NUL characters (PostgreSQL cannot even look them up) are refused at every endpoint, before any query.
+    assert anonymous().get("/oauth/authorize", {"client_id": "\x00"}).status_code == 400
+    assert anonymous().post("/oauth/revoke", {"token": "a\x00", "client_id": flow.client_id}).status_code == 400
+    r = register(redirect_uris=["https://client.example.com/\x00cb"])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri"
