@@ -95,12 +95,13 @@ def streaming_on():
     return not settings.YUZU_MCP_NO_STREAMING
 
 
-def unauthorized(exc, req):
+def unauthorized(exc, req=None):
     """HTTP 401, JSON-RPC -32001 (docs/mcp.md): what was wrong with the credential, and how to get one; the
     WWW-Authenticate challenge names the endpoint's protected resource metadata, where an OAuth client finds the
     authorization server (docs/oauth.md)."""
-    presented = bool(req.headers.get("authorization") or req.headers.get("x-yuzu-token"))
-    challenge = bearer_challenge(req.headers, catalogue(req.catalogue).audiences,
+    headers = req.headers if req is not None else {}
+    presented = bool(headers.get("authorization") or headers.get("x-yuzu-token"))
+    challenge = bearer_challenge(headers, catalogue(req.catalogue).audiences if req is not None else (),
                                  error="invalid_token" if presented else None)
     err = rpc.RpcError(rpc.UNAUTHORIZED, f"Unauthorized: {exc}", a4(correlation_id(), remediation=exc.remediation),
                        http_status=401, headers={"WWW-Authenticate": challenge})

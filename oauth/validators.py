@@ -28,6 +28,10 @@ def client_address(request):
     return request.headers.get("REMOTE_ADDR", "") or "unknown"
 
 
+def grant_of(code, client):
+    return Grant.objects.filter(code=hash_secret(code), application=client).first()
+
+
 def refuse(request, reason, auth=None):
     audit(auth.user if auth is not None else "anonymous", "oauth.token", "denied", target_type="OAuthClient",
           target_id=str(request.client_id or "")[:256],
@@ -79,14 +83,16 @@ class Validator(OAuth2Validator):
     # --- authorization codes ------------------------------------------------------------------------------------
 
     def _create_authorization_code(self, request, code, expires=None):
-        grant = super()._create_authorization_code(request, code, expires)
-        Authorization.objects.filter(pk=request.yuzu_authorization.pk).update(code_hash=hash_secret(code["code"]))
+        """Codes are stored as their SHA-256 (Grant.code; every lookup below hashes first); the consent keeps the
+        hash too, to recognise a code used twice after its grant is gone."""
+        grant = super()._create_authorization_code(request, {**code, "code": hash_secret(code["code"])}, expires)
+        Authorization.objects.filter(pk=request.yuzu_authorization.pk).update(code_hash=grant.code)
         return grant
 
     def validate_code(self, client_id, code, client, request, *args, **kwargs):
         auth = Authorization.objects.select_related("user", "application").filter(
             code_hash=hash_secret(code), application=client).first()
-        grant = Grant.objects.filter(code=code, application=client).first()
+        grant = grant_of(code, client)
         if grant is None or auth is None:
             if auth is not None and auth.api_token_id is not None:
                 # RFC 6749 §4.1.2: a code used twice revokes what it issued.
@@ -106,10 +112,16 @@ class Validator(OAuth2Validator):
             return False
         self._bind_resource(request, auth)
         request.yuzu_authorization = auth
-        return super().validate_code(client_id, code, client, request, *args, **kwargs)
+        return super().validate_code(client_id, hash_secret(code), client, request, *args, **kwargs)
+
+    def get_code_challenge(self, code, request):
+        return grant_of(code, request.client).code_challenge or None
+
+    def get_code_challenge_method(self, code, request):
+        return grant_of(code, request.client).code_challenge_method or None
 
     def confirm_redirect_uri(self, client_id, code, redirect_uri, client, request, *args, **kwargs):
-        grant = Grant.objects.filter(code=code, application=client).first()
+        grant = grant_of(code, client)
         if grant is None or redirect_uri != grant.redirect_uri:
             refuse(request, "redirect_uri differs from the authorization request's", request.yuzu_authorization)
             raise errors.InvalidGrantError(description="redirect_uri does not match the authorization request",
@@ -162,7 +174,7 @@ class Validator(OAuth2Validator):
     def _save_bearer_token(self, token, request, *args, **kwargs):
         if request.grant_type == "authorization_code":
             # Claim the code inside the issuing transaction: of two concurrent exchanges one issues, one fails.
-            if not Grant.objects.filter(code=request.code, application=request.client).delete()[0]:
+            if not Grant.objects.filter(code=hash_secret(request.code), application=request.client).delete()[0]:
                 raise errors.InvalidGrantError(description="authorization code already used", request=request)
         return super()._save_bearer_token(token, request, *args, **kwargs)
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from oauth2_provider.models import Application, Grant, RefreshToken
 
 from oauth.models import Authorization
-from yuzu.models import ApiToken, AuditEvent
+from yuzu.models import ApiToken, AuditEvent, hash_secret
 
 from .mcp_http import McpClient, request
 from .oauth_flow import (BASE, BRIDGE, REDIRECT, V1, Flow, anonymous, callback, connect, refresh, register,
@@ -187,8 +187,10 @@ def test_consent_then_a_resource_bound_api_token(person):
     for fact in ("Claude", "/mcp/v1/", "alice", client_id, "127.0.0.1:9999", "registered itself"):
         assert fact in html, fact
     code = flow.approve(browser, tier="operator", days=7)
+    assert Grant.objects.get().code == hash_secret(code)  # the code is stored as its hash only
     r = flow.exchange(code)
     assert r.status_code == 200 and r["Cache-Control"] == "no-store"
+    assert not Grant.objects.exists()  # and it is gone once used
     body = r.json()
     assert set(body) == {"access_token", "token_type", "expires_in", "scope", "refresh_token"}
     assert body["scope"] == "mcp:operator" and body["token_type"] == "Bearer" and body["expires_in"] == 3600
