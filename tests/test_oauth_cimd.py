@@ -17,7 +17,7 @@ from oauth.cimd import address_allowed, resolve
 from yuzu.models import AuditEvent
 
 from .metadata_server import MetadataServer
-from .oauth_flow import REDIRECT, Flow, signed_in
+from .oauth_flow import REDIRECT, Flow, signed_in, token_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,6 +112,10 @@ def test_the_name_is_resolved_once_and_the_checked_address_is_what_is_connected_
 def test_a_private_address_is_refused_before_any_connection(documents, browser):
     refused(browser, documents.url("good.json"), "private, loopback, link-local or metadata address (127.0.0.1)")
     refused(browser, documents.url("good.json", host="localhost"), "private, loopback")
+    # At the token endpoint the same client is simply unknown.
+    r = token_request({"grant_type": "authorization_code", "code": "x", "redirect_uri": REDIRECT,
+                       "client_id": documents.url("other.json"), "code_verifier": "v" * 43})
+    assert r.status_code == 401 and r.json()["error"] == "invalid_client"
     assert sum(documents.hits.values()) == 0  # never connected
 
 

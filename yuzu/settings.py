@@ -344,7 +344,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("YUZU_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"}},
+    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"},
+                # Their debug lines carry codes and refresh tokens: never below INFO, whatever YUZU_LOG_LEVEL says.
+                "oauthlib": {"level": "INFO"}, "oauth2_provider": {"level": "INFO"}},
 }
 
 AUTHENTICATION_BACKENDS = ["yuzu.accounts.LockingBackend"]
