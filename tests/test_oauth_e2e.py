@@ -14,6 +14,7 @@ headless Chromium for the person:
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,26 +126,34 @@ class Person:
         self.page.route(callback + "*", lambda route: route.fulfill(
             status=200, content_type="text/plain", body="yuzu connected; you can close this window."))
 
-    def sign_in(self, username, device):
+    def sign_in(self, username, device, shot=None):
         page = self.page
         assert page.locator("#oauth-login-note").count() == 1  # the admin's login, saying why
         page.fill("#id_username", username)
         page.fill("#id_password", f"{username}-password-1")
         page.fill("#id_otp_token", off_thread(code, device))
+        shoot(page, shot)
         page.click("input[type=submit][value='Log in']")
 
-    def consent(self, tier, days="30"):
+    def consent(self, tier, days="30", shot=None):
         page = self.page
         page.wait_for_selector("#consent-form")
         facts = {"client": page.inner_text("#client-name"), "endpoint": page.inner_text("#endpoint"),
                  "how": page.inner_text("#client-facts"),
                  "user": page.inner_text("#consent-user"), "asked": page.inner_text("#tier-asked"),
                  "tiers": page.locator("input[name=tier]").evaluate_all("els => els.map(e => e.value)")}
+        shoot(page, shot)
         page.check(f"input[name=tier][value={tier}]")
         page.fill("#id_days", days)
         page.click("#approve-button")
         page.wait_for_url(self.callback + "?*")  # the client's redirect URI (answered by the route above)
         return facts, page.url
+
+
+def shoot(page, name):
+    """With YUZU_DOCS_SCREENSHOTS=1, the pages docs/mcp.md shows (docs/img/, like test_first_approval_browser)."""
+    if name and os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+        page.screenshot(path=str(ROOT / "docs" / "img" / name), full_page=True)
 
 
 GATED = {"plugin": "os", "action": "info", "agent_ids": ["$agent_id"]}
@@ -192,8 +201,8 @@ def test_official_client_oauth_with_a_metadata_document_against_serve(tmp_path):
                 alice = Person(browser, serve.base, sdk.callback)
                 alice.page.goto(url)
                 alice.page.wait_for_url(f"{serve.base}/admin/login/?next=**")
-                alice.sign_in("alice", alice_device)
-                facts, redirect = alice.consent("supervised")
+                alice.sign_in("alice", alice_device, shot="oauth-login.png")
+                facts, redirect = alice.consent("supervised", shot="oauth-consent.png")
                 assert facts["client"] == CLIENT_NAME and facts["endpoint"] == "/mcp/v1/" and facts["user"] == "alice"
                 assert facts["tiers"] == ["readonly", "operator", "supervised"]
                 sdk.deliver(1, redirect)
