@@ -298,6 +298,25 @@ def test_refresh_rotates_both_tokens_and_keeps_one_api_token_row(person):
     assert audit("oauth.token.refresh", "success")
 
 
+def test_a_refresh_cannot_widen_the_scope(person):
+    flow, first = connect(person(), tier="readonly")
+    r = refresh(flow.client_id, first["refresh_token"], scope="mcp:supervised")
+    assert r.status_code == 400 and r.json()["error"] == "invalid_scope"
+    assert ApiToken.objects.get(audience="mcp-v1").mcp_tier == "readonly"
+
+
+def test_a_confidential_client_must_authenticate_at_the_token_endpoint(person):
+    reg = registered(token_endpoint_auth_method="client_secret_post")
+    flow = Flow(reg["client_id"])
+    code = flow.approve(person())
+    r = flow.exchange(code)  # no secret
+    assert r.status_code == 401 and r.json()["error"] == "invalid_client"
+    assert flow.exchange(code, client_secret="wrong").json()["error"] == "invalid_client"
+    assert issued() == (0, 0)
+    r = flow.exchange(code, client_secret=reg["client_secret"])
+    assert r.status_code == 200 and r.json()["access_token"].startswith("yuzu_")
+
+
 def test_a_replayed_refresh_token_revokes_the_whole_family(person):
     flow, first = connect(person())
     second = refresh(flow.client_id, first["refresh_token"]).json()
