@@ -44,14 +44,10 @@ class Validator(OAuth2Validator):
     def _load_application(self, client_id, request):
         """A revoked client is unknown; the first sight of a client metadata document counts as a registration
         (rate-limited, audited)."""
-        try:
-            if not client_id or ClientState.is_revoked(client_id):
-                request.client = None
-                return None
-            first_sight = cimd.is_cimd_client_id(client_id) and not Application.objects.filter(
-                client_id=client_id).exists()
-        except ValueError:  # e.g. a NUL byte PostgreSQL cannot hold: no such client
+        if not client_id or ClientState.is_revoked(client_id):  # (NUL characters never get here: views.refuse_nul)
+            request.client = None
             return None
+        first_sight = cimd.is_cimd_client_id(client_id) and not Application.objects.filter(client_id=client_id).exists()
         if first_sight and not getattr(request, "yuzu_registration_admitted", False):
             if not ratelimit.admit(client_address(request)):
                 audit("anonymous", "oauth.client.register", "denied", target_type="OAuthClient",

@@ -50,6 +50,7 @@ def refuse_nul(view):
     """A parameter with a NUL character is malformed (and PostgreSQL could not even look it up): refused first."""
     @wraps(view)
     def checked(request, *args, **kwargs):
+        request.body  # read (bounded) before the form parsers, so request.body stays readable for the view
         if any("\x00" in part for params in (request.GET, request.POST) for key, values in params.lists()
                for part in (key, *values)):
             return JsonResponse({"error": "invalid_request", "error_description": "a parameter contains a NUL "

@@ -162,6 +162,8 @@ def test_registration_refuses_bodies_that_are_not_metadata():
     for body in (b"not json", b"[]", json.dumps({"redirect_uris": [REDIRECT], "pad": "x" * 17000}).encode()):
         r = anonymous().post("/oauth/register", body, content_type="application/json")
         assert r.status_code == 400 and r.json()["error"] == "invalid_client_metadata"
+    r = anonymous().post("/oauth/register", {"redirect_uris": REDIRECT})  # a multipart form, not JSON
+    assert r.status_code == 400 and r.json()["error"] == "invalid_client_metadata"
     assert anonymous().get("/oauth/register").status_code == 405
     assert not Application.objects.exists()
 
@@ -620,5 +622,6 @@ def test_a_token_request_never_returns_500_on_garbage(person):
     # NUL characters (PostgreSQL cannot even look them up) are refused at every endpoint, before any query.
     assert anonymous().get("/oauth/authorize", {"client_id": "\x00"}).status_code == 400
     assert anonymous().post("/oauth/revoke", {"token": "a\x00", "client_id": flow.client_id}).status_code == 400
+    assert anonymous().post("/oauth/token", {"grant_type": "refresh_token", "refresh_token": "\x00"}).status_code == 400
     r = register(redirect_uris=["https://client.example.com/\x00cb"])
     assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri"
