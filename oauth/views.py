@@ -12,6 +12,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.http import HttpResponseRedirect, JsonResponse
+from django.http.request import RawPostDataException
 from django.shortcuts import render
 from django.utils.http import urlencode
 from django.views import View
@@ -50,7 +51,10 @@ def refuse_nul(view):
     """A parameter with a NUL character is malformed (and PostgreSQL could not even look it up): refused first."""
     @wraps(view)
     def checked(request, *args, **kwargs):
-        request.body  # read (bounded) before the form parsers, so request.body stays readable for the view
+        try:
+            request.body  # read (bounded) before the form parsers, so request.body stays readable for the view
+        except RawPostDataException:
+            pass  # a multipart form the CSRF check already parsed (the consent page): nothing reads the body
         if any("\x00" in part for params in (request.GET, request.POST) for key, values in params.lists()
                for part in (key, *values)):
             return JsonResponse({"error": "invalid_request", "error_description": "a parameter contains a NUL "
