@@ -10,7 +10,7 @@ from django.conf import settings
 
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.auth import AuthError, authenticate
+from yuzu.auth import AuthError, authenticate, bearer_challenge, step_up_scope
 from yuzu.errors import correlation_id
 from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
 from yuzu.policy import tier_allows
@@ -87,11 +87,30 @@ def streaming_on():
     return not settings.YUZU_MCP_NO_STREAMING
 
 
-def unauthorized(exc):
-    """HTTP 401, JSON-RPC -32001 (docs/mcp.md): what was wrong with the credential, and how to get one."""
+def unauthorized(exc, req=None):
+    """HTTP 401, JSON-RPC -32001 (docs/mcp.md): what was wrong with the credential, and how to get one; the
+    WWW-Authenticate challenge names the endpoint's protected resource metadata, where an OAuth client finds the
+    authorization server (docs/oauth.md)."""
+    headers = req.headers if req is not None else {}
+    presented = bool(headers.get("authorization") or headers.get("x-yuzu-token"))
+    challenge = bearer_challenge(headers, catalogue(req.catalogue).audiences if req is not None else (),
+                                 error="invalid_token" if presented else None)
     err = rpc.RpcError(rpc.UNAUTHORIZED, f"Unauthorized: {exc}", a4(correlation_id(), remediation=exc.remediation),
-                       http_status=401, headers={"WWW-Authenticate": 'Bearer realm="yuzu"'})
+                       http_status=401, headers={"WWW-Authenticate": challenge})
     return error_reply(None, err)
+
+
+def insufficient_scope(principal, req, err):
+    """A call the tier refuses (-32004), made with an OAuth token whose holder may get the tier it needs: HTTP 403
+    with the step-up challenge (error="insufficient_scope", the scope to ask for), so the client re-authorizes.
+    Every other error, and every pasted token, is answered as before."""
+    data = err.data if isinstance(err.data, dict) else {}
+    scope = step_up_scope(principal, data.get("required_tier")) if err.code == rpc.TIER_DENIED else None
+    if scope:
+        err.http_status = 403
+        err.headers = {**err.headers, "WWW-Authenticate": bearer_challenge(
+            req.headers, catalogue(req.catalogue).audiences, error="insufficient_scope", scope=scope)}
+    return err
 
 
 def error_reply(req_id, err):
@@ -103,9 +122,9 @@ def _principal(req):
     try:
         principal = authenticate(req.headers, req.cookies, audiences=cat.audiences)
     except AuthError as exc:
-        return None, unauthorized(exc)
+        return None, unauthorized(exc, req)
     if principal is None:
-        return None, unauthorized(AuthError("no credentials"))
+        return None, unauthorized(AuthError("no credentials"), req)
     return principal, None
 
 
@@ -148,7 +167,7 @@ def handle(req):
         result = _dispatch(ctx, req, method, msg.get("params") or {})
     except rpc.RpcError as err:
         MCP_REQUESTS.labels(method, "error").inc()
-        return error_reply(req_id, err)
+        return error_reply(req_id, insufficient_scope(principal, req, err))
     if isinstance(result, Continuation):
         result.req_id = req_id
         return result

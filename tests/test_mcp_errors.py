@@ -53,7 +53,10 @@ def test_mcp_401s_are_32001_with_a_correlation_id_and_a_way_to_a_working_token(m
     }
     for reason, (headers, surface) in cases.items():
         r = request(body=INIT, headers=headers)
-        assert r.status == 401 and r.headers["www-authenticate"] == 'Bearer realm="yuzu"', reason
+        error = ', error="invalid_token"' if headers else ""  # RFC 6750: only when a credential was presented
+        assert r.status == 401 and r.headers["www-authenticate"] == (
+            'Bearer realm="yuzu", resource_metadata="http://127.0.0.1:8000/.well-known/oauth-protected-resource/mcp/v1"'
+            + error), reason
         err = assert_correlated(r)
         assert err["code"] == -32001 and err["message"] == f"Unauthorized: {reason}"
         assert surface in err["data"]["remediation"], (reason, err["data"]["remediation"])

@@ -1,19 +1,28 @@
 """Authentication shared by REST, MCP and the bridge: a ``yuzu_`` token in ``Authorization: Bearer``
-or ``X-Yuzu-Token``, or the admin session cookie. Sessions (MCP ones) never authenticate."""
+or ``X-Yuzu-Token``, or the admin session cookie. Sessions (MCP ones) never authenticate.
+
+Tokens an MCP client got through OAuth (docs/oauth.md) are API tokens bound to one MCP endpoint (RFC 8707): their
+audience names it, and an endpoint's 401 says where a client finds out how to get one (RFC 9728)."""
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from .models import ApiToken, hash_secret
-from .rbac import Principal
+from .policy import TIER_ORDER, tier_allows
+from .rbac import Principal, may
 
 LAST_USED_GRANULARITY = timedelta(seconds=60)
 MFA_SESSION_KEY = "yuzu_mfa_verified_at"
 
 
 MINT_HINT = "`python manage.py mint_token --user <you> --name <label> --tier readonly`"
+
+# The audience of an OAuth-issued token → the one MCP endpoint it is valid on. (A pasted API token, audience
+# "api", works on both endpoints and the REST API; a bridge worker's, "bridge", on /mcp/bridge/ only.)
+OAUTH_RESOURCES = {"mcp-v1": "/mcp/v1", "mcp-bridge": "/mcp/bridge"}
 
 
 class AuthError(Exception):
@@ -50,6 +59,10 @@ def principal_for_token(raw, *, audiences=(ApiToken.AUDIENCE_API,), now=None):
     if not token.owner.is_active:
         raise AuthError("token owner is inactive", "an administrator must reactivate the user in the admin "
                         "(/admin/auth/user/)")
+    if token.audience not in audiences and token.audience in OAUTH_RESOURCES:
+        raise AuthError("token not valid for this endpoint", f"this token was issued through OAuth for "
+                        f"{OAUTH_RESOURCES[token.audience]}/ only: use it there, or connect your client to this "
+                        "endpoint so that it gets a token for it")
     if token.audience not in audiences:
         raise AuthError("token not valid for this endpoint", f"a bridge worker token works only at /mcp/bridge/; here use "
                         f"an API token (GET /api/v1/tokens lists yours; {MINT_HINT} mints one)")
@@ -85,3 +98,48 @@ def authenticate(headers, cookies=None, *, audiences=(ApiToken.AUDIENCE_API,)):
 
         return principal_for_session(cookies.get(settings.SESSION_COOKIE_NAME))
     return None
+
+
+def tier_scope(tier):
+    """The OAuth scope that asks for an MCP tier."""
+    return f"mcp:{tier}"
+
+
+def public_base(host):
+    """The origin clients reach yuzu at: YUZU_PUBLIC_URL when it is set, else the request's own host (already
+    checked against ALLOWED_HOSTS)."""
+    if settings.YUZU_OAUTH_ISSUER or not host:
+        return settings.YUZU_OAUTH_ISSUER or settings.YUZU_PUBLIC_URL
+    return f"http://{host}"
+
+
+def bearer_challenge(headers, audiences, **params):
+    """``WWW-Authenticate`` for an MCP endpoint accepting ``audiences``: yuzu's realm, and where its protected
+    resource metadata is (RFC 9728), which leads an OAuth client to the authorization server."""
+    path = next((OAUTH_RESOURCES[a] for a in audiences if a in OAUTH_RESOURCES), "")
+    params = {"realm": "yuzu", "resource_metadata": f"{public_base(headers.get('host'))}/.well-known/"
+              f"oauth-protected-resource{path}", **params}
+    return "Bearer " + ", ".join(f'{k}="{v}"' for k, v in params.items() if v)
+
+
+def tier_ceiling(user):
+    """The highest MCP tier ``user`` may grant a client by OAuth consent. None without ApiToken:Write (they may not
+    hold a token at all, as for POST /api/v1/tokens); else the lowest tier that covers every permission their roles
+    grant beyond managing their own tokens: a higher tier would add nothing they could use."""
+    principal = Principal(user=user, via="session")
+    if not may(principal, "ApiToken", "Write"):
+        return None
+    held = [perm for perm in principal.grants() if perm[0] != "ApiToken"]
+    return next(t for t in TIER_ORDER if all(tier_allows(t, *perm) for perm in held))
+
+
+def step_up_scope(principal, required_tier):
+    """For a call the token's tier refuses: the scope its holder may step up to through OAuth (MCP authorization,
+    insufficient_scope), or None — a pasted token, or a tier their roles do not reach."""
+    token = principal.token
+    if token is None or token.audience not in OAUTH_RESOURCES or required_tier not in TIER_ORDER:
+        return None
+    ceiling = tier_ceiling(principal.user)
+    if ceiling is None or TIER_ORDER.index(required_tier) > TIER_ORDER.index(ceiling):
+        return None
+    return tier_scope(required_tier)

@@ -84,6 +84,8 @@ INSTALLED_APPS = [
     "fleet",
     "approvals",
     "bridge",
+    "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
+    "oauth",
 ]
 
 MIDDLEWARE = [
@@ -285,13 +287,80 @@ if "YUZU_MCP_TEST_ANONYMOUS_USER" in os.environ:
     raise ImproperlyConfigured("YUZU_MCP_TEST_ANONYMOUS_USER is no longer supported: every MCP call needs a token "
                                "(see docs/mcp-conformance.md); unset it")
 
+# OAuth 2.1 for MCP clients (docs/oauth.md): yuzu is its own authorization server, on django-oauth-toolkit.
+# The issuer and the MCP endpoints' resource URIs are YUZU_PUBLIC_URL's when it is set (do set it behind a
+# TLS proxy), else the request's own scheme and host.
+YUZU_OAUTH_ISSUER = os.environ.get("YUZU_PUBLIC_URL", "").strip().rstrip("/")
+# How long one access token lives; the client refreshes it until the consented expiry (at most 90 days).
+YUZU_OAUTH_ACCESS_TOKEN_SECONDS = int(os.environ.get("YUZU_OAUTH_ACCESS_TOKEN_SECONDS", "3600"))
+# Client registrations (dynamic, and first sight of a client metadata document) per client address and in all,
+# per hour and server process.
+YUZU_OAUTH_REGISTRATIONS_PER_HOUR = int(os.environ.get("YUZU_OAUTH_REGISTRATIONS_PER_HOUR", "20"))
+YUZU_OAUTH_REGISTRATIONS_PER_HOUR_TOTAL = int(os.environ.get("YUZU_OAUTH_REGISTRATIONS_PER_HOUR_TOTAL", "200"))
+# Client metadata documents are fetched only from public addresses; these networks (CIDRs, comma-separated)
+# are allowed as well, e.g. an internal client's 10.0.0.0/8. Cloud metadata addresses never are.
+YUZU_OAUTH_CIMD_ALLOWED_NETWORKS = os.environ.get("YUZU_OAUTH_CIMD_ALLOWED_NETWORKS", "")
+
+
+def _check_oauth_settings():
+    import ipaddress
+
+    for net in filter(None, (n.strip() for n in YUZU_OAUTH_CIMD_ALLOWED_NETWORKS.split(","))):
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ImproperlyConfigured(f"YUZU_OAUTH_CIMD_ALLOWED_NETWORKS: {net!r} is not a network (e.g. 10.0.0.0/8)")
+    if not 60 <= YUZU_OAUTH_ACCESS_TOKEN_SECONDS <= 86400:
+        raise ImproperlyConfigured("YUZU_OAUTH_ACCESS_TOKEN_SECONDS must be between 60 and 86400")
+    if YUZU_OAUTH_ISSUER and not YUZU_OAUTH_ISSUER.startswith(("http://", "https://")):
+        raise ImproperlyConfigured("YUZU_PUBLIC_URL must be an http:// or https:// URL")
+
+
+_check_oauth_settings()
+
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"  # the (unswapped) model oauth's tables refer to
+OAUTH2_PROVIDER = {
+    "OAUTH2_SERVER_CLASS": "oauth.server.Server",
+    "OAUTH2_VALIDATOR_CLASS": "oauth.validators.Validator",
+    # An MCP tier is a scope; a client that names none asks for the highest, which the consent page lowers.
+    "SCOPES": {"mcp:readonly": "read tools only", "mcp:operator": "reads and routine operations",
+               "mcp:supervised": "everything your roles allow, risky calls after a human approval"},
+    "DEFAULT_SCOPES": ["mcp:supervised"],
+    "PKCE_REQUIRED": True,
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],
+    "ALLOW_URI_WILDCARDS": False,
+    "OIDC_ISS_ENDPOINT": YUZU_OAUTH_ISSUER,
+    "CIMD_ENABLED": True,
+    "CIMD_METADATA_FETCHER": "oauth.cimd.Fetcher",
+    "CIMD_FETCH_TIMEOUT_SECONDS": 5,
+    "CIMD_MAX_DOCUMENT_SIZE": 16 * 1024,
+    "CIMD_FAILURE_BACKOFF_SECONDS": 60,
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "COMPLIANT_BCP_RFC9700_REFRESH_TOKEN": True,
+    # http stays allowed for native clients' loopback callbacks (RFC 8252); yuzu refuses it for any other host.
+    "COMPLIANT_BCP_RFC9700_REDIRECT_URI_SCHEME": False,
+    "COMPLIANT_BCP_RFC9700_REDIRECT_URI_MATCHING": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_REQUIRED": True,
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("YUZU_LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"}},
+    "loggers": {"django.request": {"level": "ERROR"}, "daphne": {"level": "WARNING"},
+                # Their debug lines carry codes and refresh tokens: never below INFO, whatever YUZU_LOG_LEVEL says.
+                "oauthlib": {"level": "INFO"}, "oauth2_provider": {"level": "INFO"}},
 }
 
 AUTHENTICATION_BACKENDS = ["yuzu.accounts.LockingBackend"]

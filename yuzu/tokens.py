@@ -74,7 +74,9 @@ def check_ceiling(principal, tier, expires_at, *, permission, token=None):
 
 
 def list_tokens(principal):
-    return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user, audience=ApiToken.AUDIENCE_API)]
+    """The caller's API tokens, including those its MCP clients got through OAuth (not bridge workers')."""
+    return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user).exclude(
+        audience=ApiToken.AUDIENCE_BRIDGE)]
 
 
 def plan_create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier="", pinned=None):
@@ -116,7 +118,7 @@ def _check_service_scope(principal, service):
 
 
 def _own_token(principal, token_id, *, allow_admin=False):
-    token = ApiToken.objects.filter(pk=token_id, audience=ApiToken.AUDIENCE_API).first()
+    token = ApiToken.objects.filter(pk=token_id).exclude(audience=ApiToken.AUDIENCE_BRIDGE).first()
     if token is None:
         raise NotFound(f"token not found: {token_id}")
     if token.owner_id != principal.user.pk:
@@ -155,6 +157,10 @@ def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
         token = _own_token(principal, token_id)
         token = ApiToken.objects.select_for_update().get(pk=token.pk)
         check_ceiling(principal, token.mcp_tier, token.expires_at, permission="ApiToken:Rotate", token=token)
+        if token.audience != ApiToken.AUDIENCE_API:
+            raise YuzuError("this token was issued through OAuth: its client renews it with its refresh token, so "
+                            "it cannot be rotated", status=409, rpc_code=-32602,
+                            remediation="revoke it to disconnect the client, or let the client renew it")
         if not token.is_live(now):
             raise YuzuError("token is expired or revoked; mint a new one instead", status=409, rpc_code=-32602)
         if ApiToken.objects.filter(rotated_from=token).exists():
