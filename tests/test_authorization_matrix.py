@@ -410,6 +410,17 @@ REST = {
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
 PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
 ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
+#: the OAuth 2.1 authorization server (oauth/): protocol endpoints whose answers to a bare GET the RFCs fix —
+#: discovery documents are public, an authorize request without client_id is a 400, token / registration /
+#: revocation are POST-only. An API token changes none of it (their rules: tests/test_oauth*.py).
+OAUTH = {(".well-known/oauth-protected-resource", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/v1", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/v1/", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/bridge", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/bridge/", "GET"): 200,
+         (".well-known/oauth-authorization-server", "GET"): 200,
+         ("oauth/authorize", "GET"): 400, ("oauth/token", "GET"): 405, ("oauth/register", "GET"): 405,
+         ("oauth/revoke", "GET"): 405}
 #: the hook sink takes a bridge worker's own token only: every API token is refused as a credential (401)
 WORKER_ONLY = {("api/v1/bridge/members/<str:pane_id>/events", "POST"): "/api/v1/bridge/members/%25999999/events"}
 #: the admin is for people: an OTP-verified session. Its pages redirect anyone else to the login page;
@@ -480,7 +491,8 @@ def test_rest_matrix():
     routes = url_routes()
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]
     rows = [(f"{m} {r}", "-", "-", "-", "a row in REST / PUBLIC / WORKER_ONLY", "no row")
-            for r, m in api if (r, m) not in REST and (r, m) not in PUBLIC and (r, m) not in WORKER_ONLY]
+            for r, m in api if (r, m) not in REST and (r, m) not in PUBLIC and (r, m) not in WORKER_ONLY
+            and (r, m) not in OAUTH]
     rows += [(f"{m} {r}", "-", "-", "-", "a route", "no such route") for r, m in set(REST) - set(api)]
     w = build_world()
     client = Client()
@@ -507,9 +519,14 @@ def test_rest_matrix():
             else WORKER_ONLY.get((route, method), "/" + route)
         r = rest_call(client, method, path, None, None)
         cells += 1
-        want = 200 if (route, method) in ANONYMOUS_OK else 401
+        want = OAUTH.get((route, method)) or (200 if (route, method) in ANONYMOUS_OK else 401)
         if r.status_code != want:
             rows.append((f"{method} {route}", "anonymous", "-", "-", want, r.status_code))
+        if (route, method) in OAUTH:
+            r = rest_call(client, method, path, None, raw)
+            cells += 1
+            if r.status_code != want:
+                rows.append((f"{method} {route}", "Administrator's API token", "-", "-", want, r.status_code))
         if (route, method) in WORKER_ONLY:
             r = rest_call(client, method, path, {}, raw)
             cells += 1
