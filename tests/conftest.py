@@ -91,6 +91,18 @@ def daphne(transactional_db, tmp_path):
 
 
 @pytest.fixture(autouse=True)
+def private_kek_dir(tmp_path_factory, settings):
+    """Each test gets its own key directory for the secrets at rest (yuzu.secrets): the test database is
+    emptied between tests, and key files left by another test would not match it."""
+    from yuzu import secrets
+
+    settings.YUZU_KEK_DIR = tmp_path_factory.mktemp("keys")
+    secrets.forget_keys()
+    yield
+    secrets.forget_keys()
+
+
+@pytest.fixture(autouse=True)
 def fresh_channel_layers():
     """In-process tests drive the ASGI app on a new event loop each time; a Redis channel layer binds its
     locks to the first loop that used it, so every test starts with fresh layer instances."""

@@ -5,7 +5,8 @@ import stat
 from pathlib import Path
 
 from django.conf import settings
-from django.core.checks import Tags, Warning, register
+from django.core.checks import Error, Tags, Warning, register
+from django.db import DatabaseError
 
 SHOWN = 5
 
@@ -49,3 +50,21 @@ def var_permissions(app_configs, **kwargs):
         hint=f"make them private: chmod -R go-rwx {settings.VAR_DIR} (new installs are created that way; yuzu "
              "does not change an existing install's modes itself)",
         id="yuzu.W001")]
+
+
+@register(Tags.security, Tags.database, deploy=False)
+def kek_trusted(app_configs, databases=None, **kwargs):
+    """Every KEK version the database knows must resolve to a matching key file, or sealed secrets would be
+    unreadable (or a wrong key used): the server refuses to start. Only when the database is being checked."""
+    if not databases:
+        return []
+    from .secrets import problems
+
+    try:
+        found = problems()
+    except DatabaseError:  # not migrated yet: nothing is sealed
+        return []
+    return [Error(f"secrets at rest cannot be opened: {p}", id="yuzu.E010",
+                  hint=f"restore the key directory ({settings.YUZU_KEK_DIR}) every server process shares; never "
+                       "delete a key file while the database still names its version (docs/governance.md)")
+            for p in found]

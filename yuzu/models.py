@@ -192,3 +192,20 @@ class AccountLockout(models.Model):
 
     def is_locked(self, now=None):
         return self.locked_until is not None and self.locked_until > (now or timezone.now())
+
+
+class KekVersion(models.Model):
+    """A key-encryption-key version of the secrets at rest (yuzu.secrets): only its check value lives here,
+    never the key."""
+
+    version = models.PositiveIntegerField(primary_key=True)
+    kcv = models.CharField(max_length=64, help_text="SHA-256 of the key, hex")
+    kcv_alg = models.CharField(max_length=16, default="sha256")
+    created_at = models.DateTimeField(default=timezone.now)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["version"]
+
+    def __str__(self):
+        return f"secrets-kek-v{self.version}"

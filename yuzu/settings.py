@@ -53,6 +53,9 @@ def _secret_key():
 
 
 SECRET_KEY = _secret_key()
+# Key-encryption keys of the secrets at rest (yuzu.secrets): files, never the database. Every server process
+# must see the same directory; back it up with the database (docs/governance.md).
+YUZU_KEK_DIR = Path(os.environ.get("YUZU_KEK_DIR", VAR_DIR / "keys"))
 DEBUG = env_flag("YUZU_DEBUG")
 YUZU_BIND = os.environ.get("YUZU_BIND", "127.0.0.1:8000")
 YUZU_BRIDGE_URL = os.environ.get("YUZU_BRIDGE_URL", f"http://{YUZU_BIND}/mcp/bridge/")

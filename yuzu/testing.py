@@ -35,6 +35,7 @@ def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
 
 def server_env(**extra):
     """Environment for a server process on the test database (never the caller's ANTHROPIC_*)."""
+    from django.conf import settings
     from django.db import connection
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
@@ -46,6 +47,7 @@ def server_env(**extra):
         user = db.get("USER") or "postgres"
         env["YUZU_DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
     env["DJANGO_SETTINGS_MODULE"] = "yuzu.settings"
+    env["YUZU_KEK_DIR"] = str(settings.YUZU_KEK_DIR)  # the servers open the secrets the test sealed
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env

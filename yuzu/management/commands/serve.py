@@ -19,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--no-agent", action="store_true", help="do not start the local agent")
 
     def handle(self, *args, no_agent, **opts):
+        # The checks that need the database too (e.g. yuzu.E010: the secrets' key files match it): refuse to
+        # serve with keys that cannot open what is stored.
+        self.check(databases=["default"], display_num_errors=True)
         host, _, port = settings.YUZU_BIND.rpartition(":")
         py = sys.executable
         manage = str(Path(settings.BASE_DIR) / "manage.py")
