@@ -1,18 +1,19 @@
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
+from . import checks  # noqa: F401  (registers the start-up checks)
+
 
 class YuzuConfig(AppConfig):
     name = "yuzu"
     verbose_name = "yuzu: accounts, RBAC, tokens, audit"
 
     def ready(self):
-        from . import checks  # noqa: F401  (registers the start-up checks)
-
         post_migrate.connect(_seed_roles, sender=self)
 
 
 def _seed_roles(sender, **kwargs):
+    # deferred: yuzu.rbac imports models, and apps.py is imported before any model can be
     from .rbac import seed_builtin_roles
 
     seed_builtin_roles()
