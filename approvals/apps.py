@@ -7,6 +7,7 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self):
+        # deferred: apps.py is imported before any model can be, and these import models
         from mcp.pipeline import set_approval_gate
 
         from .gate import gate

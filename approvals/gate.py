@@ -11,6 +11,7 @@ run the tool's pre-consume precondition, then consume with one conditional UPDAT
 
 import json
 
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.urls import reverse
 from django.utils import timezone
@@ -19,7 +20,11 @@ from mcp import jsonrpc as rpc
 from mcp.pipeline import a4
 from yuzu.audit import audit
 from yuzu.errors import APPROVAL_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, YuzuError
-from yuzu.metrics import MCP_APPROVAL_MASKED, MCP_APPROVAL_PRECONDITION, MCP_APPROVAL_REFUSED
+from yuzu.metrics import (
+    MCP_APPROVAL_MASKED,
+    MCP_APPROVAL_PRECONDITION,
+    MCP_APPROVAL_REFUSED,
+)
 from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
@@ -90,8 +95,6 @@ def _requester(ctx):
 
 
 def _mint(ctx, definition, canonical, plan):
-    from django.contrib.auth import get_user_model
-
     name = ctx.principal.name
     try:
         with transaction.atomic():

@@ -64,6 +64,7 @@ def on_approval_saved(sender, instance, created, raw=False, **kwargs):
 def notify_new_ticket(ticket):
     """Queue the webhook and one email per recipient. Never raises: a notification problem must not
     touch the call that minted the ticket."""
+    # cycle: approvals.tasks imports this module for the senders it retries
     from .tasks import deliver_webhook, send_email
 
     try:

@@ -7,12 +7,14 @@ else with Approval:Read sees only the tickets they submitted themselves."""
 
 from django.db import transaction
 from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from fleet.groups import agent_group_ids, agents_in_groups
 from fleet.models import Agent, ManagementGroup
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied, YuzuError
+from yuzu.stepup import mfa_is_fresh
 
 from .models import Approval
 
@@ -110,10 +112,6 @@ def pending_count(principal=None):
 def assurance_problem(principal):
     """Why this principal may not review, or None. Reviews need a human in an interactive session with an
     enrolled MFA device and a fresh proof (seed: approver assurance)."""
-    from django_otp.plugins.otp_totp.models import TOTPDevice
-
-    from yuzu.stepup import mfa_is_fresh
-
     if principal.via != "session":
         return "non_interactive_session"
     if not TOTPDevice.objects.filter(user=principal.user, confirmed=True).exists():

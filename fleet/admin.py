@@ -1,7 +1,19 @@
 from django.contrib import admin
+from django.utils import timezone
 
-from .models import (Agent, AgentExecStatus, AgentInventory, DeviceToken, Execution, InstructionDefinition,
-                     ManagementGroup, Response, Tag)
+from yuzu.audit import audit
+
+from .models import (
+    Agent,
+    AgentExecStatus,
+    AgentInventory,
+    DeviceToken,
+    Execution,
+    InstructionDefinition,
+    ManagementGroup,
+    Response,
+    Tag,
+)
 
 
 class TagInline(admin.TabularInline):
@@ -35,10 +47,6 @@ class DeviceTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected device tokens")
     def revoke(self, request, queryset):
-        from django.utils import timezone
-
-        from yuzu.audit import audit
-
         n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         audit(request.user, "device_token.revoke", "success", target_type="DeviceToken", detail=f"count={n}")
 

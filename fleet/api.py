@@ -11,6 +11,7 @@ from yuzu.api.views import int_param, principal_of
 from yuzu.errors import NotFound
 
 from . import executions, inventory, orientation, services
+from .models import Execution, Response
 
 GROUP_CREATE = tool_input("create_management_group")
 GROUP_UPDATE = without(tool_input("update_management_group"), "group_id")  # the group is in the path
@@ -97,7 +98,7 @@ def group_roles(request, group_id):
 @contract("POST", "Dispatch plugin.action to agents (async)", body=EXECUTE, response=tool_output("execute_instruction"),
           status=202)
 @contract("GET", "Recent executions", response=tool_output("list_executions"),
-          query=[("definition_id", str, ""), ("status", str, "running|succeeded|completed|cancelled"),
+          query=[("definition_id", str, ""), ("status", str, "|".join(Execution.Status.values)),
                  ("limit", int, "1-500, default 50")])
 @api_view(["GET", "POST"])
 def executions_view(request):
@@ -127,7 +128,7 @@ def execution_cancel(request, execution_id):
 
 
 @contract("GET", "Agents' responses for one execution", response=tool_output("query_responses"),
-          query=[("agent_id", str, ""), ("status", str, "RUNNING|SUCCESS|FAILURE|TIMEOUT|REJECTED"),
+          query=[("agent_id", str, ""), ("status", str, "|".join(s.name for s in Response.STATES)),
                  ("limit", int, "1-1000, default 100")])
 @api_view(["GET"])
 def execution_responses(request, execution_id):

@@ -1,39 +1,31 @@
 """The server end of the agent protocol: one WebSocket per agent at ``/agent/v1/ws`` (docs/agent-protocol.md).
+It only speaks the protocol: validate each frame, hand it to the model layer, send frames back.
 
 Every inbound message is validated before it touches the database; anything malformed closes the
 socket with 4400 and a reason (what was stored before stays stored). A refused identity closes with
-4401. Each message costs one database hop: a sync service function below, run through
-``database_sync_to_async``. Commands and pushes reach the socket only through the channel layer group
+4401. Each message costs one database hop: enrolment and register (fleet.identity), the connection state
+(Agent.objects), inventory, run through ``database_sync_to_async``; answers go to the process's batcher
+(fleet.responses). Commands and pushes reach the socket only through the channel layer group
 ``agent_group(agent_id)``, so any server process can address any agent."""
 
 import asyncio
-import contextvars
-import hmac
 import json
 import logging
 import re
-import secrets
-from dataclasses import dataclass
-from datetime import timedelta
 
-from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.consumer import get_handler_name
-from django.conf import settings
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
-from yuzu.audit import audit
-from yuzu.metrics import AGENT_AUTH_FAILURES, AGENT_ORIGIN_REFUSED, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
-from yuzu.models import hash_secret, new_hex_id
+from yuzu.metrics import AGENT_ORIGIN_REFUSED, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
 
-from . import events
-from .executions import STATUS_CODES, record_response, record_responses
-from .models import Agent, AgentInventory, DeviceToken, Tag, normalise_tag
+from . import identity
+from .identity import Refused, Superseded
+from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
+from .responses import RECEIVED, responses
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -46,46 +38,16 @@ MAX_ATTRIBUTES = 64
 MAX_TAGS = 64
 MAX_CATALOGUE_BYTES = 256 * 1024
 HELLO_TIMEOUT_S = 30
-AUDIT_WINDOW_S = 60  # refused enrolments/registers: at most one audit row per source address per window
-MAX_AUDIT_SOURCES = 10000  # source addresses tracked at once; beyond that they share one window
 AGENT_ID_RE = re.compile(r"[0-9a-f]{1,64}")  # enroll mints 32 lowercase hex characters
 SECRET_RE = re.compile(r"[\x21-\x7e]+")  # device tokens and agent credentials: printable ASCII
 ASCII_RE = re.compile(r"[\x20-\x7e]*")  # os, arch, agent_version
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")  # json.loads joins surrogate pairs: any left is unpaired
-PLUGINS_INVENTORY = "agent.plugins"  # the AgentInventory row holding the agent's plugin catalogue
-_DUMMY_HASH = hash_secret("no such agent")
-
-
-def heartbeat_interval():
-    return int(getattr(settings, "YUZU_AGENT_HEARTBEAT_S", 30))
+ANSWERS = tuple(s.name for s in Response.STATES)  # a response frame's status
 
 
 class Malformed(Exception):
     """Close 4400: the message breaks the protocol."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """The audit row of a refused enrolment or register (written by FailureAudit)."""
-
-    action: str
-    principal: str
-    target_type: str
-    target_id: str
-    detail: str
-
-
-class Refused(Exception):
-    """Close 4401: the token or credential is not accepted."""
-
-    def __init__(self, message, failure=None):
-        super().__init__(message)
-        self.failure = failure
-
-
-class Superseded(Exception):
-    """Close 4409: a newer connection of this agent has registered."""
 
 
 # --- validation (pure) -------------------------------------------------------------------------
@@ -182,206 +144,12 @@ def _response(msg):
     frame = {"command_id": _text(msg, "command_id", MAX_ID_BYTES), "status": msg.get("status"),
              "output": _free_text(msg, "output", MAX_OUTPUT_BYTES) or "",
              "error": _free_text(msg, "error", MAX_ERROR_BYTES), "exit_code": msg.get("exit_code")}
-    if frame["status"] not in STATUS_CODES:
-        raise Malformed(f"'status' must be one of {', '.join(STATUS_CODES)}")
+    if frame["status"] not in ANSWERS:
+        raise Malformed(f"'status' must be one of {', '.join(ANSWERS)}")
     code = frame["exit_code"]
     if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not -2**31 <= code < 2**31):
         raise Malformed("'exit_code' must be a 32-bit integer or null")
     return frame
-
-
-# --- services: one database hop per message ----------------------------------------------------
-
-def enroll(token, hostname):
-    """Trade a device enrolment token for a new agent identity: returns (agent_id, credential)."""
-    now = timezone.now()
-    dt = DeviceToken.objects.filter(token_hash=hash_secret(token)).first()
-    agent_id, credential = new_hex_id(16), "yza_" + secrets.token_hex(32)
-    with transaction.atomic():
-        # One conditional UPDATE claims a use, so concurrent enrolments cannot exceed max_uses.
-        claimed = dt is not None and DeviceToken.objects.filter(
-            Q(pk=dt.pk, revoked_at__isnull=True), Q(expires_at__isnull=True) | Q(expires_at__gt=now),
-            Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses")),
-        ).update(uses=F("uses") + 1)
-        if claimed:
-            Agent.objects.create(agent_id=agent_id, hostname=hostname, credential_hash=hash_secret(credential),
-                                 enrolled_at=now)
-    who = f"device_token:{dt.name}" if dt else "device_token:unknown"
-    if not claimed:
-        reason = ("unknown token" if dt is None else "revoked" if dt.revoked_at else
-                  "expired" if dt.expires_at and dt.expires_at <= now else "no uses left")
-        raise Refused("enrolment refused: the device token is not valid",
-                      Failure("agent.enroll", who, "DeviceToken", dt.id if dt else "",
-                              f"hostname={hostname} reason={reason}"))
-    audit(who, "agent.enroll", "success", target_type="Agent", target_id=agent_id,
-          detail=f"hostname={hostname} device_token={dt.id}")
-    return agent_id, credential
-
-
-def register(agent_id, credential, fields, tags, plugins, opened_at):
-    """Verify the credential (constant time), refresh what the agent reports, mark it connected as of
-    the connection opened at ``opened_at``. Returns the agent's current tags. The newest connection
-    wins: if one opened later has registered already, this one is stale (its agent has reconnected
-    since) and is refused with Superseded, changing nothing."""
-    agent = Agent.objects.filter(pk=agent_id).first()
-    stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
-    if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
-        raise Refused("invalid agent credential",
-                      Failure("agent.register", f"agent:{agent_id}", "Agent", agent_id, "invalid credential"))
-    now = timezone.now()
-    with transaction.atomic():
-        if not Agent.objects.filter(Q(connected_since__isnull=True) | Q(connected_since__lte=opened_at),
-                                    pk=agent_id).update(
-                connected=True, connected_since=opened_at, last_seen=now,
-                simulated=bool(fields["attributes"].get("simulated")), **fields):
-            raise Superseded("a newer connection of this agent has registered")
-        for key, value in tags.items():
-            Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
-        AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=PLUGINS_INVENTORY,
-                                                defaults={"data": plugins, "collected_at": now})
-    return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value"))
-
-
-def seen(agent_id):
-    Agent.objects.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
-
-
-def store_inventory(agent_id, plugin, data):
-    AgentInventory.objects.update_or_create(agent_id=agent_id, plugin=plugin,
-                                            defaults={"data": data, "collected_at": timezone.now()})
-
-
-def disconnected(agent_id, opened_at):
-    """The connection opened at ``opened_at`` closed: the agent is disconnected unless a newer
-    connection of it has registered since."""
-    Agent.objects.filter(pk=agent_id, connected_since=opened_at).update(connected=False, last_seen=timezone.now())
-
-
-def mark_silent_disconnected(now=None):
-    """Agents silent for three heartbeat intervals are not connected, whatever the flag says (their
-    server process died without closing their sockets). Run by the sweep."""
-    cutoff = (now or timezone.now()) - timedelta(seconds=3 * heartbeat_interval())
-    return Agent.objects.filter(connected=True, last_seen__lt=cutoff).update(connected=False)
-
-
-# --- response frames, batched across the connections of this process ---------------------------
-
-MAX_BATCH = 1000
-
-
-class ResponseBatcher:
-    """Stores the response frames of every agent connection of this server process, a batch per
-    database hop: while one batch is being written, the frames that arrive meanwhile queue up and go
-    together in the next (``fleet.executions.record_responses``: one transaction, a handful of queries
-    and one event per execution, whatever the batch size). A lone frame is written at once. The events
-    are published from the event loop, so the database thread never waits on the channel layer.
-
-    ``record`` returns once the frame is stored, so each connection keeps its order (its next message
-    is handled after its previous frame is in the database). A batch that fails is retried frame by
-    frame, so one bad frame fails only its own connection."""
-
-    def __init__(self):
-        self.loop, self.queue, self.task = None, [], None
-
-    async def record(self, agent_id, frame):
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:  # a new event loop (tests): nothing queued on the old one survives it
-            self.loop, self.queue, self.task = loop, [], None
-        done = loop.create_future()
-        self.queue.append((agent_id, frame, done))
-        if self.task is None:
-            self.task = loop.create_task(self.drain())
-        await done
-
-    async def drain(self):
-        try:
-            while self.queue:
-                batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
-                try:
-                    changed = await database_sync_to_async(record_responses)([(a, f) for a, f, _ in batch],
-                                                                             publish=False)
-                except Exception:
-                    log.warning("storing a batch of %d responses failed; retrying one by one", len(batch),
-                                exc_info=True)
-                    for agent_id, frame, done in batch:
-                        try:
-                            await database_sync_to_async(record_response)(agent_id, frame)
-                        except Exception as exc:
-                            _settle(done, exc)
-                else:
-                    await _publish(changed)
-                for *_, done in batch:
-                    _settle(done)
-        finally:
-            self.task = None
-
-
-async def _publish(executions):
-    """fleet.events.publish, from the event loop: best effort (the rows are the truth)."""
-    layer = get_channel_layer()
-    for ex in executions if layer is not None else ():
-        try:
-            await layer.group_send(events.execution_group(ex.id), events.event(ex))
-        except Exception:
-            log.warning("publishing an event for execution %s failed", ex.id, exc_info=True)
-
-
-def _settle(future, exc=None):
-    if not future.done():
-        future.set_exception(exc) if exc is not None else future.set_result(None)
-
-
-responses = ResponseBatcher()
-
-
-# --- refused enrolments and registers: audited, but not one row each ---------------------------
-
-def _audit_failure(source, failure, count=None):
-    """One audit row: a first failure (``count`` None), or the ``count`` failures of a closed window."""
-    detail = (f"{failure.detail} source={source}" if count is None else
-              f"source={source} failures={count} in the last {AUDIT_WINDOW_S} s; last: {failure.detail}")
-    audit(failure.principal, failure.action, "failure", target_type=failure.target_type,
-          target_id=failure.target_id, detail=detail)
-
-
-class FailureAudit:
-    """Refused enrolments and registers, audited without letting an unauthenticated peer flood the
-    audit log: the first failure of a source address (per action) is written at once; the ones after it
-    within AUDIT_WINDOW_S are counted, and written as one row carrying the count when the window ends
-    (which opens the next window). So a source costs at most one row per window. Every failure counts
-    in yuzu_agent_auth_failures_total. Per server process (per event loop, like ResponseBatcher)."""
-
-    def __init__(self):
-        self.loop, self.windows = None, {}
-
-    async def record(self, source, failure):
-        AGENT_AUTH_FAILURES.labels(failure.action.removeprefix("agent.")).inc()
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:
-            self.loop, self.windows = loop, {}
-        if (source, failure.action) not in self.windows and len(self.windows) >= MAX_AUDIT_SOURCES:
-            source = "(many sources)"
-        window = self.windows.get((source, failure.action))
-        if window is not None:
-            window["count"] += 1
-            window["last"] = failure
-            return
-        self.open((source, failure.action))
-        await database_sync_to_async(_audit_failure)(source, failure)
-
-    def open(self, key):
-        self.windows[key] = {"count": 0, "last": None}
-        self.loop.call_later(AUDIT_WINDOW_S, lambda: self.loop.create_task(self.close(key)),
-                             context=contextvars.Context())
-
-    async def close(self, key):
-        window = self.windows.pop(key, None)
-        if window and window["count"]:
-            self.open(key)
-            await database_sync_to_async(_audit_failure)(key[0], window["last"], window["count"])
-
-
-failures = FailureAudit()
 
 
 # --- the consumer ------------------------------------------------------------------------------
@@ -434,7 +202,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and not self.superseded:
-            await database_sync_to_async(disconnected)(self.agent_id, self.opened_at)
+            await database_sync_to_async(Agent.objects.disconnected)(self.agent_id, self.opened_at)
 
     async def refuse(self, code, reason):
         if not self.closing:
@@ -466,7 +234,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(CLOSE_MALFORMED, str(exc))
         except Refused as exc:
             if exc.failure is not None:
-                await failures.record(self.source, exc.failure)
+                await identity.failures.record(self.source, exc.failure)
             await self.refuse(CLOSE_REFUSED, str(exc))
         except Superseded as exc:
             await self.refuse(CLOSE_SUPERSEDED, str(exc))
@@ -477,7 +245,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         token = _text(msg, "token", 256, pattern=SECRET_RE, what="printable ASCII")
         hostname = _hostname(msg)
         self.hello_timer.cancel()
-        agent_id, credential = await database_sync_to_async(enroll)(token, hostname)
+        agent_id, credential = await database_sync_to_async(identity.enroll)(token, hostname)
         self.enrolled = True
         await self.send_json({"type": "enrolled", "agent_id": agent_id, "credential": credential})
         self.expect_hello()  # now register
@@ -499,8 +267,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         self.group = group
         try:
-            current = await database_sync_to_async(register)(agent_id, credential, fields, tags, plugins,
-                                                             self.opened_at)
+            current = await database_sync_to_async(identity.register)(agent_id, credential, fields, tags, plugins,
+                                                                    self.opened_at)
         except (Refused, Superseded):
             await self.channel_layer.group_discard(group, self.channel_name)
             self.group, self.held = None, []
@@ -515,7 +283,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.held = []
 
     async def on_heartbeat(self, msg):
-        await database_sync_to_async(seen)(self.agent_id)
+        await database_sync_to_async(Agent.objects.seen)(self.agent_id)
 
     async def on_inventory(self, msg):
         plugin = _text(msg, "plugin", 128)
@@ -523,15 +291,15 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(data, dict):
             raise Malformed("'data' must be an object")
         _json(data, "data")
-        await database_sync_to_async(store_inventory)(self.agent_id, plugin, data)
+        await database_sync_to_async(AgentInventory.objects.store)(self.agent_id, plugin, data)
 
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
 
     async def on_received(self, msg):
-        """The agent has the command (an acknowledgement; fleet.executions._apply)."""
+        """The agent has the command (an acknowledgement; fleet.responses)."""
         await responses.record(self.agent_id, {"command_id": _text(msg, "command_id", MAX_ID_BYTES),
-                                               "status": "RECEIVED"})
+                                               "status": RECEIVED})
 
     # --- channel-layer handlers --------------------------------------------------------------
 

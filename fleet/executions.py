@@ -4,14 +4,10 @@ these functions; callers have passed the capability's generic RBAC gate.
 
 Lifecycle: ``start_execution`` validates, resolves targets, creates the Execution row and one
 AgentExecStatus row per target (pending) BEFORE anything is sent, then enqueues the Celery task
-``fleet.tasks.dispatch_execution``. The agent WebSocket consumers of a server process hand their
-response frames to ``record_responses`` in batches (one transaction each); ``expire_overdue`` (Celery
-beat) turns silence past ``expires_at`` into TIMEOUT.
-Every change publishes an event on the execution's channel-layer group (fleet.events).
-
-Cancelling stops dispatch: agents still ``pending`` are never sent the command (their row keeps
-status ``pending`` with ``error_detail`` "cancelled before dispatch" and is not counted); agents
-already sent it keep running, and their responses are still recorded (and timed out if silent).
+``fleet.tasks.dispatch_execution``. What the agents answer is stored by fleet.responses; cancelling is
+``Execution.cancel``, and an execution's output shape ``Execution.to_dict``. These functions add what a
+caller needs around them: the permission checks, the audit row and the event on the execution's
+channel-layer group (fleet.events).
 """
 
 import json
@@ -21,22 +17,28 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
-from jsonschema import Draft202012Validator
-
-from django.db import connection, transaction
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, Value, When
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
+from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
-from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
-from .models import Agent, AgentExecStatus, AgentInventory, Execution, Response
+from .models import (
+    Agent,
+    AgentExecStatus,
+    AgentInventory,
+    AgentState,
+    Execution,
+    Response,
+)
 from .scope import ScopeError, parse, to_q
 from .services import visible_agents
+from .tasks import dispatch_execution
 
 log = logging.getLogger("yuzu.fleet")
 
@@ -49,13 +51,7 @@ MAX_PARAM_KEY_BYTES = 256
 MAX_PARAM_VALUE_BYTES = 64 * 1024
 MAX_BUNDLE_STEPS = 32
 MAX_EXPIRES_IN = 86400
-SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
 REDACTED = "[redacted]"
-STATUS_CODES = {name: code for code, name in Response.STATUS_NAMES.items()}
-RECEIVED = -1  # a `received` frame: the agent has the command (an acknowledgement; never a stored status)
-OPEN_CODES = (RECEIVED, Response.RUNNING)  # codes after which an agent's row may still move
-AGENT_STATE = {Response.RUNNING: "running", Response.SUCCESS: "success", Response.FAILURE: "failure",
-               Response.TIMEOUT: "timeout", Response.REJECTED: "rejected"}
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
 
 
@@ -234,7 +230,7 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
         ex = Execution.objects.create(
             definition_id=definition_id, plugin=plugin, action=action,
             command_id=f"{plugin}-{secrets.token_hex(8)}",
-            status=Execution.RUNNING if targets else Execution.CANCELLED, scope_expression=scope,
+            status=Execution.Status.RUNNING if targets else Execution.Status.CANCELLED, scope_expression=scope,
             parameter_values={k: REDACTED if k in sensitive else v for k, v in params.items()},
             dispatched_by=principal.name, dispatched_at=now, expires_at=now + timedelta(seconds=expires_in),
             completed_at=None if targets else now, agents_targeted=len(targets), bundle_id=bundle_id,
@@ -267,15 +263,13 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
 
 
 def _enqueue(execution_id, sensitive):
-    from .tasks import dispatch_execution
-
     try:
         dispatch_execution.delay(execution_id, sensitive or None)
     except Exception as exc:
         log.exception("dispatch of execution %s failed", execution_id)
-        Execution.objects.filter(pk=execution_id).update(status=Execution.CANCELLED, completed_at=timezone.now(),
-                                                         last_error_detail=f"dispatch failed: {exc}"[:2000])
-        events.publish(Execution.objects.get(pk=execution_id))
+        ex = Execution.objects.get(pk=execution_id)
+        ex.cancel(f"dispatch failed: {exc}"[:2000])
+        events.publish(ex)
         raise
 
 
@@ -283,173 +277,13 @@ def cancel_execution(principal, execution_id, cid=""):
     ex = _execution(execution_id)
     if not _may_manage(principal, ex, "Execute"):
         raise NotFound(f"Execution not found: {execution_id}")
-    now = timezone.now()
-    with transaction.atomic():
-        cancelled = Execution.objects.filter(pk=ex.pk, status=Execution.RUNNING).update(
-            status=Execution.CANCELLED, completed_at=now, last_error_detail=f"cancelled by {principal.name}")
-        withheld = AgentExecStatus.objects.filter(execution_id=ex.pk, status="pending").update(
-            error_detail="cancelled before dispatch") if cancelled else 0
-    ex.refresh_from_db()
+    cancelled, withheld = ex.cancel(f"cancelled by {principal.name}")
     audit(principal, "execution.cancel", "success" if cancelled else "failure", target_type="Execution",
           target_id=ex.id, detail=f"command_id={ex.command_id} status={ex.status} withheld={withheld}",
           correlation_id=cid)
     if cancelled:
         events.publish(ex)
     return {"execution_id": ex.id, "status": ex.status, "cancelled": bool(cancelled), "agents_withheld": withheld}
-
-
-# --- responses ---------------------------------------------------------------------------------
-
-def record_response(agent_id, frame):
-    """Store one validated response frame from ``agent_id`` (see fleet.consumers) and publish the change."""
-    record_responses([(agent_id, frame)])
-
-
-def record_responses(frames, publish=True):
-    """Store a batch of validated frames ``[(agent_id, frame), …]`` in one transaction, in order, and
-    publish one event per execution that changed (or, with ``publish=False``, leave that to the caller).
-    A frame is a response (``status`` one of STATUS_CODES) or an acknowledgement (``status`` RECEIVED,
-    from a ``received`` frame). The agent consumers of a server process hand their frames here together
-    (fleet.consumers.ResponseBatcher). Returns the changed executions."""
-    _, changed = _apply([(agent_id, f["command_id"], RECEIVED if f["status"] == "RECEIVED" else STATUS_CODES[f["status"]],
-                          f.get("output") or "", f.get("exit_code"), f.get("error") or "") for agent_id, f in frames])
-    if publish:
-        for ex in changed:
-            events.publish(ex)
-    return changed
-
-
-def _apply(items, acknowledge=True):
-    """Apply ``[(agent_id, command_id, code, output, exit_code, error), …]`` in one transaction, as if one
-    by one in order: the per-agent row moves first (a terminal state is reached once, ever), then the
-    Response row, then the counters with F() expressions. ``output=None`` keeps the stored output. A
-    frame for an unknown command, from an agent that was not targeted, or after the agent's terminal
-    one changes nothing — so a duplicate (an agent answering a re-sent command with its stored result)
-    is never counted twice. Returns (frames that changed something, the changed executions).
-
-    Frames from agents (``acknowledge``) are acknowledgements: the first one for a command sets the
-    row's ``acknowledged_at``. Code RECEIVED is an acknowledgement and nothing else: a ``pending`` or
-    ``dispatched`` row becomes ``running``; no Response row, no counter, no event. The sweep's TIMEOUTs
-    (``acknowledge=False``) acknowledge nothing.
-
-    The per-agent rows are read FOR UPDATE, in id order (SQLite's IMMEDIATE transactions serialise
-    writers anyway), so another writer of the same rows (the sweep, another server process) waits and
-    then sees the state this batch left. The writes are one prepared UPDATE per table run over all
-    rows, a bulk INSERT of new Response rows, and two UPDATEs per execution for the counters."""
-    now = timezone.now()
-    with transaction.atomic():
-        exs = {row["command_id"]: row for row in Execution.objects.filter(
-            command_id__in={i[1] for i in items}).values("id", "plugin", "command_id")}
-        for agent_id, command_id, *_ in items:
-            if command_id not in exs:
-                log.info("response for unknown command %s from %s ignored", command_id, agent_id)
-        items = [i for i in items if i[1] in exs]
-        if not items:
-            return 0, []
-        pairs = {(exs[command_id]["id"], agent_id) for agent_id, command_id, *_ in items}
-        rows = {(r[1], r[2]): r for r in AgentExecStatus.objects.select_for_update().filter(
-            execution_id__in={e for e, _ in pairs}, agent_id__in={a for _, a in pairs}).order_by("id").values_list(
-            "id", "execution_id", "agent_id", "status", "acknowledged_at", "last_sent_at") if (r[1], r[2]) in pairs}
-        final, moved = {}, 0  # (execution id, agent id) → the state this batch leaves
-        for agent_id, command_id, code, output, exit_code, error in items:
-            pair = (exs[command_id]["id"], agent_id)
-            row, before = rows.get(pair), final.get(pair)
-            if row is None or row[3] in AgentExecStatus.TERMINAL or (before and before["code"] not in OPEN_CODES):
-                continue
-            if code == RECEIVED and (before is not None or row[3] not in ("pending", "dispatched")):
-                continue  # acknowledged already
-            if output is None and before is not None:
-                output = before["output"]
-            final[pair] = {"id": row[0], "command_id": command_id, "code": code, "output": output,
-                           "exit_code": exit_code, "error": error}
-            moved += 1
-        if not final:
-            return 0, []
-        at = connection.ops.adapt_datetimefield_value(now)
-        answered = {pair: st for pair, st in final.items() if st["code"] != RECEIVED}
-        ack = [at] if acknowledge else []
-        _executemany(AgentExecStatus, ["status", "exit_code", "error_detail", "completed_at", "first_response_at"]
-                     + ["acknowledged_at"] * len(ack),
-                     [(AGENT_STATE[st["code"]], st["exit_code"], st["error"], at if st["code"] != Response.RUNNING
-                       else None, at, *ack, st["id"]) for st in answered.values()])
-        _executemany(AgentExecStatus, ["status", "acknowledged_at"],
-                     [("running", at, st["id"]) for st in final.values() if st["code"] == RECEIVED])
-        _store_responses(answered, exs, now, at)
-        counts = {}  # execution id → [terminal, success]
-        for (ex_id, _), st in answered.items():
-            if st["code"] != Response.RUNNING:
-                c = counts.setdefault(ex_id, [0, 0])
-                c[0], c[1] = c[0] + 1, c[1] + int(st["code"] == Response.SUCCESS)
-        for ex_id, (responded, success) in sorted(counts.items()):  # one lock order: no deadlocks
-            Execution.objects.filter(pk=ex_id).update(
-                agents_responded=F("agents_responded") + responded, agents_success=F("agents_success") + success,
-                agents_failure=F("agents_failure") + (responded - success))
-            Execution.objects.filter(pk=ex_id, status=Execution.RUNNING,
-                                     agents_responded__gte=F("agents_targeted")).update(
-                status=Case(When(agents_failure=0, then=Value(Execution.SUCCEEDED)),
-                            default=Value(Execution.COMPLETED)), completed_at=now)
-    if acknowledge:
-        for pair in final:
-            acknowledged_at, last_sent_at = rows[pair][4:]
-            if acknowledged_at is None and last_sent_at is not None:
-                FLEET_COMMAND_ACK_SECONDS.observe(max((now - last_sent_at).total_seconds(), 0.0))
-    return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in answered}))
-
-
-def _store_responses(final, exs, now, at):
-    """The one Response row of each (execution, agent): created, or updated in place."""
-    plugin = {row["id"]: row["plugin"] for row in exs.values()}
-    existing = dict(((e, a), pk) for pk, e, a in Response.objects.filter(
-        execution_id__in={e for e, _ in final}, agent_id__in={a for _, a in final}).values_list(
-        "id", "execution_id", "agent_id") if (e, a) in final)
-    new, update, update_output = [], [], []
-    for (ex_id, agent_id), st in final.items():
-        pk = existing.get((ex_id, agent_id))
-        if pk is None:
-            new.append(Response(execution_id=ex_id, agent_id=agent_id, instruction_id=st["command_id"],
-                                status=st["code"], output=st["output"] or "", exit_code=st["exit_code"],
-                                error_detail=st["error"], timestamp=now, plugin=plugin[ex_id]))
-            continue
-        fields = (st["command_id"], st["code"], st["exit_code"], st["error"], at, plugin[ex_id])
-        if st["output"] is None:
-            update.append((*fields, pk))
-        else:
-            update_output.append((*fields, st["output"], pk))
-    Response.objects.bulk_create(new, batch_size=500)
-    columns = ["instruction_id", "status", "exit_code", "error_detail", "timestamp", "plugin"]
-    _executemany(Response, columns, update)
-    _executemany(Response, columns + ["output"], update_output)
-
-
-def _executemany(model, columns, rows):
-    """``UPDATE <table> SET <column> = %s, … WHERE id = %s`` once per row of parameters, as one prepared
-    statement (per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more in Python).
-    ``first_response_at`` and ``acknowledged_at`` keep their value once set."""
-    if not rows:
-        return
-    q = connection.ops.quote_name
-    sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c in ("first_response_at", "acknowledged_at") else f"{q(c)} = %s"
-                     for c in columns)
-    with connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
-
-
-def expire_overdue(now=None, limit=5000):
-    """Mark agents that gave no terminal response before their command expired as TIMEOUT (a stored
-    TIMEOUT Response that keeps any partial output, counted like any other). Returns how many."""
-    cutoff = (now or timezone.now()) - SWEEP_GRACE
-    rows = list(AgentExecStatus.objects.filter(execution__expires_at__lt=cutoff)
-                .exclude(status__in=AgentExecStatus.TERMINAL)
-                .exclude(execution__status=Execution.CANCELLED, status="pending")
-                .values_list("agent_id", "execution__command_id")[:limit])
-    if not rows:
-        return 0
-    timed_out, changed = _apply([(agent_id, command_id, Response.TIMEOUT, None, None,
-                                  "no terminal response before the command expired") for agent_id, command_id in rows],
-                                acknowledge=False)
-    for ex in changed:
-        events.publish(ex)
-    return timed_out
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -464,22 +298,6 @@ def _execution(execution_id):
 def _may_manage(principal, ex, operation):
     """The dispatcher, or a holder of a fleet-wide Execution grant."""
     return ex.dispatched_by == principal.name or rbac.group_scope(principal, "Execution", operation) is None
-
-
-def _iso(dt):
-    return dt.isoformat() if dt else None
-
-
-def execution_view(ex):
-    return {
-        "id": ex.id, "definition_id": ex.definition_id, "plugin": ex.plugin, "action": ex.action,
-        "command_id": ex.command_id, "status": ex.status, "scope_expression": ex.scope_expression,
-        "dispatched_by": ex.dispatched_by, "dispatched_at": _iso(ex.dispatched_at), "expires_at": _iso(ex.expires_at),
-        "completed_at": _iso(ex.completed_at), "agents_targeted": ex.agents_targeted,
-        "agents_responded": ex.agents_responded, "agents_success": ex.agents_success,
-        "agents_failure": ex.agents_failure, "progress_pct": ex.progress_pct, "resent": ex.resent,
-        "retry_after_ms": None if ex.is_terminal else RESULT_POLL_RETRY_MS, "bundle_id": ex.bundle_id or None,
-    }
 
 
 def visible_executions(principal):
@@ -499,7 +317,7 @@ def execution_status(principal, execution_id):
     ex = visible_executions(principal).filter(pk=execution_id).first() if isinstance(execution_id, str) else None
     if ex is None:
         raise NotFound(f"Execution not found: {execution_id}")
-    return execution_view(ex)
+    return ex.to_dict()
 
 
 def list_executions(principal, *, definition_id=None, status=None, limit=50):
@@ -508,16 +326,16 @@ def list_executions(principal, *, definition_id=None, status=None, limit=50):
         qs = qs.filter(definition_id=definition_id)
     if status is not None:
         qs = qs.filter(status=status)
-    rows = [execution_view(ex) for ex in qs.order_by("-dispatched_at", "-id")[: max(1, min(int(limit), 500))]]
+    rows = [ex.to_dict() for ex in qs.order_by("-dispatched_at", "-id")[: max(1, min(int(limit), 500))]]
     return {"executions": rows, "count": len(rows)}
 
 
-def _status_code(status):
-    if isinstance(status, int) and status in Response.STATUS_NAMES:
-        return status
-    if isinstance(status, str) and status.upper() in STATUS_CODES:
-        return STATUS_CODES[status.upper()]
-    raise invalid(f"status must be one of {', '.join(STATUS_CODES)}")
+def _answer_state(status):
+    """The AgentState a response ``status`` filter names (RUNNING … REJECTED, any case)."""
+    name = status.upper() if isinstance(status, str) else None
+    if name not in (s.name for s in Response.STATES):
+        raise invalid(f"status must be one of {', '.join(s.name for s in Response.STATES)}")
+    return AgentState[name]
 
 
 def _responses(principal, execution_id, instruction_id):
@@ -552,11 +370,9 @@ def query_responses(principal, *, execution_id=None, instruction_id=None, agent_
     if agent_id:
         qs = qs.filter(agent_id=agent_id)
     if status is not None:
-        qs = qs.filter(status=_status_code(status))
+        qs = qs.filter(status=_answer_state(status))
     rows = list(qs.order_by("timestamp", "id")[: limit + 1])
-    responses = [{"agent_id": r.agent_id, "execution_id": r.execution_id, "status": Response.STATUS_NAMES[r.status],
-                  "output": r.output, "exit_code": r.exit_code, "error": r.error_detail or None,
-                  "timestamp": _iso(r.timestamp)} for r in rows[:limit]]
+    responses = [r.to_dict() for r in rows[:limit]]
     return {"responses": responses, "count": len(responses), "result_truncated_by_cap": len(rows) > limit,
             **_poll_fields(ex)}
 
@@ -570,8 +386,10 @@ def aggregate_responses(principal, *, execution_id=None, instruction_id=None, gr
         raise invalid("execution_id or instruction_id is required")
     ex, qs = _responses(principal, execution_id, instruction_id)
     rows = qs.order_by().values(group_by).annotate(count=Count("id")).order_by("-count", group_by)[:1000]
-    groups = [{"key": Response.STATUS_NAMES.get(r[group_by]) if group_by == "status" else r[group_by],
-               "count": r["count"]} for r in rows]
+    if group_by == "status":  # equal counts in the protocol's order
+        rows = sorted(rows, key=lambda r: (-r["count"], Response.STATES.index(r["status"])))
+    groups = [{"key": AgentState(r[group_by]).name if group_by == "status" else r[group_by], "count": r["count"]}
+              for r in rows]
     return {"group_by": group_by, "aggregate": aggregate, "groups": groups,
             "total": sum(g["count"] for g in groups), **_poll_fields(ex)}
 
@@ -629,11 +447,11 @@ def bundle_result(principal, bundle_id):
     for ex in exs:
         r = responses.get(ex.id)
         steps.append({"step": ex.bundle_step, "execution_id": ex.id, "plugin": ex.plugin, "action": ex.action,
-                      "state": ex.status, "status": Response.STATUS_NAMES[r.status] if r else None,
+                      "state": ex.status, "status": AgentState(r.status).name if r else None,
                       "output": r.output if r else "", "exit_code": r.exit_code if r else None,
                       "error": (r.error_detail or None) if r else None})
     complete = all(ex.is_terminal for ex in exs)
     return {"bundle_id": bundle_id, "agent_id": agent, "complete": complete,
-            "received": sum(1 for s in steps if s["status"] not in (None, "RUNNING")),
-            "succeeded": sum(1 for s in steps if s["status"] == "SUCCESS"), "expected": len(exs), "steps": steps,
+            "received": sum(1 for s in steps if s["status"] not in (None, AgentState.RUNNING.name)),
+            "succeeded": sum(1 for s in steps if s["status"] == AgentState.SUCCESS.name), "expected": len(exs), "steps": steps,
             "retry_after_ms": None if complete else RESULT_POLL_RETRY_MS}

@@ -1,12 +1,15 @@
 """Management-group membership: static members, or every agent a scope expression matches."""
 
+from django.db.models import Q
+
 from .models import Agent, ManagementGroup
+from .scope import to_q
 
 
 def agent_group_ids(agent):
     agent_id = getattr(agent, "pk", agent)
     ids = set(ManagementGroup.objects.filter(members__agent_id=agent_id).values_list("id", flat=True))
-    for group in ManagementGroup.objects.filter(membership_type=ManagementGroup.DYNAMIC).exclude(scope_expression=""):
+    for group in ManagementGroup.objects.filter(membership_type=ManagementGroup.Membership.DYNAMIC).exclude(scope_expression=""):
         if group_agents(group).filter(pk=agent_id).exists():
             ids.add(group.id)
     # A grant on a parent group covers its descendants' devices.
@@ -21,17 +24,13 @@ def agent_group_ids(agent):
 
 def group_agents(group):
     """The agents a group holds, as a queryset."""
-    if group.membership_type == ManagementGroup.DYNAMIC and group.scope_expression:
-        from .scope import to_q
-
+    if group.membership_type == ManagementGroup.Membership.DYNAMIC and group.scope_expression:
         return Agent.objects.filter(to_q(group.scope_expression))
     return group.members.all()
 
 
 def agents_in_groups(group_ids):
     """Agents in any of the groups (and their descendant groups), as a queryset."""
-    from django.db.models import Q
-
     children = {}
     for gid, parent in ManagementGroup.objects.values_list("id", "parent_id"):
         children.setdefault(parent, []).append(gid)
@@ -44,9 +43,7 @@ def agents_in_groups(group_ids):
         todo.extend(children.get(g, []))
     q = Q(pk__in=[])
     for group in ManagementGroup.objects.filter(pk__in=seen):
-        if group.membership_type == ManagementGroup.DYNAMIC and group.scope_expression:
-            from .scope import to_q
-
+        if group.membership_type == ManagementGroup.Membership.DYNAMIC and group.scope_expression:
             q |= to_q(group.scope_expression)
         else:
             q |= Q(groups=group)

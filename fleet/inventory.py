@@ -7,11 +7,11 @@ from django.db.models import Count
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
-
 from yuzu.plans import Plan
 
 from .executions import launch, plan_execution
 from .models import Agent, AgentInventory, InstructionDefinition
+from .scope import ScopeError, describe, to_q, validate
 from .services import agent_view, visible_agents
 
 INVENTORY_CAP = 1000
@@ -110,14 +110,10 @@ def scope_argument(args):
 
 
 def validate_scope(expression):
-    from .scope import validate
-
     return validate(expression)
 
 
 def preview_scope_targets(principal, expression, limit=100):
-    from .scope import ScopeError, to_q
-
     try:
         qs = visible_agents(principal).filter(to_q(expression)).distinct()
     except ScopeError as exc:
@@ -129,8 +125,6 @@ def preview_scope_targets(principal, expression, limit=100):
 
 
 def describe_scope():
-    from .scope import describe
-
     return describe()
 
 

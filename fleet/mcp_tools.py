@@ -8,7 +8,7 @@ from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj
 from yuzu.metrics import MCP_POLL
 
 from . import events, executions, inventory, orientation, services
-from .models import Execution
+from .models import Execution, InstructionDefinition, ManagementGroup, Response
 from .permissions import on_agent
 
 AGENT = obj({
@@ -17,7 +17,7 @@ AGENT = obj({
 }, additional=True)
 AGENT_ID = string(128, "The agent_id, as list_agents returns it", minLength=1)
 GROUP = obj({"id": string(32), "name": string(128), "description": string(1024), "parent_id": nullable(string(32)),
-             "membership_type": enum(["static", "dynamic"]), "scope_expression": nullable(string(8192))},
+             "membership_type": enum(ManagementGroup.Membership.values), "scope_expression": nullable(string(8192))},
             additional=True)
 GROUP_ID = string(128, "Group id (32 hex) or exact name", minLength=1)
 SCOPE_ARG = {"scope": string(8192, "Scope expression, e.g. ostype == linux AND tag:env == prod", minLength=1),
@@ -123,7 +123,7 @@ def list_management_group_roles(ctx, args):
 
 
 GROUP_FIELDS = {
-    "description": string(1024), "parent_id": string(128), "membership_type": enum(["static", "dynamic"]),
+    "description": string(1024), "parent_id": string(128), "membership_type": enum(ManagementGroup.Membership.values),
     "scope_expression": string(8192, "Scope expression for a dynamic group"),
 }
 
@@ -249,7 +249,7 @@ def discover_routes(ctx, args):
 
 
 PARAM_VALUE = {"type": ["string", "number", "integer", "boolean", "null"], "maxLength": 65536}
-EXECUTION = obj({"id": string(32), "status": enum(["running", "succeeded", "completed", "cancelled"]),
+EXECUTION = obj({"id": string(32), "status": enum(Execution.Status.values),
                  "agents_targeted": integer(0), "agents_responded": integer(0), "agents_success": integer(0),
                  "agents_failure": integer(0), "progress_pct": {"type": "number"},
                  "resent": integer(0, description="How many times the command was sent again to an agent that had "
@@ -268,7 +268,7 @@ def _progress(execution_id):
 
 
 def _final(execution_id, receipt):
-    view = executions.execution_view(Execution.objects.get(pk=execution_id))
+    view = Execution.objects.get(pk=execution_id).to_dict()
     return {**receipt, "status": view["status"], "agents_responded": view["agents_responded"],
             "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
 
@@ -320,7 +320,7 @@ def get_execution_status(ctx, args):
 
 @tool(name="list_executions", title="List executions", securable="Execution", operation="Read",
       description="Recent executions, newest first. An empty list means none matched.",
-      input_schema=obj({"definition_id": string(128), "status": enum(["running", "succeeded", "completed", "cancelled"]),
+      input_schema=obj({"definition_id": string(128), "status": enum(Execution.Status.values),
                         "limit": integer(1, 500)}),
       output_schema=obj({"executions": array(EXECUTION), "count": integer(0)}, ["executions", "count"]))
 def list_executions(ctx, args):
@@ -333,7 +333,7 @@ def list_executions(ctx, args):
                   "while execution_status is running, retry_after_ms says when to look again; "
                   "result_truncated_by_cap:true means more rows exist than `limit`.",
       input_schema=obj({"execution_id": EXECUTION_ID, "instruction_id": string(160), "agent_id": string(128),
-                        "status": enum(["RUNNING", "SUCCESS", "FAILURE", "TIMEOUT", "REJECTED"]),
+                        "status": enum([s.name for s in Response.STATES]),
                         "limit": integer(1, 1000)}, anyOf=[{"required": ["execution_id"]},
                                                            {"required": ["instruction_id"]}]),
       output_schema=obj({"responses": array(RESPONSE), "count": integer(0), "result_truncated_by_cap": boolean(),
@@ -450,7 +450,7 @@ def discover_instructions(ctx, args):
 @tool(name="list_definitions", title="List definitions", securable="InstructionDefinition", operation="Read",
       description="Instruction definitions, filtered by plugin, type (question|action) or enabled. An empty list "
                   "means none matches: use discover_plugins and execute_instruction with plugin/action directly.",
-      input_schema=obj({"plugin": string(128), "type": enum(["question", "action"]), "enabled": boolean()}),
+      input_schema=obj({"plugin": string(128), "type": enum(InstructionDefinition.Type.values), "enabled": boolean()}),
       output_schema=obj({"definitions": array({"type": "object"}), "count": integer(0)}, ["definitions", "count"]))
 def list_definitions(ctx, args):
     return inventory.list_definitions(ctx.principal, plugin=args.get("plugin"), type=args.get("type"),

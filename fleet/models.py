@@ -3,12 +3,15 @@ executions with per-agent status, and the responses agents send back (spec/yuzu-
 
 import re
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
+from yuzu.errors import RESULT_POLL_RETRY_MS
 from yuzu.models import new_hex_id
 
 
@@ -18,6 +21,39 @@ def hex32():
 
 CATEGORY_TAG_KEYS = ("role", "environment", "location", "service")
 TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def heartbeat_interval():
+    """Seconds between an agent's heartbeats (the server tells each agent on register)."""
+    return int(getattr(settings, "YUZU_AGENT_HEARTBEAT_S", 30))
+
+
+class AgentQuerySet(models.QuerySet):
+    """How agents connect and go away, as their sockets (fleet.consumers) and the sweep (fleet.tasks) change it.
+    Each is one conditional UPDATE: the newest connection of an agent wins, whatever order the server
+    processes finish their work in."""
+
+    def connect(self, agent_id, opened_at, **fields):
+        """Mark the agent connected as of the connection opened at ``opened_at`` and store what it reports
+        (``fields``). Returns False, changing nothing, if a connection opened later has registered already
+        (this one is stale: its agent has reconnected since)."""
+        return bool(self.filter(Q(connected_since__isnull=True) | Q(connected_since__lte=opened_at), pk=agent_id)
+                    .update(connected=True, connected_since=opened_at, last_seen=timezone.now(), **fields))
+
+    def seen(self, agent_id):
+        """A heartbeat: the agent is alive, so connected."""
+        self.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
+
+    def disconnected(self, agent_id, opened_at):
+        """The connection opened at ``opened_at`` closed: the agent is disconnected unless a newer
+        connection of it has registered since."""
+        self.filter(pk=agent_id, connected_since=opened_at).update(connected=False, last_seen=timezone.now())
+
+    def mark_silent_disconnected(self, now=None):
+        """Agents silent for three heartbeat intervals are not connected, whatever the flag says (their
+        server process died without closing their sockets). Run by the sweep; returns how many."""
+        cutoff = (now or timezone.now()) - timedelta(seconds=3 * heartbeat_interval())
+        return self.filter(connected=True, last_seen__lt=cutoff).update(connected=False)
 
 
 class Agent(models.Model):
@@ -37,6 +73,8 @@ class Agent(models.Model):
     # When the agent's current connection was opened: the newest connection to register wins, so a
     # register that completes late on an older, abandoned connection cannot take the agent over.
     connected_since = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = AgentQuerySet.as_manager()
 
     class Meta:
         ordering = ["agent_id"]
@@ -75,6 +113,13 @@ class Tag(models.Model):
         self.key, self.value = normalise_tag(self.key, self.value)
 
 
+class AgentInventoryQuerySet(models.QuerySet):
+    def store(self, agent_id, plugin, data, at=None):
+        """The agent's latest ``plugin`` data replaces what was there."""
+        self.update_or_create(agent_id=agent_id, plugin=plugin,
+                              defaults={"data": data, "collected_at": at or timezone.now()})
+
+
 class AgentInventory(models.Model):
     CATALOGUE = "agent.plugins"  # the row holding the plugin catalogue an agent declared on register
 
@@ -83,18 +128,23 @@ class AgentInventory(models.Model):
     data = models.JSONField(default=dict)
     collected_at = models.DateTimeField(default=timezone.now)
 
+    objects = AgentInventoryQuerySet.as_manager()
+
     class Meta:
         unique_together = [("agent", "plugin")]
         verbose_name_plural = "agent inventory"
 
 
 class ManagementGroup(models.Model):
-    STATIC, DYNAMIC = "static", "dynamic"
+    class Membership(models.TextChoices):
+        STATIC = "static"  # members added one by one
+        DYNAMIC = "dynamic"  # every agent its scope expression matches
+
     id = models.CharField(primary_key=True, max_length=32, default=hex32, editable=False)
     name = models.CharField(max_length=128, unique=True)
     description = models.CharField(max_length=1024, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
-    membership_type = models.CharField(max_length=16, default=STATIC, choices=[(STATIC, STATIC), (DYNAMIC, DYNAMIC)])
+    membership_type = models.CharField(max_length=16, default=Membership.STATIC, choices=Membership.choices)
     scope_expression = models.CharField(max_length=8192, blank=True)
     members = models.ManyToManyField(Agent, blank=True, related_name="groups")
     created_by = models.CharField(max_length=150, blank=True)
@@ -124,12 +174,29 @@ class DeviceToken(models.Model):
     def __str__(self):
         return self.name
 
+    def claim(self, now):
+        """Use one of the token's uses if it is live (not revoked, not expired, uses left). One conditional
+        UPDATE, so concurrent enrolments cannot exceed ``max_uses``. Returns whether it did."""
+        return bool(DeviceToken.objects.filter(
+            Q(pk=self.pk, revoked_at__isnull=True), Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+            Q(max_uses__isnull=True) | Q(uses__lt=F("max_uses")),
+        ).update(uses=F("uses") + 1))
+
+    def refusal(self, now):
+        """Why the token is not live (as a claim refused it)."""
+        return ("revoked" if self.revoked_at else "expired" if self.expires_at and self.expires_at <= now
+                else "no uses left")
+
 
 class InstructionDefinition(models.Model):
+    class Type(models.TextChoices):
+        QUESTION = "question"  # reads
+        ACTION = "action"  # changes something
+
     id = models.CharField(primary_key=True, max_length=128)
     name = models.CharField(max_length=256)
     version = models.CharField(max_length=32, default="1")
-    type = models.CharField(max_length=16, default="question", choices=[("question", "question"), ("action", "action")])
+    type = models.CharField(max_length=16, default=Type.QUESTION, choices=Type.choices)
     plugin = models.CharField(max_length=128)
     action = models.CharField(max_length=128)
     description = models.TextField(blank=True)
@@ -148,16 +215,37 @@ class InstructionDefinition(models.Model):
         return self.id
 
 
+class AgentState(models.TextChoices):
+    """Where one target agent is with one execution: the one vocabulary of the per-agent row
+    (AgentExecStatus), the stored answer (Response) and the wire. A member's NAME is its spelling in the
+    agent protocol and the API (a response frame's ``status``: RUNNING … REJECTED); its value is the stored
+    one. ``pending`` → ``dispatched`` (sent, not acknowledged) → ``running`` (acknowledged: the agent has it)
+    → a terminal state (Response.TERMINAL), reached once."""
+
+    PENDING = "pending"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILURE = "failure"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
 class Execution(models.Model):
-    RUNNING, SUCCEEDED, COMPLETED, CANCELLED = "running", "succeeded", "completed", "cancelled"
-    TERMINAL = (SUCCEEDED, COMPLETED, CANCELLED)
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"  # every target answered, none failed
+        COMPLETED = "completed"  # every target answered, some failed
+        CANCELLED = "cancelled"  # cancelled, or nothing was sent
+
+    TERMINAL = (Status.SUCCEEDED, Status.COMPLETED, Status.CANCELLED)
 
     id = models.CharField(primary_key=True, max_length=32, default=hex32, editable=False)
     definition_id = models.CharField(max_length=128, blank=True)
     plugin = models.CharField(max_length=128)
     action = models.CharField(max_length=128)
     command_id = models.CharField(max_length=160, unique=True)
-    status = models.CharField(max_length=16, default=RUNNING, db_index=True)
+    status = models.CharField(max_length=16, default=Status.RUNNING, choices=Status.choices, db_index=True)
     scope_expression = models.CharField(max_length=8192, blank=True)
     parameter_values = models.JSONField(default=dict, blank=True)
     dispatched_by = models.CharField(max_length=150)
@@ -191,16 +279,40 @@ class Execution(models.Model):
             return 100.0 if self.is_terminal else 0.0
         return round(100.0 * self.agents_responded / self.agents_targeted, 1)
 
+    def to_dict(self):
+        """The execution as the API shows it (MCP and REST)."""
+        return {
+            "id": self.id, "definition_id": self.definition_id, "plugin": self.plugin, "action": self.action,
+            "command_id": self.command_id, "status": self.status, "scope_expression": self.scope_expression,
+            "dispatched_by": self.dispatched_by, "dispatched_at": _iso(self.dispatched_at),
+            "expires_at": _iso(self.expires_at), "completed_at": _iso(self.completed_at),
+            "agents_targeted": self.agents_targeted, "agents_responded": self.agents_responded,
+            "agents_success": self.agents_success, "agents_failure": self.agents_failure,
+            "progress_pct": self.progress_pct, "resent": self.resent,
+            "retry_after_ms": None if self.is_terminal else RESULT_POLL_RETRY_MS, "bundle_id": self.bundle_id or None,
+        }
+
+    def cancel(self, reason):
+        """Stop dispatch: a running execution becomes cancelled (one conditional UPDATE, so it races neither
+        another cancel nor the last answer), with ``reason`` as its error detail. Agents still pending are
+        never sent the command: their rows keep ``pending`` with error_detail "cancelled before dispatch" and
+        are not counted; agents already sent it keep running, and their answers are still recorded.
+        Reloads the instance. Returns (whether it was cancelled now, how many agents were withheld)."""
+        with transaction.atomic():
+            cancelled = Execution.objects.filter(pk=self.pk, status=self.Status.RUNNING).update(
+                status=self.Status.CANCELLED, completed_at=timezone.now(), last_error_detail=reason)
+            withheld = self.agent_statuses.filter(status=AgentState.PENDING).update(
+                error_detail="cancelled before dispatch") if cancelled else 0
+        self.refresh_from_db()
+        return bool(cancelled), withheld
+
 
 class AgentExecStatus(models.Model):
-    """One target agent of an execution: ``pending`` → ``dispatched`` (sent, not acknowledged) →
-    ``running`` (acknowledged: the agent has it) → a terminal state. ``attempts`` counts the sends."""
+    """One target agent of an execution, in an AgentState. ``attempts`` counts the sends."""
 
-    STATES = ("pending", "dispatched", "running", "success", "failure", "timeout", "rejected")
-    TERMINAL = ("success", "failure", "timeout", "rejected")
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="agent_statuses")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="exec_statuses")
-    status = models.CharField(max_length=16, default="pending")
+    status = models.CharField(max_length=16, default=AgentState.PENDING, choices=AgentState.choices)
     attempts = models.PositiveSmallIntegerField(default=0)
     last_sent_at = models.DateTimeField(null=True, blank=True)
     acknowledged_at = models.DateTimeField(null=True, blank=True)
@@ -214,14 +326,18 @@ class AgentExecStatus(models.Model):
 
 
 class Response(models.Model):
-    # Wire statuses of the agent protocol (CommandResponse).
-    RUNNING, SUCCESS, FAILURE, TIMEOUT, REJECTED = 0, 1, 2, 3, 4
-    STATUS_NAMES = {0: "RUNNING", 1: "SUCCESS", 2: "FAILURE", 3: "TIMEOUT", 4: "REJECTED"}
+    """The one answer of one agent to one execution: the latest RUNNING frame (output so far, updated in
+    place), then the terminal one."""
+
+    # The states an agent answers with — a response frame's status is one of their names — in the
+    # protocol's order; all but RUNNING are terminal.
+    STATES = (AgentState.RUNNING, AgentState.SUCCESS, AgentState.FAILURE, AgentState.TIMEOUT, AgentState.REJECTED)
+    TERMINAL = STATES[1:]
 
     execution = models.ForeignKey(Execution, on_delete=models.CASCADE, related_name="responses")
     instruction_id = models.CharField(max_length=160, db_index=True)
     agent_id = models.CharField(max_length=128, db_index=True)
-    status = models.SmallIntegerField()
+    status = models.CharField(max_length=16, choices=[(s.value, s.label) for s in STATES])
     output = models.TextField(blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     error_detail = models.TextField(blank=True)
@@ -231,3 +347,12 @@ class Response(models.Model):
     class Meta:
         ordering = ["timestamp", "id"]
         unique_together = [("execution", "agent_id")]
+
+    def to_dict(self):
+        return {"agent_id": self.agent_id, "execution_id": self.execution_id, "status": AgentState(self.status).name,
+                "output": self.output, "exit_code": self.exit_code, "error": self.error_detail or None,
+                "timestamp": _iso(self.timestamp)}
+
+
+def _iso(dt):
+    return dt.isoformat() if dt else None

@@ -10,11 +10,14 @@ from functools import cache
 from pathlib import Path
 
 from django.db.models import Count
+from drf_spectacular.generators import SchemaGenerator
 
 from mcp.schema import array, boolean, enum, integer, obj, string
 from yuzu import rbac
+from yuzu.errors import NotFound
 
-from .services import visible_agents
+from .executions import query_responses, visible_executions
+from .services import agent_details, agent_view, visible_agents
 
 POSTURE_SCHEMA = obj({
     "generated_at": integer(0), "data_age_seconds": {"type": "number"}, "partial": boolean(),
@@ -352,10 +355,6 @@ def playbook(scenario):
 
 
 def summarize(principal, kind, ident=None, limit=25):
-    from yuzu.errors import NotFound
-
-    from .services import agent_details, agent_view
-
     if kind == "fleet":
         qs = visible_agents(principal).order_by("-connected", "agent_id")
         total, connected = qs.count(), qs.filter(connected=True).count()
@@ -373,8 +372,6 @@ def summarize(principal, kind, ident=None, limit=25):
                 "items": [d], "resource_links": []}
     if not rbac.has_any(principal, "Execution", "Read"):
         raise rbac.denial(principal, "Execution", "Read")
-    from .executions import query_responses, visible_executions
-
     # Confined like get_execution_status and query_responses: another group's execution reads as absent.
     ex = visible_executions(principal).filter(pk=ident or "").first()
     if ex is None:
@@ -401,8 +398,6 @@ _routes = None
 def routes():
     global _routes
     if _routes is None:
-        from drf_spectacular.generators import SchemaGenerator
-
         doc = SchemaGenerator().get_schema(request=None, public=True)
         rows = []
         for path, ops in doc.get("paths", {}).items():

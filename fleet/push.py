@@ -1,10 +1,19 @@
-"""Pushes state to connected agents through the channel layer."""
+"""Messages to connected agents through the channel layer: each agent's connection listens on the group
+``agent_group(agent_id)``, so any server process (or a Celery worker) can address any agent.
 
+``send_to_agents`` holds the project's one fork of Channels internals (for the in-memory layer of
+embedded mode; see there)."""
+
+import asyncio
 import logging
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.exceptions import ChannelFull
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
+from .models import Tag
+
+SEND_CONCURRENCY = 50
 log = logging.getLogger("yuzu.fleet")
 
 
@@ -13,8 +22,6 @@ def agent_group(agent_id):
 
 
 def push_tags(agent_id):
-    from .models import Tag
-
     tags = dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value"))
     send_to_agent(agent_id, {"type": "agent.push", "payload": {"type": "tags", "tags": tags}})
 
@@ -27,3 +34,34 @@ def send_to_agent(agent_id, message):
         async_to_sync(layer.group_send)(agent_group(agent_id), message)
     except Exception:  # an offline layer must not fail the tag write; the agent re-syncs on connect
         log.warning("push to agent %s failed", agent_id, exc_info=True)
+
+
+async def send_to_agents(agent_ids, message):
+    """Send ``message`` (a command) to each agent's group. A send that fails is logged, not raised: the
+    agents concerned stay unacknowledged and the dispatcher sends again (fleet.tasks)."""
+    layer = get_channel_layer()
+    if isinstance(layer, InMemoryChannelLayer):
+        # The fork. Channels 4.3 has no public batch send, and InMemoryChannelLayer.group_send sweeps the
+        # whole layer for expired messages on every call, which makes a fan-out quadratic in the number of
+        # connected agents. So: sweep once per batch (its private _clean_expired), then deliver to each
+        # group's channels (its private .groups) as group_send would. Revisit when Channels has a batch send.
+        layer._clean_expired()
+        for channel in [c for a in agent_ids for c in layer.groups.get(agent_group(a), {})]:
+            try:
+                await layer.send(channel, message)
+            except ChannelFull:
+                log.warning("channel %s is full; command %s not delivered", channel,
+                            message["payload"].get("command_id"))
+        return
+    # At most SEND_CONCURRENCY at once: each concurrent group_send takes a Redis connection of its own,
+    # and hundreds opened at once per batch only queue up in Redis's accept backlog.
+    limit = asyncio.Semaphore(SEND_CONCURRENCY)
+
+    async def send(agent_id):
+        async with limit:
+            await layer.group_send(agent_group(agent_id), message)
+
+    failed = [r for r in await asyncio.gather(*map(send, agent_ids), return_exceptions=True) if isinstance(r, Exception)]
+    if failed:
+        log.warning("%d of %d sends of command %s failed, e.g. %r", len(failed), len(agent_ids),
+                    message["payload"].get("command_id"), failed[0])

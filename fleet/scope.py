@@ -42,7 +42,17 @@ from dataclasses import dataclass, field, replace
 from functools import reduce
 from operator import and_, or_
 
-from django.db.models import Case, Exists, F, FloatField, OuterRef, Q, TextField, Value, When
+from django.db.models import (
+    Case,
+    Exists,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Length
 from django.db.models.lookups import (
@@ -554,7 +564,7 @@ class _Compiler:
         group = groups.filter(pk=node.ref).first() or groups.filter(name=node.ref).first()
         if group is None:
             raise ScopeError(f"unknown management group '{node.ref}'", node.pos)
-        if group.membership_type != ManagementGroup.DYNAMIC or not group.scope_expression:
+        if group.membership_type != ManagementGroup.Membership.DYNAMIC or not group.scope_expression:
             return Q(pk__in=group.members.values("pk"))
         if group.pk in self.expanding:
             raise ScopeError(f"management group '{group.name}' refers to itself", node.pos)

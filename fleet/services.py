@@ -9,14 +9,12 @@ from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
-
 from yuzu.plans import Plan
 
 from .groups import agents_in_groups, group_agents
 from .models import Agent, ManagementGroup, Tag, normalise_tag
 from .push import push_tags
 from .scope import ScopeError, parse
-
 
 AGENT_FIELDS = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
 
@@ -163,7 +161,7 @@ def get_group(principal, group_id):
 
 def _validate_group_fields(fields):
     mt = fields.get("membership_type")
-    if mt is not None and mt not in (ManagementGroup.STATIC, ManagementGroup.DYNAMIC):
+    if mt is not None and mt not in ManagementGroup.Membership.values:
         raise ValidationError({"membership_type": "membership_type must be 'static' or 'dynamic'"})
     expr = fields.get("scope_expression")
     if expr:
@@ -185,13 +183,13 @@ def _pinned_group(principal, group_id, pinned, key="group"):
     return _group(group_id, principal, "Write")
 
 
-def plan_create_group(principal, *, name, description="", parent_id=None, membership_type="static",
-                      scope_expression="", pinned=None):
+def plan_create_group(principal, *, name, description="", parent_id=None,
+                      membership_type=ManagementGroup.Membership.STATIC, scope_expression="", pinned=None):
     _require_fleet_wide_write(principal)
     if not name or len(name) > 128:
         raise ValidationError({"name": "name is required, at most 128 characters"})
     _validate_group_fields({"membership_type": membership_type, "scope_expression": scope_expression})
-    if membership_type == ManagementGroup.DYNAMIC and not scope_expression:
+    if membership_type == ManagementGroup.Membership.DYNAMIC and not scope_expression:
         raise ValidationError({"scope_expression": "a dynamic group needs a scope_expression"})
     parent = _pinned_group(principal, parent_id, pinned, "parent") if parent_id else None
     if ManagementGroup.objects.filter(name=name).exists():
@@ -246,7 +244,7 @@ def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
 def plan_add_group_member(principal, group_id, agent_id, pinned=None):
     g = _pinned_group(principal, group_id, pinned)
     _require_fleet_wide_write(principal)
-    if g.membership_type == ManagementGroup.DYNAMIC:
+    if g.membership_type == ManagementGroup.Membership.DYNAMIC:
         raise ValidationError({"group": "a dynamic group's members come from its scope expression"})
     agent = Agent.objects.filter(pk=agent_id).first()
     if agent is None:

@@ -1,7 +1,7 @@
 """Celery tasks of the fleet. Both are idempotent, so ``acks_late`` redelivery after a worker dies is safe:
 dispatch claims the agents it sends to (``pending`` → ``dispatched``, or a re-send's attempt) before
-sending, so a re-run never sends to an agent twice within its window; responses are stored by the agent
-consumer, not here, so a worker restart loses none.
+sending, so a re-run never sends to an agent twice within its window; answers are stored as the agent
+consumers receive them (fleet.responses), not here, so a worker restart loses none.
 
 Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
 its first frame about it; one that has not within the window of the send is sent it again, the window
@@ -19,17 +19,15 @@ from datetime import timedelta
 from asgiref.sync import async_to_sync
 from celery import shared_task
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 from django.db.models import F, Max, Min, Q
 from django.utils import timezone
 
-from .models import AgentExecStatus, Execution
-from .push import agent_group
+from .models import Agent, AgentExecStatus, AgentState, Execution
+from .push import send_to_agents
+from .responses import expire_overdue
 
 BATCH = 500
-SEND_CONCURRENCY = 50
 ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
 ACK_QUIET_S = 2.0  # re-sends wait until the execution had no send, acknowledgement or answer for this long
 PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
@@ -63,15 +61,15 @@ def dispatch_execution(execution_id, sensitive=None):
     frame = {"type": "command", "command_id": ex.command_id, "plugin": ex.plugin, "action": ex.action,
              "parameters": {**ex.parameter_values, **(sensitive or {})}, "expires_at": ex.expires_at.timestamp()}
     sent = 0
-    while Execution.objects.filter(pk=execution_id, status=Execution.RUNNING).exists():
+    while Execution.objects.filter(pk=execution_id, status=Execution.Status.RUNNING).exists():
         agent_ids = _claim(execution_id)
         if not agent_ids:
             break
-        async_to_sync(_send)(agent_ids, {"type": "agent.command", "payload": frame})
+        async_to_sync(send_to_agents)(agent_ids, {"type": "agent.command", "payload": frame})
         sent += len(agent_ids)
     overdue = _claim_unacknowledged(execution_id)
     if overdue:
-        async_to_sync(_send)(overdue, {"type": "agent.command", "payload": frame, "resend": True})
+        async_to_sync(send_to_agents)(overdue, {"type": "agent.command", "payload": frame, "resend": True})
         sent += len(overdue)
     delay = _next_check(execution_id)
     if delay is not None:
@@ -84,10 +82,10 @@ def _claim(execution_id):
     crash between the two leaves the agent unacknowledged, which the next check re-sends."""
     with transaction.atomic():
         rows = list(AgentExecStatus.objects.select_for_update(skip_locked=True)
-                    .filter(execution_id=execution_id, status="pending").order_by("id")
+                    .filter(execution_id=execution_id, status=AgentState.PENDING).order_by("id")
                     .values_list("id", "agent_id")[:BATCH])
-        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="pending").update(
-            status="dispatched", attempts=1, last_sent_at=timezone.now())
+        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status=AgentState.PENDING).update(
+            status=AgentState.DISPATCHED, attempts=1, last_sent_at=timezone.now())
     return [agent_id for _, agent_id in rows]
 
 
@@ -107,10 +105,10 @@ def _claim_unacknowledged(execution_id):
         due = Q()
         for attempts in range(1, MAX_SENDS):
             due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts, targeted)))
-        rows = list(statuses.select_for_update(skip_locked=True).filter(due, status="dispatched")
+        rows = list(statuses.select_for_update(skip_locked=True).filter(due, status=AgentState.DISPATCHED)
                     .order_by("id").values_list("id", "agent_id")[:BATCH])
         if rows:
-            AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status="dispatched").update(
+            AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status=AgentState.DISPATCHED).update(
                 attempts=F("attempts") + 1, last_sent_at=now)
             Execution.objects.filter(pk=execution_id).update(resent=F("resent") + len(rows))
     return [agent_id for _, agent_id in rows]
@@ -125,7 +123,7 @@ def _next_check(execution_id):
         return None
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
     due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"], targeted)) for row in
-           statuses.filter(status="dispatched", attempts__lt=MAX_SENDS).order_by().values("attempts")
+           statuses.filter(status=AgentState.DISPATCHED, attempts__lt=MAX_SENDS).order_by().values("attempts")
            .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
     if not due:
         return None
@@ -145,7 +143,7 @@ def _last_activity(statuses):
 
 def _running(execution_id, now):
     """How many agents the execution targets, if it is still running and not expired; else None."""
-    return Execution.objects.filter(pk=execution_id, status=Execution.RUNNING, expires_at__gt=now).values_list(
+    return Execution.objects.filter(pk=execution_id, status=Execution.Status.RUNNING, expires_at__gt=now).values_list(
         "agents_targeted", flat=True).first()
 
 
@@ -175,40 +173,9 @@ async def _dispatch_again(execution_id, sensitive):
         log.exception("re-sending execution %s failed", execution_id)
 
 
-async def _send(agent_ids, message):
-    layer = get_channel_layer()
-    if isinstance(layer, InMemoryChannelLayer):
-        # Its group_send sweeps the whole layer for expired messages on every call, which makes a
-        # fan-out quadratic in the number of connected agents: sweep once per batch, then deliver to
-        # each group's channels as group_send would.
-        layer._clean_expired()
-        for channel in [c for a in agent_ids for c in layer.groups.get(agent_group(a), {})]:
-            try:
-                await layer.send(channel, message)
-            except ChannelFull:
-                log.warning("channel %s is full; command %s not delivered", channel,
-                            message["payload"].get("command_id"))
-        return
-    # At most SEND_CONCURRENCY at once: each concurrent group_send takes a Redis connection of its own,
-    # and hundreds opened at once per batch only queue up in Redis's accept backlog.
-    limit = asyncio.Semaphore(SEND_CONCURRENCY)
-
-    async def send(agent_id):
-        async with limit:
-            await layer.group_send(agent_group(agent_id), message)
-
-    failed = [r for r in await asyncio.gather(*map(send, agent_ids), return_exceptions=True) if isinstance(r, Exception)]
-    if failed:  # the agents concerned stay unacknowledged: the next check re-sends to them
-        log.warning("%d of %d sends of command %s failed, e.g. %r", len(failed), len(agent_ids),
-                    message["payload"].get("command_id"), failed[0])
-
-
 @shared_task(acks_late=True)
 def sweep_overdue():
     """Beat, every 5 s: agents silent past their command's expiry end in TIMEOUT, not a hang; agents
     whose heartbeats stopped are marked disconnected. Returns how many agents timed out."""
-    from .consumers import mark_silent_disconnected
-    from .executions import expire_overdue
-
-    mark_silent_disconnected()
+    Agent.objects.mark_silent_disconnected()
     return expire_overdue()

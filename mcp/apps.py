@@ -1,5 +1,11 @@
 from django.apps import AppConfig
 from django.core import checks
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from yuzu.policy import requires_approval
+
+from .registry import EFFECTS, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
 
 
 class McpConfig(AppConfig):
@@ -7,6 +13,7 @@ class McpConfig(AppConfig):
     verbose_name = "MCP server"
 
     def ready(self):
+        # deferred: apps.py is imported before any model can be, and listing's imports need models
         from .listing import connect_signals
 
         checks.register(registry_check, "mcp")
@@ -15,13 +22,8 @@ class McpConfig(AppConfig):
 
 def registry_check(app_configs=None, **kwargs):
     """Registry drift fails `manage.py check` (and so every test run)."""
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
+    # deferred: apps.py is imported before any model can be
     from yuzu.models import OPERATIONS, SECURABLES
-    from yuzu.policy import requires_approval
-
-    from .registry import EFFECTS, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
 
     autodiscover()
     errors = []

@@ -15,9 +15,12 @@ import hashlib
 import logging
 import threading
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models.signals import post_delete, post_save
 
 from yuzu import rbac
+from yuzu.models import RoleAssignment, RolePermission
 from yuzu.policy import requires_approval
 
 from .pipeline import standing_refusal
@@ -131,8 +134,6 @@ def on_role_assignment(sender, instance, **kwargs):
 
 
 def on_role_permission(sender, instance, **kwargs):
-    from yuzu.models import RoleAssignment
-
     rbac_changed(RoleAssignment.objects.filter(role_id=instance.role_id).values_list("user_id", flat=True))
 
 
@@ -142,11 +143,6 @@ def on_user(sender, instance, update_fields=None, **kwargs):
 
 
 def connect_signals():
-    from django.contrib.auth import get_user_model
-    from django.db.models.signals import post_delete, post_save
-
-    from yuzu.models import RoleAssignment, RolePermission
-
     for label, signal in (("save", post_save), ("delete", post_delete)):
         signal.connect(on_role_assignment, sender=RoleAssignment, dispatch_uid=f"mcp.listing.assignment.{label}")
         signal.connect(on_role_permission, sender=RolePermission, dispatch_uid=f"mcp.listing.permission.{label}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from django.apps import apps
 
 from yuzu.plans import Plan  # noqa: F401  (tools build Plans; see yuzu.plans)
+from yuzu.policy import requires_approval
 
 DEFAULT_CATALOGUE = "v1"
 EFFECTS = ("read", "additive", "destructive")
@@ -69,8 +70,6 @@ class Tool:
     @property
     def gate_capable(self):
         """Approval-gated on some tier: its schema carries approval_id, which the handler never sees."""
-        from yuzu.policy import requires_approval
-
         return any(requires_approval(t, self.securable, self.operation) for t in ("operator", "supervised"))
 
     def plan(self, ctx, args, pinned=None):

@@ -29,7 +29,7 @@ from django.utils import timezone
 from approvals.gate import canonical_args
 from approvals.models import Approval
 from fleet.agent.plugins import catalogue as plugin_catalogue
-from fleet.models import (Agent, AgentExecStatus, AgentInventory, Execution, InstructionDefinition,
+from fleet.models import (Agent, AgentExecStatus, AgentInventory, AgentState, Execution, InstructionDefinition,
                           ManagementGroup, Response, Tag)
 from yuzu.models import AccountLockout, ApiToken
 from yuzu.rbac import BUILTIN_ROLES, assign_role
@@ -201,10 +201,10 @@ def _execution(dispatcher, agent, bundle_id=""):
     ex = Execution.objects.create(plugin="os", action="info", command_id=f"os-{agent.pk}-{bundle_id or 'x'}",
                                   dispatched_by=dispatcher, dispatched_at=now, expires_at=now + timedelta(minutes=5),
                                   agents_targeted=1, agents_responded=1, agents_success=1,
-                                  status=Execution.SUCCEEDED, completed_at=now, bundle_id=bundle_id,
+                                  status=Execution.Status.SUCCEEDED, completed_at=now, bundle_id=bundle_id,
                                   bundle_step=0 if bundle_id else None)
     AgentExecStatus.objects.create(execution=ex, agent=agent, status="success", exit_code=0)
-    Response.objects.create(execution=ex, agent_id=agent.pk, instruction_id=ex.command_id, status=Response.SUCCESS,
+    Response.objects.create(execution=ex, agent_id=agent.pk, instruction_id=ex.command_id, status=AgentState.SUCCESS,
                             output="linux", exit_code=0, timestamp=now, plugin="os")
     return ex
 

@@ -18,10 +18,10 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 import websockets
 
-from fleet import consumers
+from fleet import consumers, identity
 from fleet.agent.plugins import catalogue
 from fleet.executions import start_execution
-from fleet.models import Agent, AgentExecStatus, AgentInventory, DeviceToken, Execution, Response, Tag
+from fleet.models import Agent, AgentExecStatus, AgentInventory, AgentState, DeviceToken, Execution, Response, Tag
 from fleet.push import push_tags
 from fleet.routing import websocket_urlpatterns
 from yuzu.models import AuditEvent, hash_secret
@@ -394,7 +394,7 @@ def test_refusals_cost_one_audit_row_per_source_per_window_carrying_the_count(ac
         assert len(await db(failure_rows)(f"agent.{action}")) == 1
         await refused(("198.51.100.9", 50000))
         assert len(await db(failure_rows)(f"agent.{action}")) == 2
-        await consumers.failures.close(("203.0.113.7", f"agent.{action}"))  # the window ends
+        await identity.failures.close(("203.0.113.7", f"agent.{action}"))  # the window ends
         return await db(failure_rows)(f"agent.{action}")
 
     first, other, count = async_to_sync(scenario)()
@@ -404,7 +404,7 @@ def test_refusals_cost_one_audit_row_per_source_per_window_carrying_the_count(ac
 
 
 def test_the_audit_window_closes_by_itself(monkeypatch):
-    monkeypatch.setattr(consumers, "AUDIT_WINDOW_S", 2)
+    monkeypatch.setattr(identity, "AUDIT_WINDOW_S", 2)
 
     async def scenario():
         for _ in range(2):
@@ -439,7 +439,7 @@ def test_commands_reach_the_agent_and_response_frames_update_rows_and_counters(p
                     "exit_code": exit_code, "error": None}
 
         await comm.send_json_to(frame("RUNNING", "par"))
-        await until(lambda: Response.objects.filter(execution_id=eid, status=Response.RUNNING).exists())
+        await until(lambda: Response.objects.filter(execution_id=eid, status=AgentState.RUNNING).exists())
         assert (await db(AgentExecStatus.objects.get)(execution_id=eid)).status == "running"
         await comm.send_json_to(frame("SUCCESS", "partial then full", 0))
         await until(lambda: Execution.objects.get(pk=eid).status == "succeeded")
@@ -453,7 +453,7 @@ def test_commands_reach_the_agent_and_response_frames_update_rows_and_counters(p
     ex = Execution.objects.get(pk=eid)
     assert (ex.agents_targeted, ex.agents_responded, ex.agents_success, ex.agents_failure) == (1, 1, 1, 0)
     r = Response.objects.get(execution_id=eid)
-    assert (r.agent_id, r.status, r.output, r.exit_code) == (agent_id, Response.SUCCESS, "partial then full", 0)
+    assert (r.agent_id, r.status, r.output, r.exit_code) == (agent_id, AgentState.SUCCESS, "partial then full", 0)
 
 
 def test_tag_pushes_reach_the_agent_and_a_newer_connection_supersedes():

@@ -15,9 +15,10 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from prometheus_client import REGISTRY
 
-from fleet import consumers, tasks
-from fleet.executions import record_responses, start_execution
+from fleet import consumers, identity, tasks
+from fleet.executions import start_execution
 from fleet.models import Agent, AgentExecStatus, Execution, Response
+from fleet.responses import record_responses
 from fleet.tasks import sweep_overdue
 from mcp.registry import catalogue
 
@@ -205,13 +206,13 @@ def test_a_slow_enrolment_is_not_closed_4408_but_silence_after_it_is(monkeypatch
     agent and a device-token use each time) and added to the burst. The timer now pauses while the
     server works and restarts once it has answered."""
     monkeypatch.setattr(consumers, "HELLO_TIMEOUT_S", 0.3)
-    real_enroll = consumers.enroll
+    real_enroll = identity.enroll
 
     def slow_enroll(token, hostname):
         time.sleep(1)  # the database thread is busy
         return real_enroll(token, hostname)
 
-    monkeypatch.setattr(consumers, "enroll", slow_enroll)
+    monkeypatch.setattr(identity, "enroll", slow_enroll)
     token = mint_device_token()
 
     async def scenario():

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from fleet import executions as ex_svc
 from fleet.events import execution_group
-from fleet.models import Agent, AgentExecStatus, Execution, ManagementGroup, Response
+from fleet import responses
+from fleet.models import Agent, AgentExecStatus, AgentState, Execution, ManagementGroup, Response
 from fleet.push import agent_group
 from fleet.tasks import dispatch_execution, sweep_overdue
 from yuzu.errors import NotFound, YuzuError
@@ -222,14 +223,14 @@ def test_record_response_counts_and_turns_succeeded(start, agents):
     agents("a1", "a2")
     out = start()
     cid, eid = out["command_id"], out["execution_id"]
-    ex_svc.record_response("a1", frame(cid, "RUNNING", "part"))
-    ex_svc.record_response("a1", frame(cid, "SUCCESS", "partial and full", 0))
+    responses.record_response("a1", frame(cid, "RUNNING", "part"))
+    responses.record_response("a1", frame(cid, "SUCCESS", "partial and full", 0))
     ex = Execution.objects.get(pk=eid)
     assert (ex.status, ex.agents_responded, ex.agents_success) == ("running", 1, 1)
     r = Response.objects.get(execution_id=eid, agent_id="a1")  # the RUNNING row was updated in place
-    assert (r.status, r.output, r.exit_code, r.instruction_id, r.plugin) == (Response.SUCCESS, "partial and full", 0,
+    assert (r.status, r.output, r.exit_code, r.instruction_id, r.plugin) == (AgentState.SUCCESS, "partial and full", 0,
                                                                              cid, "os")
-    ex_svc.record_response("a2", frame(cid, "SUCCESS", "ok", 0))
+    responses.record_response("a2", frame(cid, "SUCCESS", "ok", 0))
     ex.refresh_from_db()
     assert (ex.status, ex.agents_responded, ex.agents_success, ex.agents_failure) == ("succeeded", 2, 2, 0)
     assert ex.completed_at is not None and ex.progress_pct == 100.0
@@ -240,17 +241,17 @@ def test_record_response_with_a_failure_turns_completed_and_ignores_duplicates(s
     agents("a1", "a2", "a3")
     out = start()
     cid, eid = out["command_id"], out["execution_id"]
-    ex_svc.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
-    ex_svc.record_response("a1", frame(cid, "SUCCESS", "again", 0))  # duplicate terminal frame
-    ex_svc.record_response("a1", frame(cid, "FAILURE", "late", 1))  # a different late frame
-    ex_svc.record_response("a1", frame(cid, "RUNNING", "stale"))
-    ex_svc.record_response("outsider", frame(cid, "SUCCESS"))  # not a target
-    ex_svc.record_response("a1", frame("os-unknown", "SUCCESS"))  # unknown command
+    responses.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
+    responses.record_response("a1", frame(cid, "SUCCESS", "again", 0))  # duplicate terminal frame
+    responses.record_response("a1", frame(cid, "FAILURE", "late", 1))  # a different late frame
+    responses.record_response("a1", frame(cid, "RUNNING", "stale"))
+    responses.record_response("outsider", frame(cid, "SUCCESS"))  # not a target
+    responses.record_response("a1", frame("os-unknown", "SUCCESS"))  # unknown command
     ex = Execution.objects.get(pk=eid)
     assert (ex.agents_responded, ex.agents_success, ex.agents_failure) == (1, 1, 0)
     assert Response.objects.get(agent_id="a1").output == "ok" and Response.objects.count() == 1
-    ex_svc.record_response("a2", frame(cid, "FAILURE", "boom", 2, "exit code 2"))
-    ex_svc.record_response("a3", frame(cid, "REJECTED", error="unknown plugin/action"))
+    responses.record_response("a2", frame(cid, "FAILURE", "boom", 2, "exit code 2"))
+    responses.record_response("a3", frame(cid, "REJECTED", error="unknown plugin/action"))
     ex.refresh_from_db()
     assert (ex.status, ex.agents_responded, ex.agents_success, ex.agents_failure) == ("completed", 3, 1, 2)
     assert AgentExecStatus.objects.get(agent_id="a2").exit_code == 2
@@ -262,7 +263,7 @@ def test_each_change_publishes_an_event(start, agents):
     out = start()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(execution_group(out["execution_id"]), channel)
-    ex_svc.record_response("a1", frame(out["command_id"], "SUCCESS", "ok", 0))
+    responses.record_response("a1", frame(out["command_id"], "SUCCESS", "ok", 0))
     event = async_to_sync(layer.receive)(channel)
     assert event == {"type": "execution.event", "execution_id": out["execution_id"], "status": "succeeded",
                      "agents_targeted": 1, "agents_responded": 1, "agents_success": 1, "agents_failure": 0,
@@ -273,14 +274,14 @@ def test_sweep_marks_silent_agents_timeout(start, agents):
     agents("a1", "a2")
     out = start()
     cid, eid = out["command_id"], out["execution_id"]
-    ex_svc.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
-    ex_svc.record_response("a2", frame(cid, "RUNNING", "half"))
+    responses.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
+    responses.record_response("a2", frame(cid, "RUNNING", "half"))
     assert sweep_overdue() == 0  # not yet expired
     Execution.objects.filter(pk=eid).update(expires_at=timezone.now() - timedelta(seconds=10))
     assert sweep_overdue() == 1
     assert sweep_overdue() == 0  # idempotent
     r = Response.objects.get(agent_id="a2")
-    assert r.status == Response.TIMEOUT and r.output == "half" and "expired" in r.error_detail
+    assert r.status == AgentState.TIMEOUT and r.output == "half" and "expired" in r.error_detail
     assert AgentExecStatus.objects.get(agent_id="a2").status == "timeout"
     ex = Execution.objects.get(pk=eid)
     assert (ex.status, ex.agents_responded, ex.agents_failure) == ("completed", 2, 1)
@@ -311,7 +312,7 @@ def test_cancel_and_status(start, agents, op, principal):
     assert ex_svc.cancel_execution(op, eid)["status"] == "cancelled"
     status = ex_svc.execution_status(op, eid)
     assert status["status"] == "cancelled" and status["retry_after_ms"] is None and status["completed_at"]
-    ex_svc.record_response("a1", frame(out["command_id"], "SUCCESS", "ran anyway", 0))  # still recorded
+    responses.record_response("a1", frame(out["command_id"], "SUCCESS", "ran anyway", 0))  # still recorded
     assert ex_svc.execution_status(op, eid)["status"] == "cancelled"
     assert Response.objects.get(agent_id="a1").output == "ran anyway"
     with pytest.raises(NotFound, match="Execution not found: nope"):
@@ -327,12 +328,12 @@ def test_list_query_and_aggregate(start, agents, op):
     assert listed["count"] == 1 and listed["executions"][0]["id"] == eid
     assert ex_svc.list_executions(op, limit=1)["count"] == 1
 
-    ex_svc.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
+    responses.record_response("a1", frame(cid, "SUCCESS", "ok", 0))
     q = ex_svc.query_responses(op, execution_id=eid)
     assert q["count"] == 1 and q["execution_status"] == "running" and q["retry_after_ms"] == 2000
     assert q["responses"][0] == {"agent_id": "a1", "execution_id": eid, "status": "SUCCESS", "output": "ok",
                                  "exit_code": 0, "error": None, "timestamp": q["responses"][0]["timestamp"]}
-    ex_svc.record_response("a2", frame(cid, "FAILURE", "no", 1, "exit code 1"))
+    responses.record_response("a2", frame(cid, "FAILURE", "no", 1, "exit code 1"))
     q = ex_svc.query_responses(op, execution_id=eid, limit=1)
     assert q["result_truncated_by_cap"] is True and q["retry_after_ms"] is None and q["execution_status"] == "completed"
     assert ex_svc.query_responses(op, instruction_id=cid, status="FAILURE")["responses"][0]["agent_id"] == "a2"
@@ -359,12 +360,12 @@ def test_bundle_collation(agents, op, principal, django_capture_on_commit_callba
     assert [(e.bundle_step, e.plugin) for e in exs] == [(0, "os"), (1, "file"), (2, "disk")]
     result = ex_svc.bundle_result(op, b["bundle_id"])
     assert (result["complete"], result["received"], result["retry_after_ms"]) == (False, 0, 2000)
-    ex_svc.record_response("a1", frame(exs[0].command_id, "SUCCESS", "os out", 0))
-    ex_svc.record_response("a1", frame(exs[1].command_id, "FAILURE", "", None, "cannot read /x"))
-    ex_svc.record_response("a1", frame(exs[2].command_id, "RUNNING", "partial"))
+    responses.record_response("a1", frame(exs[0].command_id, "SUCCESS", "os out", 0))
+    responses.record_response("a1", frame(exs[1].command_id, "FAILURE", "", None, "cannot read /x"))
+    responses.record_response("a1", frame(exs[2].command_id, "RUNNING", "partial"))
     result = ex_svc.bundle_result(op, b["bundle_id"])
     assert (result["complete"], result["received"], result["succeeded"]) == (False, 2, 1)
-    ex_svc.record_response("a1", frame(exs[2].command_id, "SUCCESS", "disk out", 0))
+    responses.record_response("a1", frame(exs[2].command_id, "SUCCESS", "disk out", 0))
     result = ex_svc.bundle_result(op, b["bundle_id"])
     assert (result["complete"], result["received"], result["succeeded"], result["expected"]) == (True, 3, 2, 3)
     assert result["retry_after_ms"] is None

@@ -36,7 +36,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from approvals.services import review
-from fleet.models import Agent, AgentExecStatus, Execution, Response
+from fleet.models import Agent, AgentExecStatus, AgentState, Execution, Response
 from yuzu.models import AuditEvent
 from yuzu.rbac import Principal, seed_builtin_roles
 
@@ -291,7 +291,7 @@ def test_os_info_through_the_official_client_on_a_supervised_token(stack, mint, 
     assert facts["hostname"] == socket.gethostname() and facts["system"] == "Linux" and facts["cpu_count"] >= 1
 
     assert Approval.objects.get(pk=ticket.id).consumed_at is not None
-    assert Response.objects.get(execution_id=eid).status == Response.SUCCESS
+    assert Response.objects.get(execution_id=eid).status == AgentState.SUCCESS
     audit = AuditEvent.objects.filter(principal="fe-super", action="mcp.execute_instruction")
     assert set(audit.values_list("result", flat=True)) == {"pending", "approved"}  # minted, then recalled
 
@@ -327,7 +327,7 @@ def test_an_agent_killed_mid_execution_ends_in_timeout_not_a_hang(stack, rest):
                   params={"argv": json.dumps(["sh", "-c", "echo started; sleep 60; echo never"]), "timeout": "120"})
     eid = out["execution_id"]
     # The agent streams a RUNNING frame with the partial output (about a second after the start).
-    wait_for(lambda: Response.objects.filter(execution_id=eid, status=Response.RUNNING, output__contains="started")
+    wait_for(lambda: Response.objects.filter(execution_id=eid, status=AgentState.RUNNING, output__contains="started")
              .exists(), 20, "the RUNNING frame", stack.logs)
     stack.orphans |= {c.pid for c in psutil.Process(agent.proc.pid).children(recursive=True)}
     agent.kill()
@@ -365,7 +365,7 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
 
     # With no worker, the broker holds new dispatches; daphne keeps storing the agent's responses.
     queued = execute(rest, plugin="os", action="info", agent_ids=[agent_id])["execution_id"]
-    wait_for(lambda: Response.objects.filter(execution_id=slow, status=Response.SUCCESS).exists(), 20,
+    wait_for(lambda: Response.objects.filter(execution_id=slow, status=AgentState.SUCCESS).exists(), 20,
              "the slow command's response while the worker is down", stack.logs)
     assert AgentExecStatus.objects.get(execution_id=queued).status == "pending"  # really nobody dispatched it
     assert Execution.objects.get(pk=slow).status == "succeeded"
@@ -375,7 +375,7 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
     for eid, expected in ((before, '"system": "Linux"'), (slow, "started\nfinished"), (queued, '"system": "Linux"')):
         ex = Execution.objects.get(pk=eid)
         rows = list(Response.objects.filter(execution_id=eid))
-        assert len(rows) == 1 and rows[0].status == Response.SUCCESS and expected in rows[0].output, (eid, rows)
+        assert len(rows) == 1 and rows[0].status == AgentState.SUCCESS and expected in rows[0].output, (eid, rows)
         assert (ex.status, ex.agents_targeted, ex.agents_responded, ex.agents_success) == ("succeeded", 1, 1, 1)
     assert Response.objects.count() == 3
 
@@ -408,7 +408,7 @@ def test_commands_lost_on_purpose_still_run_exactly_once_on_every_agent(stack, r
     assert view["status"] == "succeeded", view
     assert (view["agents_targeted"], view["agents_responded"], view["agents_success"], view["agents_failure"]) == \
         (n, n, n, 0)
-    assert Response.objects.filter(execution_id=eid, status=Response.SUCCESS).count() == n == Response.objects.filter(
+    assert Response.objects.filter(execution_id=eid, status=AgentState.SUCCESS).count() == n == Response.objects.filter(
         execution_id=eid).count()
     # Every agent ran it exactly once: the lossy ones too, though they were sent it twice or more.
     runs = ran.read_text().split("\n")[:-1]

@@ -268,7 +268,7 @@ def fleet(db):
         "Broken": "ostype ==",
     }
     for name, expr in dynamic.items():
-        ManagementGroup.objects.create(name=name, membership_type=ManagementGroup.DYNAMIC, scope_expression=expr)
+        ManagementGroup.objects.create(name=name, membership_type=ManagementGroup.Membership.DYNAMIC, scope_expression=expr)
     return web
 
 

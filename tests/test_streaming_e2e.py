@@ -29,7 +29,7 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from fleet.models import Agent, Execution, Response
+from fleet.models import Agent, AgentState, Execution, Response
 from mcp.streaming.ring import ring_key, rings
 from mcp.streaming.sessions import store
 from yuzu.models import ApiToken, hash_secret
@@ -437,7 +437,7 @@ def test_python_sdk_progress(fleet, mint, tmp_path):
         pytest.fail(f"progress_drive.py printed no JSON (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
                     f"{proc.stderr[-4000:]}")
     result = assert_official_progress(obs, 7)
-    assert Response.objects.filter(execution_id=result["execution_id"], status=Response.SUCCESS).count() == 7
+    assert Response.objects.filter(execution_id=result["execution_id"], status=AgentState.SUCCESS).count() == 7
 
 
 def test_typescript_sdk_progress(fleet, mint):

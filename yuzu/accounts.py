@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from .audit import audit
 from .errors import NotFound
+from .models import AccountLockout
 from .plans import Plan
 
 MAX_FAILURES = 5
@@ -26,8 +27,6 @@ class LockingBackend(ModelBackend):
 
 
 def record_failure(username):
-    from .models import AccountLockout
-
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         return
@@ -43,8 +42,6 @@ def record_failure(username):
 
 
 def plan_unlock_account(principal, username, pinned=None):
-    from .models import AccountLockout
-
     user = get_user_model().objects.filter(username=username).first()
     if user is None or (pinned is not None and (pinned or {}).get("user") not in (None, user.pk)):
         raise NotFound(f"user not found: {username}")
@@ -56,8 +53,6 @@ def plan_unlock_account(principal, username, pinned=None):
 
 
 def unlock_account(principal, username=None, *, cid="", plan=None):
-    from .models import AccountLockout
-
     user = (plan or plan_unlock_account(principal, username)).value
     username = user.get_username()
     was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()

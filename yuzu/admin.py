@@ -14,6 +14,7 @@ from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.dispatch import receiver
 from django.shortcuts import redirect, render
 from django.urls import path
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
@@ -21,8 +22,22 @@ from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 from .accounts import record_failure
 from .audit import audit
 from .auth import MFA_SESSION_KEY
-from .stepup import CODE_REQUIRED, CODE_REUSED, CODE_THROTTLED, CODE_WRONG, code_was_used, prove
-from .models import AccountLockout, ApiToken, AuditEvent, Role, RoleAssignment, RolePermission
+from .models import (
+    AccountLockout,
+    ApiToken,
+    AuditEvent,
+    Role,
+    RoleAssignment,
+    RolePermission,
+)
+from .stepup import (
+    CODE_REQUIRED,
+    CODE_REUSED,
+    CODE_THROTTLED,
+    CODE_WRONG,
+    code_was_used,
+    prove,
+)
 
 DEVICE_REQUIRED = "Choose the authenticator the code comes from."
 NO_DEVICE = "This account has no authenticator set up, so it cannot sign in here. Ask an administrator to add one."
@@ -177,8 +192,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["view"])
     def revoke(self, request, queryset):
-        from django.utils import timezone
-
         ids = list(queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True))
         ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
         for token_id in ids:

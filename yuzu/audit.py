@@ -2,6 +2,8 @@
 
 import logging
 import re
+from datetime import datetime
+from datetime import timezone as tz
 
 from .models import AuditEvent
 
@@ -39,8 +41,6 @@ EPOCH_MAX = 253402300799
 
 def query_audit(*, principal=None, action=None, target_type=None, since=None, until=None, limit=50):
     """Newest first. ``since``/``until`` are epoch seconds; ``action`` matches a prefix."""
-    from datetime import datetime, timezone as tz
-
     qs = AuditEvent.objects.all()
     if principal:
         qs = qs.filter(principal=principal)

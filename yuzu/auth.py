@@ -8,7 +8,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
 from django.utils import timezone
+from django_otp import DEVICE_ID_SESSION_KEY
 
 from .models import ApiToken, hash_secret
 from .policy import TIER_ORDER, tier_allows
@@ -73,9 +75,6 @@ def principal_for_token(raw, *, audiences=(ApiToken.AUDIENCE_API,), now=None):
 
 def principal_for_session(session_key):
     """The admin session cookie: only an OTP-verified staff session authenticates."""
-    from django.contrib.sessions.backends.db import SessionStore
-    from django_otp import DEVICE_ID_SESSION_KEY
-
     if not session_key:
         return None
     store = SessionStore(session_key=session_key)
@@ -94,8 +93,6 @@ def authenticate(headers, cookies=None, *, audiences=(ApiToken.AUDIENCE_API,)):
     if raw:
         return principal_for_token(raw, audiences=audiences)
     if cookies:
-        from django.conf import settings
-
         return principal_for_session(cookies.get(settings.SESSION_COOKIE_NAME))
     return None
 

@@ -20,7 +20,9 @@ import json
 import logging
 from urllib.parse import unquote, urlsplit
 
+from daphne import http_protocol
 from django.conf import settings
+from twisted.web.http import RESPONSES
 
 from .errors import correlation_id
 from .metrics import MCP_BODY_TOO_LARGE
@@ -143,9 +145,6 @@ class BodyLimit:
 
 def install_daphne():
     """Make daphne's requests run the meter while Twisted receives their body (see the module doc)."""
-    from daphne import http_protocol
-    from twisted.web.http import RESPONSES
-
     if getattr(http_protocol.WebRequest, "bounded", False):
         return
 
@@ -186,6 +185,7 @@ def install_daphne():
                 super().requestReceived(command, path, version)
 
         def refuse(self, refusal):
+            # deferred: importing twisted's reactor installs one; daphne installs its own before it runs this
             from twisted.internet import reactor
 
             self.refused = True

@@ -8,6 +8,8 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError
 
+from .secrets import problems
+
 SHOWN = 5
 
 
@@ -58,8 +60,6 @@ def kek_trusted(app_configs, databases=None, **kwargs):
     unreadable (or a wrong key used): the server refuses to start. Only when the database is being checked."""
     if not databases:
         return []
-    from .secrets import problems
-
     try:
         found = problems()
     except DatabaseError:  # not migrated yet: nothing is sealed

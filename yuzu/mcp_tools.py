@@ -1,5 +1,8 @@
 """Core MCP tools (audit, RBAC, API tokens, accounts), the resources, the prompts and the primer."""
 
+from drf_spectacular.generators import SchemaGenerator
+
+from fleet.models import Agent
 from mcp.registry import configure, prompt, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 
@@ -170,8 +173,6 @@ OPERATING_MODEL = """# Operating model
 
 @resource(uri="yuzu://server/health", name="Server health", description="Server status and connected agents.")
 def health_resource(ctx):
-    from fleet.models import Agent
-
     return {"status": "ok", "agents_connected": Agent.objects.filter(connected=True).count()}
 
 
@@ -200,8 +201,6 @@ def operating_model_resource(ctx):
 
 @resource(uri="yuzu://openapi", name="OpenAPI", description="The REST API's OpenAPI 3 document.")
 def openapi_resource(ctx):
-    from drf_spectacular.generators import SchemaGenerator
-
     return SchemaGenerator().get_schema(request=None, public=True)
 
 

@@ -8,10 +8,21 @@ management group. A token acts with its owner's RBAC; an MCP token's tier is an 
 import re
 from dataclasses import dataclass, field
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 
-from .errors import PermissionDenied
-from .models import OPERATIONS, SECURABLES, Role, RoleAssignment, RolePermission
+from fleet.groups import agent_group_ids
+from fleet.models import ManagementGroup
+
+from .errors import NotFound, PermissionDenied
+from .models import (
+    OPERATIONS,
+    SECURABLES,
+    ApiToken,
+    Role,
+    RoleAssignment,
+    RolePermission,
+)
 from .policy import requires_approval, tier_allows, tier_floor
 
 ALL = [(s, o) for s in SECURABLES for o in OPERATIONS]
@@ -92,10 +103,6 @@ class Principal:
     def from_key(cls, key):
         """The principal behind a key as it stands now, or None when its user is inactive or gone, or its
         token is no longer live."""
-        from django.contrib.auth import get_user_model
-
-        from .models import ApiToken
-
         match = re.fullmatch(r"u(\d+)\.(?:t([0-9a-f]+)|s)", key or "")
         if match is None:
             return None
@@ -140,15 +147,11 @@ def may(principal, securable, operation, *, agent=None, group=None):
         gid = getattr(group, "pk", group)
         return gid in scope or _ancestor_granted(gid, scope)
     if agent is not None:
-        from fleet.groups import agent_group_ids
-
         return bool(agent_group_ids(agent) & scope)
     return False
 
 
 def _ancestor_granted(group_id, scope):
-    from fleet.models import ManagementGroup
-
     seen = set()
     current = ManagementGroup.objects.filter(pk=group_id).values_list("parent_id", flat=True).first()
     while current and current not in seen:
@@ -231,8 +234,6 @@ def denial(principal, securable, operation, *, agent=None, group=None):
                                 extra={"granted_on": [], "roles_granting": roles},
                                 remediation=f"ask an administrator to assign you a role that grants {perm} "
                                             f"(admin: {ROLE_ASSIGNMENT_PAGE})")
-    from fleet.models import ManagementGroup
-
     groups = sorted(ManagementGroup.objects.filter(pk__in=scope).values_list("name", flat=True))
     if agent is not None:
         target = {"agent_id": str(getattr(agent, "pk", agent))}
@@ -263,8 +264,6 @@ def list_roles():
 
 
 def role_permissions(name):
-    from .errors import NotFound
-
     role = Role.objects.filter(name=name).first()
     if role is None:
         raise NotFound(f"role not found: {name}")

@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import transaction
 
+from .models import KekVersion
+
 BLOB_VERSION = 1
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -110,8 +112,6 @@ def _write_key(version: int, key: bytes) -> None:
 
 
 def _load(version: int) -> bytes:
-    from .models import KekVersion
-
     with _lock:
         if version in _keys:
             return _keys[version]
@@ -133,8 +133,6 @@ def _load(version: int) -> bytes:
 
 def active_version() -> int:
     """The newest KEK version; the first is created on first use (embedded installs need no set-up)."""
-    from .models import KekVersion
-
     newest = KekVersion.objects.order_by("-version").values_list("version", flat=True).first()
     return newest if newest is not None else create_version()
 
@@ -142,8 +140,6 @@ def active_version() -> int:
 def create_version() -> int:
     """Mint the next KEK version: a new key file, then its row (a crash between them leaves an orphan file,
     which the next attempt refuses to overwrite)."""
-    from .models import KekVersion
-
     with transaction.atomic():
         newest = KekVersion.objects.select_for_update().order_by("-version").first()
         version = (newest.version if newest else 0) + 1
@@ -158,8 +154,6 @@ def create_version() -> int:
 def problems() -> list[str]:
     """Why the keys cannot be trusted (the boot check): every registered version must resolve to a key file
     whose check value matches."""
-    from .models import KekVersion
-
     out = []
     for version in KekVersion.objects.values_list("version", flat=True):
         try:

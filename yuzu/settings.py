@@ -6,9 +6,12 @@ tasks run in-process. ``YUZU_DATABASE_URL=postgres://…`` switches to PostgreSQ
 separate worker processes.
 """
 
+import ipaddress
 import logging
 import os
+import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -46,8 +49,6 @@ def _secret_key():
     # Embedded mode: a per-install random key kept under var/, never in the repository.
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        import secrets
-
         private_file(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
@@ -246,10 +247,6 @@ YUZU_APPROVAL_NOTIFY_BACKOFF = float(os.environ.get("YUZU_APPROVAL_NOTIFY_BACKOF
 
 
 def _check_notification_settings():
-    from urllib.parse import urlsplit
-
-    from django.core.exceptions import ImproperlyConfigured
-
     if YUZU_APPROVAL_WEBHOOK_URL:
         url = urlsplit(YUZU_APPROVAL_WEBHOOK_URL)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -306,8 +303,6 @@ YUZU_OAUTH_CIMD_ALLOWED_NETWORKS = os.environ.get("YUZU_OAUTH_CIMD_ALLOWED_NETWO
 
 
 def _check_oauth_settings():
-    import ipaddress
-
     for net in filter(None, (n.strip() for n in YUZU_OAUTH_CIMD_ALLOWED_NETWORKS.split(","))):
         try:
             ipaddress.ip_network(net, strict=False)

@@ -2,9 +2,12 @@
 
 import time
 
+from django_otp import devices_for_user, match_token
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from .audit import audit
+from .auth import MFA_SESSION_KEY
 from .errors import PermissionDenied
 
 CODE_REQUIRED = "Enter the 6-digit code your authenticator app shows for yuzu."
@@ -52,11 +55,6 @@ def prove(request, code):
     """Check an authenticator code of the signed-in admin user; on success stamp a fresh MFA proof on the
     session and return None, otherwise the message to show. A code is accepted once (django-otp remembers
     the last one used) and a device is throttled after wrong codes. Audited either way."""
-    from django_otp import devices_for_user, match_token
-
-    from .audit import audit
-    from .auth import MFA_SESSION_KEY
-
     code = code.strip() if isinstance(code, str) else ""
     devices = list(devices_for_user(request.user, confirmed=True))
     throttled = bool(devices) and all(not d.verify_is_allowed()[0] for d in devices if hasattr(d, "verify_is_allowed"))

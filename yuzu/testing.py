@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from django.conf import settings
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,9 +37,6 @@ def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
 
 def server_env(**extra):
     """Environment for a server process on the test database (never the caller's ANTHROPIC_*)."""
-    from django.conf import settings
-    from django.db import connection
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     db = connection.settings_dict
     if db["ENGINE"].endswith("sqlite3"):

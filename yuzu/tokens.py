@@ -8,9 +8,11 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from fleet.models import ManagementGroup
+
 from .audit import EPOCH_MAX, audit
 from .errors import NotFound, PermissionDenied, YuzuError
-from .models import ApiToken, MCP_TOKEN_MAX_DAYS, validate_token_fields
+from .models import MCP_TOKEN_MAX_DAYS, ApiToken, validate_token_fields
 from .plans import Plan
 from .policy import TIER_ORDER
 from .rbac import may
@@ -106,8 +108,6 @@ def create_token(principal, *, cid="", plan=None, **request):
 
 
 def _check_service_scope(principal, service):
-    from fleet.models import ManagementGroup
-
     if may(principal, "ManagementGroup", "Write"):
         return
     group = ManagementGroup.objects.filter(name=f"Service: {service}").first()

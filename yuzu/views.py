@@ -1,5 +1,6 @@
 """Health, readiness and metrics."""
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
@@ -20,8 +21,6 @@ def readyz(request):
         checks["database"] = "unavailable"
     if settings.REDIS_URL:
         try:
-            import redis
-
             redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
             checks["redis"] = "ok"
         except Exception:

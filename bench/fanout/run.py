@@ -57,7 +57,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db.models import Count, Max, Min  # noqa: E402
 
 from fleet.management.commands.mint_device_token import mint_device_token  # noqa: E402
-from fleet.models import Agent, AgentExecStatus, AgentInventory, Execution, Response  # noqa: E402
+from fleet.models import Agent, AgentExecStatus, AgentInventory, AgentState, Execution, Response  # noqa: E402
 from yuzu.models import ApiToken  # noqa: E402
 from yuzu.rbac import assign_role, seed_builtin_roles  # noqa: E402
 
@@ -150,7 +150,7 @@ def run_once(client, prefix, n, timeout):
     ex = Execution.objects.get(pk=eid)
     span = AgentExecStatus.objects.filter(execution_id=eid).aggregate(first=Min("first_response_at"),
                                                                        last=Max("completed_at"))
-    stored = Response.objects.filter(execution_id=eid, status=Response.SUCCESS).count()
+    stored = Response.objects.filter(execution_id=eid, status=AgentState.SUCCESS).count()
     if ex.status != "succeeded" or ex.agents_success != n or stored != n:
         return {"error": f"{ex.status}, {ex.agents_success}/{n} succeeded, {stored} rows stored"}
     terminal = completed_at.timestamp() - t0

@@ -2,10 +2,11 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import fleet.models
-import yuzu.models
 from django.conf import settings
 from django.db import migrations, models
+
+import fleet.models
+import yuzu.models
 
 
 class Migration(migrations.Migration):

@@ -15,6 +15,8 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
+import redis
+
 from .backend import configured
 from .metrics import EVICTIONS, TOO_LARGE
 
@@ -181,8 +183,6 @@ class RedisRing(RingStore):
     prefix = "yuzu:mcp:ring:"
 
     def __init__(self, url):
-        import redis
-
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._append = self.redis.register_script(_APPEND)
 

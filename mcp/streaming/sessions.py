@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import redis
+
 from .backend import configured
 
 PER_PRINCIPAL_CAP = 8
@@ -172,8 +174,6 @@ class RedisSessionStore(SessionStore):
     prefix = "yuzu:mcp:"
 
     def __init__(self, url):
-        import redis
-
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._create = self.redis.register_script(_CREATE)
         self._note = self.redis.register_script(_NOTE)

@@ -8,11 +8,13 @@
 
 Re-running it changes nothing and says how to mint a new token for the service identity."""
 
+import io
 import os
 import secrets
 import sys
 from datetime import timedelta
 
+import qrcode
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -80,10 +82,6 @@ class Command(BaseCommand):
 
     def _qr(self, data):
         try:
-            import io
-
-            import qrcode
-
             qr = qrcode.QRCode(border=1)
             qr.add_data(data)
             buf = io.StringIO()

@@ -1,0 +1,144 @@
+"""Agent identity, as the agent socket (fleet.consumers) asks for it: enrolment trades a device token for
+an agent id and credential; register checks the credential and records what the agent reports. Each is
+a cross-model operation in one transaction, audited here; the connection state itself is the Agent
+model's (AgentQuerySet: connect, seen, disconnected). Refused enrolments and registers are audited
+without letting an unauthenticated peer flood the audit log (FailureAudit).
+
+Invariants: a device token never serves more enrolments than its max_uses (DeviceToken.claim is one
+conditional UPDATE); a credential is compared in constant time, against a dummy hash when the agent is
+unknown; the newest connection of an agent wins (Agent.objects.connect)."""
+
+import asyncio
+import contextvars
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from channels.db import database_sync_to_async
+from django.db import transaction
+from django.utils import timezone
+
+from yuzu.audit import audit
+from yuzu.metrics import AGENT_AUTH_FAILURES
+from yuzu.models import hash_secret, new_hex_id
+
+from .models import Agent, AgentInventory, DeviceToken, Tag
+
+AUDIT_WINDOW_S = 60  # refused enrolments/registers: at most one audit row per source address per window
+MAX_AUDIT_SOURCES = 10000  # source addresses tracked at once; beyond that they share one window
+_DUMMY_HASH = hash_secret("no such agent")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The audit row of a refused enrolment or register (written by FailureAudit)."""
+
+    action: str
+    principal: str
+    target_type: str
+    target_id: str
+    detail: str
+
+
+class Refused(Exception):
+    """The token or credential is not accepted (the socket closes 4401)."""
+
+    def __init__(self, message, failure=None):
+        super().__init__(message)
+        self.failure = failure
+
+
+class Superseded(Exception):
+    """A newer connection of this agent has registered (the socket closes 4409)."""
+
+
+def enroll(token, hostname):
+    """Trade a device enrolment token for a new agent identity: returns (agent_id, credential)."""
+    now = timezone.now()
+    dt = DeviceToken.objects.filter(token_hash=hash_secret(token)).first()
+    agent_id, credential = new_hex_id(16), "yza_" + secrets.token_hex(32)
+    with transaction.atomic():
+        claimed = dt is not None and dt.claim(now)
+        if claimed:
+            Agent.objects.create(agent_id=agent_id, hostname=hostname, credential_hash=hash_secret(credential),
+                                 enrolled_at=now)
+    who = f"device_token:{dt.name}" if dt else "device_token:unknown"
+    if not claimed:
+        reason = "unknown token" if dt is None else dt.refusal(now)
+        raise Refused("enrolment refused: the device token is not valid",
+                      Failure("agent.enroll", who, "DeviceToken", dt.id if dt else "",
+                              f"hostname={hostname} reason={reason}"))
+    audit(who, "agent.enroll", "success", target_type="Agent", target_id=agent_id,
+          detail=f"hostname={hostname} device_token={dt.id}")
+    return agent_id, credential
+
+
+def register(agent_id, credential, fields, tags, plugins, opened_at):
+    """Verify the credential (constant time), refresh what the agent reports (``fields``, its tags and its
+    plugin catalogue), mark it connected as of the connection opened at ``opened_at``. Returns the agent's
+    current tags. The newest connection wins: if one opened later has registered already, this one is
+    stale (its agent has reconnected since) and is refused with Superseded, changing nothing."""
+    agent = Agent.objects.filter(pk=agent_id).first()
+    stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
+    if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
+        raise Refused("invalid agent credential",
+                      Failure("agent.register", f"agent:{agent_id}", "Agent", agent_id, "invalid credential"))
+    now = timezone.now()
+    with transaction.atomic():
+        if not Agent.objects.connect(agent_id, opened_at, simulated=bool(fields["attributes"].get("simulated")),
+                                     **fields):
+            raise Superseded("a newer connection of this agent has registered")
+        for key, value in tags.items():
+            Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
+        AgentInventory.objects.store(agent_id, AgentInventory.CATALOGUE, plugins, now)
+    return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value"))
+
+
+# --- refused enrolments and registers: audited, but not one row each ---------------------------
+
+def _audit_failure(source, failure, count=None):
+    """One audit row: a first failure (``count`` None), or the ``count`` failures of a closed window."""
+    detail = (f"{failure.detail} source={source}" if count is None else
+              f"source={source} failures={count} in the last {AUDIT_WINDOW_S} s; last: {failure.detail}")
+    audit(failure.principal, failure.action, "failure", target_type=failure.target_type,
+          target_id=failure.target_id, detail=detail)
+
+
+class FailureAudit:
+    """Refused enrolments and registers, audited without letting an unauthenticated peer flood the
+    audit log: the first failure of a source address (per action) is written at once; the ones after it
+    within AUDIT_WINDOW_S are counted, and written as one row carrying the count when the window ends
+    (which opens the next window). So a source costs at most one row per window. Every failure counts
+    in yuzu_agent_auth_failures_total. Per server process (per event loop, like the consumers' batcher)."""
+
+    def __init__(self):
+        self.loop, self.windows = None, {}
+
+    async def record(self, source, failure):
+        AGENT_AUTH_FAILURES.labels(failure.action.removeprefix("agent.")).inc()
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:
+            self.loop, self.windows = loop, {}
+        if (source, failure.action) not in self.windows and len(self.windows) >= MAX_AUDIT_SOURCES:
+            source = "(many sources)"
+        window = self.windows.get((source, failure.action))
+        if window is not None:
+            window["count"] += 1
+            window["last"] = failure
+            return
+        self.open((source, failure.action))
+        await database_sync_to_async(_audit_failure)(source, failure)
+
+    def open(self, key):
+        self.windows[key] = {"count": 0, "last": None}
+        self.loop.call_later(AUDIT_WINDOW_S, lambda: self.loop.create_task(self.close(key)),
+                             context=contextvars.Context())
+
+    async def close(self, key):
+        window = self.windows.pop(key, None)
+        if window and window["count"]:
+            self.open(key)
+            await database_sync_to_async(_audit_failure)(key[0], window["last"], window["count"])
+
+
+failures = FailureAudit()

@@ -1,0 +1,236 @@
+"""What agents answer, stored: response frames, acknowledgements (``received`` frames) and the sweep's
+timeouts move each target's AgentExecStatus along its AgentState, keep the one Response row of each
+(execution, agent) and the execution's counters, and publish one event per execution that changed
+(fleet.events). The agent consumers of a server process hand their frames to ``responses`` (a
+ResponseBatcher), which stores them in batches; ``expire_overdue`` is the sweep's (fleet.tasks).
+
+Invariants: a target reaches a terminal state once, ever, so a duplicate answer (an agent answering a
+re-sent command with its kept result) is never counted twice; the per-agent rows are locked in id order
+and the counters updated in execution-id order, so concurrent writers (other server processes, the
+sweep) cannot deadlock; the rows are the truth and events are hints."""
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from channels.db import database_sync_to_async
+from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
+
+from . import events
+from .models import AgentExecStatus, AgentState, Execution, Response
+
+log = logging.getLogger("yuzu.fleet")
+
+SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
+RECEIVED = "RECEIVED"  # a frame's status for a `received` frame: an acknowledgement, not an answer
+MAX_BATCH = 1000
+
+
+def record_response(agent_id, frame):
+    """Store one validated response frame from ``agent_id`` (see fleet.consumers) and publish the change."""
+    record_responses([(agent_id, frame)])
+
+
+def record_responses(frames, publish=True):
+    """Store a batch of validated frames ``[(agent_id, frame), …]`` in one transaction, in order, and
+    publish one event per execution that changed (or, with ``publish=False``, leave that to the caller).
+    A frame is an answer (``status`` the name of one of Response.STATES) or an acknowledgement
+    (``status`` RECEIVED, from a ``received`` frame). Returns the changed executions."""
+    _, changed = _apply([(agent_id, f["command_id"], None if f["status"] == RECEIVED else AgentState[f["status"]],
+                          f.get("output") or "", f.get("exit_code"), f.get("error") or "") for agent_id, f in frames])
+    if publish:
+        events.publish(*changed)
+    return changed
+
+
+def _apply(items, acknowledge=True):
+    """Apply ``[(agent_id, command_id, state, output, exit_code, error), …]`` in one transaction, as if one
+    by one in order: the per-agent row moves first (a terminal state is reached once, ever), then the
+    Response row, then the counters with F() expressions. ``output=None`` keeps the stored output. A
+    frame for an unknown command, from an agent that was not targeted, or after the agent's terminal
+    one changes nothing — so a duplicate (an agent answering a re-sent command with its stored result)
+    is never counted twice. Returns (frames that changed something, the changed executions).
+
+    Frames from agents (``acknowledge``) are acknowledgements: the first one for a command sets the
+    row's ``acknowledged_at``. ``state`` None is an acknowledgement and nothing else (a ``received``
+    frame): a ``pending`` or ``dispatched`` row becomes ``running``; no Response row, no counter, no
+    event. The sweep's TIMEOUTs (``acknowledge=False``) acknowledge nothing.
+
+    The per-agent rows are read FOR UPDATE, in id order (SQLite's IMMEDIATE transactions serialise
+    writers anyway), so another writer of the same rows (the sweep, another server process) waits and
+    then sees the state this batch left. The writes are one prepared UPDATE per table run over all
+    rows, a bulk INSERT of new Response rows, and two UPDATEs per execution for the counters."""
+    now = timezone.now()
+    with transaction.atomic():
+        exs = {row["command_id"]: row for row in Execution.objects.filter(
+            command_id__in={i[1] for i in items}).values("id", "plugin", "command_id")}
+        for agent_id, command_id, *_ in items:
+            if command_id not in exs:
+                log.info("response for unknown command %s from %s ignored", command_id, agent_id)
+        items = [i for i in items if i[1] in exs]
+        if not items:
+            return 0, []
+        pairs = {(exs[command_id]["id"], agent_id) for agent_id, command_id, *_ in items}
+        rows = {(r[1], r[2]): r for r in AgentExecStatus.objects.select_for_update().filter(
+            execution_id__in={e for e, _ in pairs}, agent_id__in={a for _, a in pairs}).order_by("id").values_list(
+            "id", "execution_id", "agent_id", "status", "acknowledged_at", "last_sent_at") if (r[1], r[2]) in pairs}
+        final, moved = {}, 0  # (execution id, agent id) → the state this batch leaves
+        for agent_id, command_id, state, output, exit_code, error in items:
+            pair = (exs[command_id]["id"], agent_id)
+            row, before = rows.get(pair), final.get(pair)
+            if row is None or row[3] in Response.TERMINAL or (before and before["state"] in Response.TERMINAL):
+                continue
+            if state is None and (before is not None or row[3] not in (AgentState.PENDING, AgentState.DISPATCHED)):
+                continue  # acknowledged already
+            if output is None and before is not None:
+                output = before["output"]
+            final[pair] = {"id": row[0], "command_id": command_id, "state": state, "output": output,
+                           "exit_code": exit_code, "error": error}
+            moved += 1
+        if not final:
+            return 0, []
+        at = connection.ops.adapt_datetimefield_value(now)
+        answered = {pair: st for pair, st in final.items() if st["state"] is not None}
+        ack = [at] if acknowledge else []
+        _executemany(AgentExecStatus, ["status", "exit_code", "error_detail", "completed_at", "first_response_at"]
+                     + ["acknowledged_at"] * len(ack),
+                     [(st["state"].value, st["exit_code"], st["error"], at if st["state"] in Response.TERMINAL
+                       else None, at, *ack, st["id"]) for st in answered.values()])
+        _executemany(AgentExecStatus, ["status", "acknowledged_at"],
+                     [(AgentState.RUNNING.value, at, st["id"]) for st in final.values() if st["state"] is None])
+        _store_responses(answered, exs, now, at)
+        counts = {}  # execution id → [terminal, success]
+        for (ex_id, _), st in answered.items():
+            if st["state"] in Response.TERMINAL:
+                c = counts.setdefault(ex_id, [0, 0])
+                c[0], c[1] = c[0] + 1, c[1] + int(st["state"] == AgentState.SUCCESS)
+        for ex_id, (responded, success) in sorted(counts.items()):  # one lock order: no deadlocks
+            Execution.objects.filter(pk=ex_id).update(
+                agents_responded=F("agents_responded") + responded, agents_success=F("agents_success") + success,
+                agents_failure=F("agents_failure") + (responded - success))
+            Execution.objects.filter(pk=ex_id, status=Execution.Status.RUNNING,
+                                     agents_responded__gte=F("agents_targeted")).update(
+                status=Case(When(agents_failure=0, then=Value(Execution.Status.SUCCEEDED)),
+                            default=Value(Execution.Status.COMPLETED)), completed_at=now)
+    if acknowledge:
+        for pair in final:
+            acknowledged_at, last_sent_at = rows[pair][4:]
+            if acknowledged_at is None and last_sent_at is not None:
+                FLEET_COMMAND_ACK_SECONDS.observe(max((now - last_sent_at).total_seconds(), 0.0))
+    return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in answered}))
+
+
+def _store_responses(final, exs, now, at):
+    """The one Response row of each (execution, agent): created, or updated in place."""
+    plugin = {row["id"]: row["plugin"] for row in exs.values()}
+    existing = dict(((e, a), pk) for pk, e, a in Response.objects.filter(
+        execution_id__in={e for e, _ in final}, agent_id__in={a for _, a in final}).values_list(
+        "id", "execution_id", "agent_id") if (e, a) in final)
+    new, update, update_output = [], [], []
+    for (ex_id, agent_id), st in final.items():
+        pk = existing.get((ex_id, agent_id))
+        if pk is None:
+            new.append(Response(execution_id=ex_id, agent_id=agent_id, instruction_id=st["command_id"],
+                                status=st["state"], output=st["output"] or "", exit_code=st["exit_code"],
+                                error_detail=st["error"], timestamp=now, plugin=plugin[ex_id]))
+            continue
+        fields = (st["command_id"], st["state"].value, st["exit_code"], st["error"], at, plugin[ex_id])
+        if st["output"] is None:
+            update.append((*fields, pk))
+        else:
+            update_output.append((*fields, st["output"], pk))
+    Response.objects.bulk_create(new, batch_size=500)
+    columns = ["instruction_id", "status", "exit_code", "error_detail", "timestamp", "plugin"]
+    _executemany(Response, columns, update)
+    _executemany(Response, columns + ["output"], update_output)
+
+
+def _executemany(model, columns, rows):
+    """``UPDATE <table> SET <column> = %s, … WHERE id = %s`` once per row of parameters, as one prepared
+    statement (per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more in Python).
+    ``first_response_at`` and ``acknowledged_at`` keep their value once set."""
+    if not rows:
+        return
+    q = connection.ops.quote_name
+    sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c in ("first_response_at", "acknowledged_at") else f"{q(c)} = %s"
+                     for c in columns)
+    with connection.cursor() as cursor:
+        cursor.executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
+
+
+def expire_overdue(now=None, limit=5000):
+    """Mark agents that gave no terminal response before their command expired as TIMEOUT (a stored
+    TIMEOUT Response that keeps any partial output, counted like any other). Returns how many."""
+    cutoff = (now or timezone.now()) - SWEEP_GRACE
+    rows = list(AgentExecStatus.objects.filter(execution__expires_at__lt=cutoff)
+                .exclude(status__in=Response.TERMINAL)
+                .exclude(execution__status=Execution.Status.CANCELLED, status=AgentState.PENDING)
+                .values_list("agent_id", "execution__command_id")[:limit])
+    if not rows:
+        return 0
+    timed_out, changed = _apply([(agent_id, command_id, AgentState.TIMEOUT, None, None,
+                                  "no terminal response before the command expired") for agent_id, command_id in rows],
+                                acknowledge=False)
+    events.publish(*changed)
+    return timed_out
+
+
+# --- frames batched across the agent connections of this process ---------------------------------
+
+class ResponseBatcher:
+    """Stores the response frames of every agent connection of this server process, a batch per
+    database hop: while one batch is being written, the frames that arrive meanwhile queue up and go
+    together in the next (``record_responses``: one transaction, a handful of queries and one event per
+    execution, whatever the batch size). A lone frame is written at once. The events are published from
+    the event loop, so the database thread never waits on the channel layer.
+
+    ``record`` returns once the frame is stored, so each connection keeps its order (its next message
+    is handled after its previous frame is in the database). A batch that fails is retried frame by
+    frame, so one bad frame fails only its own connection."""
+
+    def __init__(self):
+        self.loop, self.queue, self.task = None, [], None
+
+    async def record(self, agent_id, frame):
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # a new event loop (tests): nothing queued on the old one survives it
+            self.loop, self.queue, self.task = loop, [], None
+        done = loop.create_future()
+        self.queue.append((agent_id, frame, done))
+        if self.task is None:
+            self.task = loop.create_task(self.drain())
+        await done
+
+    async def drain(self):
+        try:
+            while self.queue:
+                batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
+                try:
+                    changed = await database_sync_to_async(record_responses)([(a, f) for a, f, _ in batch],
+                                                                             publish=False)
+                except Exception:
+                    log.warning("storing a batch of %d responses failed; retrying one by one", len(batch),
+                                exc_info=True)
+                    for agent_id, frame, done in batch:
+                        try:
+                            await database_sync_to_async(record_response)(agent_id, frame)
+                        except Exception as exc:
+                            _settle(done, exc)
+                else:
+                    await events.apublish(*changed)
+                for *_, done in batch:
+                    _settle(done)
+        finally:
+            self.task = None
+
+
+def _settle(future, exc=None):
+    if not future.done():
+        future.set_exception(exc) if exc is not None else future.set_result(None)
+
+
+responses = ResponseBatcher()
