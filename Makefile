@@ -1,5 +1,5 @@
 # yuzu: two commands. `make run` serves with embedded defaults (SQLite, in-memory channel layer,
-# in-process worker, a local agent); `make test` runs the suite. Set YUZU_DATABASE_URL and
+# in-process worker, a local agent); `make test` runs mypy and the suite. Set YUZU_DATABASE_URL and
 # YUZU_REDIS_URL to use PostgreSQL, Redis and separate Celery workers instead.
 PYTHON ?= python3
 VENV := .venv
@@ -14,6 +14,7 @@ run: deps
 	$(PY) manage.py serve
 
 test: test-deps
+	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The adversarial suite's full runs (docs/security.md): the fuzz and the approval properties at full counts

@@ -36,8 +36,7 @@ class WorkerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(str(exc)) from None
         if principal is None:
             return None
-        request._request.principal = principal
-        return (principal.user, principal)
+        return (principal.user, principal)  # request.auth is the principal (yuzu.api.views.principal_of)
 
     def authenticate_header(self, request):
         return 'Bearer realm="yuzu"'

@@ -128,7 +128,7 @@ def _parse_rules(data: Any, source: str) -> ScreenRules:
         if not isinstance(name, str) or not name:
             raise RulesError(f"{where}: 'name' must be a non-empty string")
         try:
-            status = AgentStatus(raw.get("status"))
+            status = AgentStatus(raw.get("status", ""))
         except ValueError:
             status = None
         if status not in _RULE_STATUSES:

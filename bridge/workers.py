@@ -42,7 +42,7 @@ from .terminal import TerminalError, TmuxBackend
 
 log = logging.getLogger("yuzu.bridge")
 
-_backends = {}
+_backends: dict[str, TmuxBackend] = {}
 
 
 def backend(socket_name=None):

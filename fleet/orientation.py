@@ -41,7 +41,7 @@ SUMMARY_SCHEMA = obj({"kind": string(32), "narrative": string(8192),
                       "items": array({"type": "object"}), "resource_links": array(string(256))},
                      ["kind", "narrative", "items"])
 
-_cache = {}
+_cache: dict[str, dict] = {}  # principal key -> its last fleet_posture
 _cache_lock = threading.Lock()
 
 

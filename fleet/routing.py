@@ -1,6 +1,6 @@
 """WebSocket routes of the fleet app; yuzu/asgi.py mounts them under its URLRouter."""
 
-from django.urls import path
+from yuzu.routing import path
 
 from .consumers import AgentConsumer
 

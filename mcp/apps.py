@@ -1,8 +1,12 @@
+from collections.abc import Iterator, Sequence
+from typing import Any
+
 from django.apps import AppConfig
 from django.core import checks
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from yuzu.jsondata import JsonObject
 from yuzu.policy import requires_approval
 
 from .registry import EFFECTS, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
@@ -12,7 +16,7 @@ class McpConfig(AppConfig):
     name = "mcp"
     verbose_name = "MCP server"
 
-    def ready(self):
+    def ready(self) -> None:
         # deferred: apps.py is imported before any model can be, and listing's imports need models
         from .listing import connect_signals
 
@@ -20,15 +24,15 @@ class McpConfig(AppConfig):
         connect_signals()  # a role change re-fits the listed sessions' catalogues (tools/list_changed)
 
 
-def registry_check(app_configs=None, **kwargs):
+def registry_check(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Registry drift fails `manage.py check` (and so every test run)."""
     # deferred: apps.py is imported before any model can be
     from yuzu.models import OPERATIONS, SECURABLES
 
     autodiscover()
-    errors = []
+    errors: list[checks.CheckMessage] = []
 
-    def err(msg, obj, id_):
+    def err(msg: str, obj: str, id_: str) -> None:
         errors.append(checks.Error(msg, obj=obj, id=id_))
 
     for cat in _catalogues.values():
@@ -62,12 +66,12 @@ def registry_check(app_configs=None, **kwargs):
     return errors
 
 
-def _is_string(schema):
+def _is_string(schema: JsonObject) -> bool:
     t = schema.get("type")
     return t == "string" or (isinstance(t, list) and "string" in t)
 
 
-def _free_text(schema, path=""):
+def _free_text(schema: JsonObject, path: str = "") -> Iterator[tuple[str, JsonObject]]:
     """String schemas without maxLength/enum/const (bounded input schemas): properties, array items and
     additionalProperties, however deep."""
     children = [(f"{path}.{name}" if path else name, prop) for name, prop in (schema.get("properties") or {}).items()]
@@ -83,7 +87,7 @@ def _free_text(schema, path=""):
         yield from _free_text(prop, pname)
 
 
-def _unbounded_integers(schema, prefix=""):
+def _unbounded_integers(schema: JsonObject, prefix: str = "") -> Iterator[str]:
     """Integer properties without both bounds (an out-of-range number must be a -32602, never a crash)."""
     for pname, prop in (schema.get("properties") or {}).items():
         if not isinstance(prop, dict):

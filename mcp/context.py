@@ -1,4 +1,19 @@
+from __future__ import annotations
+
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from yuzu.jsondata import JsonObject
+
+if TYPE_CHECKING:
+    from yuzu.plans import Plan
+    from yuzu.rbac import Principal
+
+    from .jsonrpc import RequestId
+
+#: (progress, total, terminal): how far the followed work is
+Snapshot = tuple[int, int, bool]
 
 
 @dataclass
@@ -6,34 +21,44 @@ class FollowSpec:
     """What a tool handler asks to follow (set through ToolContext.follow); mcp.streaming.follower reports it."""
 
     group: str  # channel-layer group whose messages announce a change
-    snapshot: object  # sync () -> (progress, total, terminal)
-    final: object  # sync () -> structured result for the final frame
-    meta: dict
+    snapshot: Callable[[], Snapshot]  # sync
+    final: Callable[[], JsonObject]  # sync: the structured result for the final frame
+    meta: JsonObject
     message: str = ""
+
+
+class CallExtras(TypedDict, total=False):
+    """What the transport tells a call besides its arguments."""
+
+    protocol_version: str  # the session's negotiated MCP revision
+    client: dict[str, str | None]  # the session's clientInfo: {"name", "version"} (shown to approvers; never trusted)
+    progress_mode: str | None  # "post" (SSE on this response) | "get" (progress on the GET channel) | None
+    admitted: str  # the ring key of a streamed POST admitted before the tool ran (mcp.streaming.admission)
 
 
 @dataclass
 class ToolContext:
     """What a tool handler knows about its call. Identity comes from the connection only."""
 
-    principal: object  # yuzu.rbac.Principal
+    principal: Principal
     cid: str  # the correlation id minted for this call
     tool: str = ""
     catalogue: str = "v1"
     session_id: str | None = None
-    request_id: object = None
-    progress_token: object = None
-    approval: object = None  # the consumed approval ticket on a gated recall
-    plan: object = None  # the call's mcp.registry.Plan, worked out before any side effect
-    detail: list = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
-    extra: dict = field(default_factory=dict)  # transport-provided extras (e.g. a progress sink)
+    request_id: RequestId = None
+    progress_token: str | int | None = None
+    approval: object = None  # the consumed approval ticket on a gated recall (the approvals app's)
+    plan: Plan[Any] | None = None  # the call's Plan, worked out before any side effect
+    detail: list[str] = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
+    extra: CallExtras = field(default_factory=CallExtras)
 
     following: FollowSpec | None = None  # set by follow()
 
-    def note(self, text):
+    def note(self, text: str) -> None:
         self.detail.append(text)
 
-    def follow(self, group, *, snapshot, final, meta=None, message=""):
+    def follow(self, group: str, *, snapshot: Callable[[], Snapshot], final: Callable[[], JsonObject],
+               meta: JsonObject | None = None, message: str = "") -> None:
         """Report progress of the work this call started: ``group`` is the channel-layer group announcing
         changes; ``snapshot()`` → (progress, total, terminal); ``final()`` → the structured result sent
         last on a streamed POST. A no-op unless the caller sent a progressToken on a session."""

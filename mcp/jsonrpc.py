@@ -4,9 +4,14 @@ Every error object carries ``data.correlation_id`` (docs/mcp.md, "Errors"); the 
 the X-Correlation-Id header (``correlation_of``)."""
 
 import json
+from typing import Any
 
-from yuzu.errors import correlation_id
 from yuzu import jsondata
+from yuzu.errors import correlation_id
+from yuzu.jsondata import JsonObject
+
+#: a request id as the client sent it (a string or an integer), or None where there is none to echo
+RequestId = str | int | None
 
 MAX_DEPTH = 32
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
@@ -17,7 +22,8 @@ NOT_ACCEPTABLE, STREAM_CAP, STREAM_POISONED, TERMINAL_UNAVAILABLE = -32011, -320
 
 
 class RpcError(Exception):
-    def __init__(self, code, message, data=None, *, http_status=200, headers=None):
+    def __init__(self, code: int, message: str, data: JsonObject | str | None = None, *, http_status: int = 200,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -25,18 +31,18 @@ class RpcError(Exception):
         self.http_status = http_status
         self.headers = headers or {}
 
-    def to_dict(self):
+    def to_dict(self) -> JsonObject:
         if not isinstance(self.data, dict):
             self.data = {} if self.data is None else {"detail": self.data}
         self.data.setdefault("correlation_id", correlation_id())
         return {"code": self.code, "message": self.message, "data": self.data}
 
 
-def error_response(req_id, err):
+def error_response(req_id: RequestId, err: RpcError) -> JsonObject:
     return {"jsonrpc": "2.0", "id": req_id, "error": err.to_dict()}
 
 
-def correlation_of(body):
+def correlation_of(body: object) -> str | None:
     """The correlation id of a response body's error, stamping one into an error that has none; None for a
     body that is not an error. The transport sends it as the X-Correlation-Id header."""
     err = body.get("error") if isinstance(body, dict) else None
@@ -45,15 +51,16 @@ def correlation_of(body):
     data = err.get("data")
     if not isinstance(data, dict):
         data = err["data"] = {} if data is None else {"detail": data}
-    return data.setdefault("correlation_id", correlation_id())
+    cid: str = data.setdefault("correlation_id", correlation_id())
+    return cid
 
 
-def result_response(req_id, result):
+def result_response(req_id: RequestId, result: object) -> JsonObject:
     return {"jsonrpc": "2.0", "id": req_id, "result": result}
 
 
-def _depth_ok(value, limit=MAX_DEPTH):
-    stack = [(value, 1)]
+def _depth_ok(value: object, limit: int = MAX_DEPTH) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         v, d = stack.pop()
         if isinstance(v, (dict, list)):
@@ -64,7 +71,7 @@ def _depth_ok(value, limit=MAX_DEPTH):
     return True
 
 
-def parse_message(body):
+def parse_message(body: bytes | str) -> JsonObject:
     """Bytes → one JSON-RPC message dict, or RpcError (HTTP 400) for the framing failures."""
     try:
         msg = jsondata.loads(body)
@@ -93,5 +100,5 @@ def parse_message(body):
     return msg
 
 
-def dumps(obj):
+def dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

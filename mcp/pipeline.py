@@ -10,14 +10,18 @@ checks in one hop, await the handler on the event loop, then audit in a second h
 import json
 import logging
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from jsonschema.exceptions import ValidationError as SchemaError
 
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.errors import PermissionDenied, YuzuError, invalid_input
+from yuzu.errors import YuzuError, invalid_input
+from yuzu.jsondata import JsonObject
 from yuzu.metrics import (
     MCP_APPROVAL_BURNED,
     MCP_TOOL_ARGS_INVALID,
@@ -29,59 +33,71 @@ from yuzu.models import OPERATIONS, SECURABLES
 from yuzu.policy import requires_approval, tier_allows
 
 from . import jsonrpc as rpc
-from .registry import ToolFailure, catalogue
+from .context import ToolContext
+from .registry import SyncHandler, Tool, ToolFailure, catalogue
 from .schema import error_path, first_error
 
 log = logging.getLogger("yuzu.mcp")
 
+P = ParamSpec("P")
+R = TypeVar("R")
+#: gate(ctx, tool, args, approval_id) -> the consumed ticket; it plans the call (ctx.plan) and raises
+#: rpc.RpcError on every refusal (a mint answers -32006 with the new ticket's id)
+ApprovalGate = Callable[[ToolContext, Tool, JsonObject, "str | None"], object]
+#: what refuses a caller a tool whatever the arguments: (rpc code, the refusal, audit detail)
+Refusal = tuple[int, YuzuError, str]
+
 # The approval gate is plugged in by the approvals app (AppConfig.ready); without one, gated calls
 # take the seed's degraded path: -32004 with no ticket.
-_approval_gate = None
+_approval_gate: ApprovalGate | None = None
 
 
-def hop(fn):
+def hop(fn: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     """One worker-thread hop with Django's connection hygiene; not pinned to a single thread, so
     concurrent calls use concurrent database connections."""
     return database_sync_to_async(fn, thread_sensitive=False)
 
 
-def set_approval_gate(gate):
+def set_approval_gate(gate: ApprovalGate | None) -> None:
     global _approval_gate
     _approval_gate = gate
 
 
-def approval_gate():
+def approval_gate() -> ApprovalGate | None:
     return _approval_gate
 
 
-def a4(cid, retry_after_ms=None, remediation=None, **extra):
-    data = {"correlation_id": cid, "retry_after_ms": retry_after_ms, "remediation": remediation}
+def a4(cid: str, retry_after_ms: int | None = None, remediation: str | None = None, **extra: object) -> JsonObject:
+    data: JsonObject = {"correlation_id": cid, "retry_after_ms": retry_after_ms, "remediation": remediation}
     data.update(extra)
     return data
 
 
-def _audit(ctx, result, detail=""):
+def _audit(ctx: ToolContext, result: str, detail: str = "") -> bool:
     parts = [p for p in [detail] + ctx.detail if p]
     return audit(ctx.principal, f"mcp.{ctx.tool}", result, target_type="mcp_tool", target_id=ctx.tool,
                  detail=" ".join(parts), correlation_id=ctx.cid)
 
 
-def _deny(ctx, code, message, result="denied", detail="", stamp_cid=False, **data):
+def _deny(ctx: ToolContext, code: int, message: str, result: str = "denied", detail: str = "", stamp_cid: bool = False,
+          remediation: str | None = None, **extra: object) -> NoReturn:
     _audit(ctx, result, detail + (f" correlation_id={ctx.cid}" if stamp_cid else ""))
     MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
-    raise rpc.RpcError(code, message, a4(ctx.cid, **data))
+    data = a4(ctx.cid, remediation=remediation)
+    data.update(extra)
+    raise rpc.RpcError(code, message, data)
 
 
-def schema_error_message(error):
+def schema_error_message(error: SchemaError) -> str:
     return f"arguments do not match the tool input schema at '{error_path(error)}': {error.message}"
 
 
-def check_arguments(tool, arguments):
+def check_arguments(tool: Tool, arguments: JsonObject) -> SchemaError | None:
     """Returns None or the first validation error, deterministic (by path)."""
     return first_error(tool.input_schema, arguments)
 
 
-def pre_checks(ctx, name, arguments):
+def pre_checks(ctx: ToolContext, name: object, arguments: object) -> tuple[Tool, JsonObject]:
     """Everything before the handler: knownness, kill switch, service scope, tier, schema, RBAC, the
     tool's own validation (its Plan) and the approval gate. Returns (tool, handler_arguments); the Plan
     is on ``ctx.plan``."""
@@ -127,14 +143,14 @@ def pre_checks(ctx, name, arguments):
         else:
             ctx.plan = tool.plan(ctx, args)
     except (YuzuError, ValidationError) as exc:
-        exc = invalid_input(exc) if isinstance(exc, ValidationError) else exc
+        err = invalid_input(exc) if isinstance(exc, ValidationError) else exc
         # The call's own validation (or its object permission) refused it before anything happened (no ticket,
         # nothing consumed).
-        _refuse(ctx, exc.rpc_code, exc, result=exc.audit_result)
+        _refuse(ctx, err.rpc_code, err, result=err.audit_result)
     return tool, args
 
 
-def standing_refusal(principal, tool):
+def standing_refusal(principal: rbac.Principal, tool: Tool) -> Refusal | None:
     """What refuses this caller the tool whatever the arguments, before RBAC: the read-only kill switch, the
     service scope, the tier ceiling. → (rpc code, YuzuError, audit detail) or None. tools/list fits the
     catalogue to the caller with it too."""
@@ -155,19 +171,19 @@ def standing_refusal(principal, tool):
     return None
 
 
-def _refuse(ctx, code, exc, detail="", result="denied"):
+def _refuse(ctx: ToolContext, code: int, exc: YuzuError, detail: str = "", result: str = "denied") -> NoReturn:
     """Answer a YuzuError as the JSON-RPC error ``code``: its message, remediation, permission and extras."""
     _audit(ctx, result, detail)
     MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
     raise as_rpc_error(code, exc, ctx.cid)
 
 
-def as_rpc_error(code, exc, cid):
+def as_rpc_error(code: int, exc: YuzuError, cid: str) -> rpc.RpcError:
     """A YuzuError as the JSON-RPC error ``code`` with the A4 data (yuzu.errors.YuzuError.envelope)."""
     return rpc.RpcError(code, exc.message, exc.envelope(cid))
 
 
-def _rbac_allows(principal, tool, args):
+def _rbac_allows(principal: rbac.Principal, tool: Tool, args: JsonObject) -> bool:
     """The tool's object permission when it declares one, else the permission on any scope (admit, then
     the handler filters what the caller may see)."""
     if tool.object_permission is not None:
@@ -175,15 +191,15 @@ def _rbac_allows(principal, tool, args):
     return rbac.has_any(principal, tool.securable, tool.operation)
 
 
-def tool_result(structured, is_error=False):
+def tool_result(structured: JsonObject, is_error: bool = False) -> JsonObject:
     text = json.dumps(structured, ensure_ascii=False, default=str)
-    result = {"content": [{"type": "text", "text": text}], "structuredContent": structured}
+    result: JsonObject = {"content": [{"type": "text", "text": text}], "structuredContent": structured}
     if is_error:
         result["isError"] = True
     return result
 
 
-def finish(ctx, tool, outcome):
+def finish(ctx: ToolContext, tool: Tool, outcome: JsonObject | ToolFailure | YuzuError) -> JsonObject:
     """Turn the handler's outcome (a dict, ToolFailure or YuzuError) into a result; write the audit row."""
     if isinstance(outcome, ToolFailure):
         if ctx.approval is not None:
@@ -203,12 +219,13 @@ def finish(ctx, tool, outcome):
     return tool_result(outcome)
 
 
-def run_sync(ctx, name, arguments):
+def run_sync(ctx: ToolContext, name: object, arguments: object) -> JsonObject:
     """Checks, handler and audit in one hop (sync tools)."""
     start = time.perf_counter()
     tool, args = pre_checks(ctx, name, arguments)
+    outcome: JsonObject | ToolFailure | YuzuError
     try:
-        outcome = tool.handler(ctx, args)
+        outcome = cast(SyncHandler, tool.handler)(ctx, args)  # an async tool's handler is awaited by the transport
     except (ToolFailure, YuzuError) as exc:
         outcome = exc
     except ValidationError as exc:
@@ -221,7 +238,7 @@ def run_sync(ctx, name, arguments):
         MCP_TOOL_LATENCY.labels(tool.name).observe(time.perf_counter() - start)
 
 
-def internal_error(ctx):
+def internal_error(ctx: ToolContext) -> YuzuError:
     """A handler bug: logged with the correlation id, answered -32603 without a stack trace."""
     log.exception("tool %s failed (%s)", ctx.tool, ctx.cid)
     return YuzuError("internal error", status=500, rpc_code=rpc.INTERNAL_ERROR,

@@ -17,12 +17,21 @@ JSON-RPC errors and ``ToolFailure`` for a business failure (a result with ``isEr
 
 import asyncio
 import importlib
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, TypeVar
 
 from django.apps import apps
 
-from yuzu.plans import Plan  # noqa: F401  (tools build Plans; see yuzu.plans)
+from yuzu.jsondata import JsonObject
+from yuzu.plans import Plan
 from yuzu.policy import requires_approval
+
+from .context import ToolContext
+from .schema import Schema
+
+if TYPE_CHECKING:
+    from yuzu.rbac import Principal
 
 DEFAULT_CATALOGUE = "v1"
 EFFECTS = ("read", "additive", "destructive")
@@ -32,10 +41,42 @@ SERVICE_SCOPE_CLASSES = ("denied", "confined")
 class ToolFailure(Exception):
     """A tool's own business failure: answered as a result with ``isError: true``."""
 
-    def __init__(self, message, data=None):
+    def __init__(self, message: str, data: JsonObject | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.data = data or {}
+
+
+#: a sync handler: the call's structured result
+SyncHandler = Callable[[ToolContext, JsonObject], JsonObject]
+#: an async handler (``async def``), awaited on the event loop
+AsyncHandler = Callable[[ToolContext, JsonObject], Awaitable[JsonObject]]
+Handler = SyncHandler | AsyncHandler
+H = TypeVar("H", bound=Handler)
+#: allows(principal, tool, args) -> bool; it may raise yuzu.errors.YuzuError to say why it refuses
+ObjectPermission = Callable[["Principal", "Tool", JsonObject], bool]
+#: precondition(ctx, args) -> bool: checked on a gated recall before the ticket is consumed
+Precondition = Callable[[ToolContext, JsonObject], bool]
+#: reader(ctx) -> the resource's text, or a JSON value sent as its text
+Reader = Callable[[ToolContext], object]
+R = TypeVar("R", bound=Reader)
+#: render(values) -> the prompt's text; values are the arguments normalised (mcp.prompts.render_prompt)
+Render = Callable[[dict[str, str | None]], str]
+P = TypeVar("P", bound=Render)
+
+
+class Prepare(Protocol):
+    """A tool's one validation: its Plan, or a refusal (yuzu.plans). ``pinned``: what an approval pinned."""
+
+    def __call__(self, ctx: ToolContext, args: JsonObject, /, pinned: JsonObject | None = None) -> Plan[Any]: ...
+
+
+class PromptArgument(TypedDict):
+    name: str
+    description: str
+    required: bool
+    enum: NotRequired[list[str]]  # a closed set: a value outside it is replaced by ``default`` (or the first)
+    default: NotRequired[str]
 
 
 @dataclass
@@ -45,9 +86,9 @@ class Tool:
     description: str
     securable: str
     operation: str
-    input_schema: dict
-    output_schema: dict | None
-    handler: object
+    input_schema: Schema
+    output_schema: Schema | None
+    handler: Handler
     effect: str = "read"
     idempotent: bool = True
     service_scope: str = "denied"
@@ -55,35 +96,35 @@ class Tool:
     # Object-level permission (DRF's has_object_permission): allows(principal, tool, args) -> bool, declared
     # by the app that owns the object (it may raise yuzu.errors.PermissionDenied to say why it refuses);
     # without it RBAC asks for the permission on any scope.
-    object_permission: object = None
+    object_permission: ObjectPermission | None = None
     catalogue: str = DEFAULT_CATALOGUE
     poll: bool = False
-    precondition: object = None
-    prepare: object = None  # prepare(ctx, args, pinned=None) -> yuzu.plans.Plan: the tool's one validation
+    precondition: Precondition | None = None
+    prepare: Prepare | None = None
     progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
     module: str = ""
 
     @property
-    def is_async(self):
+    def is_async(self) -> bool:
         return asyncio.iscoroutinefunction(self.handler)
 
     @property
-    def gate_capable(self):
+    def gate_capable(self) -> bool:
         """Approval-gated on some tier: its schema carries approval_id, which the handler never sees."""
         return any(requires_approval(t, self.securable, self.operation) for t in ("operator", "supervised"))
 
-    def plan(self, ctx, args, pinned=None):
+    def plan(self, ctx: ToolContext, args: JsonObject, pinned: JsonObject | None = None) -> Plan[Any]:
         """The call's Plan: the tool's own ``prepare``, or the arguments as they are."""
         if self.prepare is not None:
             return self.prepare(ctx, args, pinned=pinned)
         return Plan(summary=f"{self.title}", value=args, risk=self.effect)
 
     @property
-    def is_write(self):
+    def is_write(self) -> bool:
         return self.operation != "Read"
 
-    def listing(self):
-        item = {
+    def listing(self) -> JsonObject:
+        item: JsonObject = {
             "name": self.name,
             "title": self.title,
             "description": self.description,
@@ -109,10 +150,10 @@ class Resource:
     mime_type: str
     securable: str
     operation: str
-    reader: object
+    reader: Reader
     catalogue: str = DEFAULT_CATALOGUE
 
-    def listing(self):
+    def listing(self) -> JsonObject:
         return {"uri": self.uri, "name": self.name, "description": self.description, "mimeType": self.mime_type}
 
 
@@ -120,28 +161,30 @@ class Resource:
 class Prompt:
     name: str
     description: str
-    arguments: list  # [{"name", "description", "required", "enum"?}]
-    render: object  # render(args: dict of normalised values) -> str
+    arguments: list[PromptArgument]
+    render: Render
     catalogue: str = DEFAULT_CATALOGUE
 
-    def listing(self):
+    def listing(self) -> JsonObject:
         return {"name": self.name, "description": self.description,
-                "arguments": [{k: a[k] for k in ("name", "description", "required") if k in a} for a in self.arguments]}
+                "arguments": [{"name": a["name"], "description": a["description"], "required": a["required"]}
+                              for a in self.arguments]}
 
 
 @dataclass
 class Catalogue:
     name: str
-    tools: dict = field(default_factory=dict)
-    resources: dict = field(default_factory=dict)
-    prompts: dict = field(default_factory=dict)
-    duplicates: list = field(default_factory=list)
+    tools: dict[str, Tool] = field(default_factory=dict)
+    resources: dict[str, Resource] = field(default_factory=dict)
+    prompts: dict[str, Prompt] = field(default_factory=dict)
+    duplicates: list[str] = field(default_factory=list)
     server_name: str = "yuzu-server"
     instructions: str = ""
-    audiences: tuple = ("api",)  # which token audiences may call this catalogue's endpoint
+    audiences: tuple[str, ...] = ("api",)  # which token audiences may call this catalogue's endpoint
 
 
-def configure(name, *, server_name=None, instructions=None, audiences=None):
+def configure(name: str, *, server_name: str | None = None, instructions: str | None = None,
+              audiences: Iterable[str] | None = None) -> Catalogue:
     """An app describes the endpoint serving its catalogue (the primer clients get on initialize)."""
     cat = _cat(name)
     if server_name is not None:
@@ -153,22 +196,24 @@ def configure(name, *, server_name=None, instructions=None, audiences=None):
     return cat
 
 
-_catalogues: dict = {}
+_catalogues: dict[str, Catalogue] = {}
 
 
-def catalogue(name=DEFAULT_CATALOGUE):
+def catalogue(name: str = DEFAULT_CATALOGUE) -> Catalogue:
     autodiscover()
     return _catalogues.setdefault(name, Catalogue(name))
 
 
-def _cat(name):
+def _cat(name: str) -> Catalogue:
     return _catalogues.setdefault(name, Catalogue(name))
 
 
-def tool(*, name, title, description, securable, operation, input_schema, output_schema=None, effect=None,
-         idempotent=None, service_scope="denied", rbac=True, object_permission=None, catalogue=DEFAULT_CATALOGUE,
-         poll=False, precondition=None, prepare=None, progress=False):
-    def register(fn):
+def tool(*, name: str, title: str, description: str, securable: str, operation: str, input_schema: Schema,
+         output_schema: Schema | None = None, effect: str | None = None, idempotent: bool | None = None,
+         service_scope: str = "denied", rbac: bool = True, object_permission: ObjectPermission | None = None,
+         catalogue: str = DEFAULT_CATALOGUE, poll: bool = False, precondition: Precondition | None = None,
+         prepare: Prepare | None = None, progress: bool = False) -> Callable[[H], H]:
+    def register(fn: H) -> H:
         eff = effect or ("read" if operation == "Read" else "destructive")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
@@ -184,17 +229,18 @@ def tool(*, name, title, description, securable, operation, input_schema, output
     return register
 
 
-def resource(*, uri, name, description, securable="Infrastructure", operation="Read", mime_type="application/json",
-             catalogue=DEFAULT_CATALOGUE):
-    def register(fn):
+def resource(*, uri: str, name: str, description: str, securable: str = "Infrastructure", operation: str = "Read",
+             mime_type: str = "application/json", catalogue: str = DEFAULT_CATALOGUE) -> Callable[[R], R]:
+    def register(fn: R) -> R:
         _cat(catalogue).resources[uri] = Resource(uri, name, description, mime_type, securable, operation, fn, catalogue)
         return fn
 
     return register
 
 
-def prompt(*, name, description, arguments=(), catalogue=DEFAULT_CATALOGUE):
-    def register(fn):
+def prompt(*, name: str, description: str, arguments: Iterable[PromptArgument] = (),
+           catalogue: str = DEFAULT_CATALOGUE) -> Callable[[P], P]:
+    def register(fn: P) -> P:
         _cat(catalogue).prompts[name] = Prompt(name, description, list(arguments), fn, catalogue)
         return fn
 
@@ -204,7 +250,7 @@ def prompt(*, name, description, arguments=(), catalogue=DEFAULT_CATALOGUE):
 _discovered = False
 
 
-def autodiscover():
+def autodiscover() -> None:
     global _discovered
     if _discovered:
         return

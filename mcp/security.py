@@ -13,6 +13,7 @@ its credential is looked at or a session is touched. It runs on every request, w
   (4 MiB, ``Content-Length`` required; yuzu/bodylimit.py, which bounds every HTTP route of the project).
 """
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from yuzu.metrics import MCP_BODY_TOO_LARGE
 from . import jsonrpc as rpc
 
 
-def check(method, headers):
+def check(method: str, headers: Mapping[str, str]) -> rpc.RpcError | None:
     """The refusal a request earns by its method and headers (an ``RpcError`` carrying its HTTP status),
     or None. ``headers``: lower-case names."""
     host = headers.get("host", "")
@@ -45,7 +46,7 @@ def check(method, headers):
     return None
 
 
-def origin_allowed(origin, host):
+def origin_allowed(origin: str, host: str) -> bool:
     if origin in settings.YUZU_ALLOWED_ORIGINS:
         return True
     parts = urlsplit(origin)

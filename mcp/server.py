@@ -4,6 +4,7 @@ that the transport awaits on the event loop."""
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.auth import AuthError, authenticate, bearer_challenge, step_up_scope
 from yuzu.errors import correlation_id
+from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
 from yuzu.policy import tier_allows
 
@@ -20,11 +22,11 @@ from . import listing
 from .context import ToolContext
 from .pipeline import a4, as_rpc_error, pre_checks, run_sync
 from .prompts import complete, render_prompt
-from .registry import catalogue
+from .registry import Tool, catalogue
 from .streaming.admission import admit_streamed_post
 from .streaming.follower import cancel
 from .streaming.ring import ring_key
-from .streaming.sessions import SessionCapReached, store
+from .streaming.sessions import Session, SessionCapReached, store
 from .streaming.wake import close_session_streams
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18")
@@ -39,9 +41,9 @@ MISSING_SESSION = "send the Mcp-Session-Id header that initialize returned, or s
 @dataclass
 class Reply:
     status: int = 200
-    body: dict | None = None
-    headers: dict = field(default_factory=dict)
-    ctx: object = None  # the tool call's context, when progress may follow
+    body: JsonObject | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    ctx: ToolContext | None = None  # the tool call's context, when progress may follow
 
 
 @dataclass
@@ -49,18 +51,23 @@ class Continuation:
     """An async tool passed its checks; the transport awaits the handler, then ``finish``."""
 
     ctx: ToolContext
-    tool: object
-    args: dict
-    req_id: object
+    tool: Tool
+    args: JsonObject
+    req_id: rpc.RequestId
+
+
+#: what a JSON-RPC method answers: its result, a whole reply (initialize: with headers), or an async tool's
+#: continuation
+MethodResult = JsonObject | Reply | Continuation
 
 
 @dataclass
 class Request:
     http_method: str
-    headers: dict  # lower-case names
-    cookies: dict
+    headers: dict[str, str]  # lower-case names
+    cookies: dict[str, str]
     catalogue: str
-    msg: dict | None = None
+    msg: JsonObject | None = None
     progress_mode: str | None = None  # "post" (SSE on this response) | "get" (progress on the GET channel)
 
 
@@ -68,11 +75,11 @@ class Request:
 class Attach:
     """A GET that passed auth and the session check: the transport opens the stream."""
 
-    principal: object
-    session: object
+    principal: rbac.Principal
+    session: Session
 
 
-def _session_refusal(principal, sid, req_id):
+def _session_refusal(principal: rbac.Principal, sid: str, req_id: rpc.RequestId) -> Reply:
     if not sid:
         session_reject(principal, "missing_session_header")
         return error_reply(req_id, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
@@ -83,11 +90,11 @@ def _session_refusal(principal, sid, req_id):
                                             http_status=404))
 
 
-def streaming_on():
+def streaming_on() -> bool:
     return not settings.YUZU_MCP_NO_STREAMING
 
 
-def unauthorized(exc, req=None):
+def unauthorized(exc: AuthError, req: Request | None = None) -> Reply:
     """HTTP 401, JSON-RPC -32001 (docs/mcp.md): what was wrong with the credential, and how to get one; the
     WWW-Authenticate challenge names the endpoint's protected resource metadata, where an OAuth client finds the
     authorization server (docs/oauth.md)."""
@@ -100,7 +107,7 @@ def unauthorized(exc, req=None):
     return error_reply(None, err)
 
 
-def insufficient_scope(principal, req, err):
+def insufficient_scope(principal: rbac.Principal, req: Request, err: rpc.RpcError) -> rpc.RpcError:
     """A call the tier refuses (-32004), made with an OAuth token whose holder may get the tier it needs: HTTP 403
     with the step-up challenge (error="insufficient_scope", the scope to ask for), so the client re-authorizes.
     Every other error, and every pasted token, is answered as before."""
@@ -113,37 +120,38 @@ def insufficient_scope(principal, req, err):
     return err
 
 
-def error_reply(req_id, err):
+def error_reply(req_id: rpc.RequestId, err: rpc.RpcError) -> Reply:
     return Reply(err.http_status, rpc.error_response(req_id, err), dict(err.headers))
 
 
-def _principal(req):
+def _principal(req: Request) -> rbac.Principal | Reply:
+    """The caller, or the 401 that answers it."""
     cat = catalogue(req.catalogue)
     try:
         principal = authenticate(req.headers, req.cookies, audiences=cat.audiences)
     except AuthError as exc:
-        return None, unauthorized(exc, req)
+        return unauthorized(exc, req)
     if principal is None:
-        return None, unauthorized(AuthError("no credentials"), req)
-    return principal, None
+        return unauthorized(AuthError("no credentials"), req)
+    return principal
 
 
-def session_reject(principal, reason, sid=""):
+def session_reject(principal: rbac.Principal, reason: str, sid: str = "") -> None:
     audit(principal, "mcp.session.reject", "denied", target_type="McpSession", target_id=sid[:8], detail=f"reason={reason}")
 
 
-def handle(req):
-    """One HTTP request → Reply | Continuation. Runs in a worker thread."""
-    principal, refusal = _principal(req)
-    if refusal is not None:
-        return refusal
+def handle(req: Request) -> Reply | Continuation | Attach:
+    """One HTTP request → Reply | Continuation | Attach. Runs in a worker thread."""
+    principal = _principal(req)
+    if isinstance(principal, Reply):
+        return principal
     sid = req.headers.get("mcp-session-id", "")
     if req.http_method == "DELETE":
         return _delete(principal, sid)
     if req.http_method == "GET":
         session = store().validate(sid, principal.key) if sid else None
         return Attach(principal, session) if session else _session_refusal(principal, sid, None)
-    msg = req.msg
+    msg = req.msg or {}  # a POST's (the transport parsed it)
     method = msg.get("method")
     req_id = msg.get("id")
     is_notification = method is not None and "id" not in msg
@@ -177,7 +185,7 @@ def handle(req):
     return Reply(200, rpc.result_response(req_id, result), ctx=ctx)
 
 
-def _delete(principal, sid):
+def _delete(principal: rbac.Principal, sid: str) -> Reply:
     if not sid:
         return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
                                               a4(correlation_id(), remediation=MISSING_SESSION), http_status=400))
@@ -190,7 +198,10 @@ def _delete(principal, sid):
     return Reply(200)
 
 
-def _dispatch(ctx, req, method, params):
+Method = Callable[[ToolContext, Request, JsonObject], MethodResult]
+
+
+def _dispatch(ctx: ToolContext, req: Request, method: str, params: JsonObject) -> MethodResult:
     handler = METHODS.get(method)
     if handler is None:
         raise rpc.RpcError(rpc.METHOD_NOT_FOUND, f"Method not found: {method[:128]}",
@@ -198,7 +209,7 @@ def _dispatch(ctx, req, method, params):
     return handler(ctx, req, params)
 
 
-def _initialize(ctx, req, params):
+def _initialize(ctx: ToolContext, req: Request, params: JsonObject) -> Reply:
     requested = params.get("protocolVersion")
     version = requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
     MCP_INITIALIZE_PROTOCOL.labels(version).inc()
@@ -215,9 +226,11 @@ def _initialize(ctx, req, params):
         "serverInfo": {"name": cat.server_name, "title": "yuzu", "version": SERVER_VERSION},
         "instructions": cat.instructions,
     }
-    headers = {}
+    headers: dict[str, str] = {}
     if streaming_on():
-        info = params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {}
+        info = params.get("clientInfo")
+        if not isinstance(info, dict):
+            info = {}
         try:
             session = store().create(ctx.principal.key, version, _label(info.get("name"), 64),
                                      _label(info.get("version"), 32))
@@ -232,16 +245,16 @@ def _initialize(ctx, req, params):
     return Reply(200, rpc.result_response(ctx.request_id, result), headers)
 
 
-def _label(value, limit):
+def _label(value: object, limit: int) -> str:
     """A client-supplied name for display: printable, bounded, or empty."""
     return "".join(c for c in value if c.isprintable())[:limit] if isinstance(value, str) else ""
 
 
-def _ping(ctx, req, params):
+def _ping(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     return {}
 
 
-def _page(items, params, key, size=PAGE_SIZE):
+def _page(items: list[JsonObject], params: JsonObject, key: str, size: int = PAGE_SIZE) -> JsonObject:
     cursor = params.get("cursor")
     start = 0
     if cursor is not None:
@@ -253,13 +266,13 @@ def _page(items, params, key, size=PAGE_SIZE):
             raise rpc.RpcError(rpc.INVALID_PARAMS, "Invalid cursor", a4(
                 correlation_id(), remediation="pass nextCursor exactly as the previous page returned it, or omit "
                                               "cursor for the first page")) from None
-    page = {key: items[start:start + size]}
+    page: JsonObject = {key: items[start:start + size]}
     if start + size < len(items):
         page["nextCursor"] = base64.urlsafe_b64encode(f"o:{start + size}".encode()).decode()
     return page
 
 
-def _tools_list(ctx, req, params):
+def _tools_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     """The tools this caller may call (mcp.listing), in one page up to TOOLS_PAGE_SIZE; ``_meta["yuzu/all"]:
     true`` lists the whole catalogue, each tool the caller may not call marked so."""
     cat = catalogue(req.catalogue)
@@ -272,7 +285,7 @@ def _tools_list(ctx, req, params):
     return page
 
 
-def _tools_call(ctx, req, params):
+def _tools_call(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject | Continuation:
     name = params.get("name")
     arguments = params.get("arguments")
     meta = params.get("_meta") or {}
@@ -289,16 +302,16 @@ def _tools_call(ctx, req, params):
     return run_sync(ctx, name, arguments)
 
 
-def _resources_list(ctx, req, params):
+def _resources_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     cat = catalogue(req.catalogue)
     return _page([r.listing() for r in sorted(cat.resources.values(), key=lambda r: r.uri)], params, "resources")
 
 
-def _templates_list(ctx, req, params):
+def _templates_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     return _page([], params, "resourceTemplates")
 
 
-def _resources_read(ctx, req, params):
+def _resources_read(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     uri = params.get("uri")
     res = catalogue(req.catalogue).resources.get(uri) if isinstance(uri, str) else None
     if res is None:
@@ -314,16 +327,16 @@ def _resources_read(ctx, req, params):
     return {"contents": [{"uri": uri, "mimeType": res.mime_type, "text": text}]}
 
 
-def _prompts_list(ctx, req, params):
+def _prompts_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     cat = catalogue(req.catalogue)
     return _page([p.listing() for p in sorted(cat.prompts.values(), key=lambda p: p.name)], params, "prompts")
 
 
-def _prompts_get(ctx, req, params):
+def _prompts_get(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     return render_prompt(catalogue(req.catalogue), params)
 
 
-def _set_level(ctx, req, params):
+def _set_level(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     level = params.get("level")
     if level not in LOG_LEVELS:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}",
@@ -331,11 +344,11 @@ def _set_level(ctx, req, params):
     return {}
 
 
-def _complete(ctx, req, params):
+def _complete(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     return complete(catalogue(req.catalogue), params)
 
 
-METHODS = {
+METHODS: dict[str, Method] = {
     "initialize": _initialize,
     "ping": _ping,
     "tools/list": _tools_list,

@@ -14,7 +14,15 @@ event loop; or a held-open SSE response from mcp.streaming — the session's GET
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
 
+from asgiref.typing import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    HTTPDisconnectEvent,
+    HTTPRequestEvent,
+)
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
@@ -22,11 +30,12 @@ from django.conf import settings
 from django.http import parse_cookie
 
 from yuzu.errors import YuzuError, correlation_id
+from yuzu.jsondata import JsonObject
 
 from . import jsonrpc as rpc
 from . import security
 from .pipeline import finish, hop, internal_error
-from .registry import ToolFailure, catalogue
+from .registry import AsyncHandler, ToolFailure, catalogue
 from .server import (
     SUPPORTED_VERSIONS,
     Attach,
@@ -39,6 +48,10 @@ from .server import (
 )
 from .streaming import get_stream, post_stream
 from .streaming.follower import follow_on_get_channel
+from .streaming.stream import Message, Stream
+
+if TYPE_CHECKING:
+    from channels.consumer import _ChannelScope
 
 log = logging.getLogger("yuzu.mcp")
 
@@ -50,17 +63,19 @@ class McpConsumer(AsyncHttpConsumer):
     # and feeds it into this consumer's dispatch loop (``listen``).
     channel_layer_alias = "mcp.transport.no-channel"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.stream = None  # a live GET stream or streamed POST (mcp.streaming) keeps the consumer open
+        # a live GET stream or streamed POST (mcp.streaming) keeps the consumer open
+        self.stream: Stream | None = None
 
-    async def __call__(self, scope, receive, send):
-        """Channels' own dispatch loop, fed from one inbox: the ASGI input, and what a stream adds to it."""
-        self._inbox = asyncio.Queue()
-        self._feeders = []
-        self.listen(receive)
+    async def __call__(self, scope: "_ChannelScope", receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        """Channels' own dispatch loop, fed from one inbox: the ASGI input, and what a stream adds to it (ASGI
+        events and channel-layer messages alike: dicts keyed by "type")."""
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._feeders: list[asyncio.Future[None]] = []
+        self.listen(cast(Callable[[], Awaitable[Message]], receive))
         try:
-            await super().__call__(scope, self._inbox.get, send)
+            await super().__call__(scope, cast(ASGIReceiveCallable, self._inbox.get), send)
         except asyncio.CancelledError:
             # daphne cancels every application instance when it stops (Server.kill_all_applications, on
             # SIGTERM/SIGINT): a live stream writes its session_terminated close frame before the drop.
@@ -72,17 +87,17 @@ class McpConsumer(AsyncHttpConsumer):
                 task.cancel()
             self._feeders.clear()  # no consumer ↔ task cycle: a finished consumer is freed at once, not by the GC
 
-    def listen(self, source):
-        async def feed():
+    def listen(self, source: Callable[[], Awaitable[Message]]) -> None:
+        async def feed() -> None:
             while True:
                 await self._inbox.put(await source())
 
         self._feeders.append(asyncio.ensure_future(feed()))
 
-    def post(self, message):
+    def post(self, message: Message) -> None:
         self._inbox.put_nowait(message)
 
-    async def dispatch(self, message):
+    async def dispatch(self, message: Message) -> None:
         """Route by message type — HTTP to the handlers below, ``mcp.*`` to the live stream — without Channels'
         per-message connection sweep: every database hop this consumer makes (mcp.pipeline.hop) already does
         that hygiene in its own worker thread."""
@@ -97,9 +112,9 @@ class McpConsumer(AsyncHttpConsumer):
             await getattr(self, get_handler_name(message))(message)
 
     @property
-    def headers(self):
+    def headers(self) -> dict[str, str]:
         if not hasattr(self, "_headers"):
-            self._headers = {}
+            self._headers: dict[str, str] = {}
             for k, v in self.scope.get("headers", []):
                 name = k.decode("latin-1").lower()
                 value = v.decode("latin-1")
@@ -108,7 +123,7 @@ class McpConsumer(AsyncHttpConsumer):
 
     # --- HTTP in ---------------------------------------------------------------------------------
 
-    async def http_request(self, message):
+    async def http_request(self, message: HTTPRequestEvent) -> None:
         self.body.append(message.get("body", b""))  # within the 4 MiB yuzu.bodylimit lets through
         if not message.get("more_body"):
             try:
@@ -119,12 +134,12 @@ class McpConsumer(AsyncHttpConsumer):
             if self.stream is None:
                 raise StopConsumer()
 
-    async def http_disconnect(self, message):
+    async def http_disconnect(self, message: HTTPDisconnectEvent) -> None:
         if self.stream is not None:
             await self.stream.gone()
         await super().http_disconnect(message)
 
-    async def handle(self, body):
+    async def handle(self, body: bytes) -> None:
         try:
             reply = await self.process(body)
         except rpc.RpcError as err:
@@ -136,7 +151,7 @@ class McpConsumer(AsyncHttpConsumer):
         if reply is not None:
             await self.reply(reply)
 
-    def gate(self, method):
+    def gate(self, method: str) -> Reply | None:
         """Kill switch and method: before anything else."""
         if settings.YUZU_MCP_DISABLE:
             return Reply(200, {"jsonrpc": "2.0", "id": None,
@@ -147,7 +162,7 @@ class McpConsumer(AsyncHttpConsumer):
             return Reply(405, None, {"Allow": "POST"})
         return None
 
-    async def process(self, body):
+    async def process(self, body: bytes) -> Reply | None:
         method = self.scope["method"]
         refusal = self.gate(method)
         if refusal is not None:
@@ -171,15 +186,19 @@ class McpConsumer(AsyncHttpConsumer):
                       progress_mode=self.progress_mode(msg))
         return await self.respond(await hop(handle)(req))
 
-    def progress_mode(self, msg):
+    def progress_mode(self, msg: JsonObject | None) -> str | None:
         """The seed's opt-in table: a progressToken is the opt-in; an SSE-capable Accept (even ;q=0) picks
         the streamed POST, otherwise progress goes to the session's GET channel."""
         if not msg or msg.get("method") != "tools/call" or not streaming_on() or "mcp-session-id" not in self.headers:
             return None
-        params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+        params = msg.get("params")
+        if not isinstance(params, dict):
+            params = {}
         name = params.get("name")
         tool = catalogue(self.catalogue).tools.get(name) if isinstance(name, str) else None  # hostile bodies too
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        meta = params.get("_meta")
+        if not isinstance(meta, dict):
+            meta = {}
         if tool is None or not tool.progress or "progressToken" not in meta:
             return None
         if settings.YUZU_MCP_STREAMED_POST and "text/event-stream" in self.headers.get("accept", ""):
@@ -188,20 +207,21 @@ class McpConsumer(AsyncHttpConsumer):
 
     # --- messages out ----------------------------------------------------------------------------
 
-    async def respond(self, outcome):
+    async def respond(self, outcome: Reply | Continuation | Attach) -> Reply | None:
         """What mcp.server.handle decided, written as HTTP (None: a stream is answering)."""
         if isinstance(outcome, Continuation):
             return await self.run_async_tool(outcome)
         if isinstance(outcome, Attach):
-            return await get_stream.attach(self, outcome.principal, outcome.session)
+            await get_stream.attach(self, outcome.principal, outcome.session)
+            return None
         ctx = outcome.ctx
         if ctx is not None and "admitted" in ctx.extra:
-            return await post_stream.respond(self, outcome)
+            return await post_stream.respond(self, outcome, ctx)
         if ctx is not None and ctx.following is not None:
-            follow_on_get_channel(ctx)
+            follow_on_get_channel(ctx, ctx.following)
         return outcome
 
-    async def reply(self, reply):
+    async def reply(self, reply: Reply) -> None:
         headers = [(b"x-correlation-id", (rpc.correlation_of(reply.body) or correlation_id()).encode())]
         body = b""
         if reply.body is not None:
@@ -211,9 +231,10 @@ class McpConsumer(AsyncHttpConsumer):
             headers.append((k.lower().encode(), str(v).encode("latin-1")))
         await self.send_response(reply.status, body, headers=headers)
 
-    async def run_async_tool(self, cont):
+    async def run_async_tool(self, cont: Continuation) -> Reply:
+        result: JsonObject | ToolFailure | YuzuError
         try:
-            result = await cont.tool.handler(cont.ctx, cont.args)
+            result = await cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args)
         except (ToolFailure, YuzuError) as exc:
             result = exc
         except Exception:

@@ -277,3 +277,13 @@ def test_resources_prompts_logging_completion(client):
     comp = client.rpc("completion/complete", {"ref": {"type": "ref/prompt", "name": "ceo_demo_agentic_endpoint_management"},
                                               "argument": {"name": "mode", "value": "d"}}).json()["result"]
     assert comp["completion"]["values"] == ["dry_run"]
+
+
+def test_completion_for_a_prompt_named_by_no_string_is_invalid_params(client):
+    """ref.name of another JSON type (an array or object cannot even be a dict key) is an unknown prompt: -32602,
+    never a 500 (found by typing mcp/prompts.py)."""
+    for name in ([], {"a": 1}, 7, None):
+        r = client.rpc("completion/complete", {"ref": {"type": "ref/prompt", "name": name},
+                                               "argument": {"name": "mode", "value": "d"}})
+        assert r.status == 200 and r.error["code"] == -32602, (name, r.status, r.body)
+        assert r.error["message"].startswith("Unknown prompt")

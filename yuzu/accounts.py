@@ -1,6 +1,9 @@
 """Account lockout after repeated failed logins, and the unlock capability."""
 
+from __future__ import annotations
+
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
@@ -9,8 +12,14 @@ from django.utils import timezone
 
 from .audit import audit
 from .errors import NotFound
+from .jsondata import JsonObject
 from .models import AccountLockout
 from .plans import Plan
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+    from .rbac import Principal
 
 MAX_FAILURES = 5
 LOCK_FOR = timedelta(minutes=15)
@@ -19,14 +28,14 @@ LOCK_FOR = timedelta(minutes=15)
 class LockingBackend(ModelBackend):
     """ModelBackend that refuses a locked account."""
 
-    def user_can_authenticate(self, user):
+    def user_can_authenticate(self, user: User | AnonymousUser | None) -> bool:
         if not super().user_can_authenticate(user):
             return False
         lock = getattr(user, "lockout", None)
         return lock is None or not lock.is_locked()
 
 
-def record_failure(username):
+def record_failure(username: str) -> None:
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         return
@@ -41,7 +50,7 @@ def record_failure(username):
               detail=f"failed_attempts={lock.failed_attempts}")
 
 
-def plan_unlock_account(principal, username, pinned=None):
+def plan_unlock_account(principal: Principal, username: str, pinned: JsonObject | None = None) -> Plan[User]:
     user = get_user_model().objects.filter(username=username).first()
     if user is None or (pinned is not None and (pinned or {}).get("user") not in (None, user.pk)):
         raise NotFound(f"user not found: {username}")
@@ -52,7 +61,8 @@ def plan_unlock_account(principal, username, pinned=None):
                 value=user, pins={"user": user.pk}, risk="write")
 
 
-def unlock_account(principal, username=None, *, cid="", plan=None):
+def unlock_account(principal: Principal, username: str = "", *, cid: str = "",
+                   plan: Plan[User] | None = None) -> JsonObject:
     user = (plan or plan_unlock_account(principal, username)).value
     username = user.get_username()
     was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()

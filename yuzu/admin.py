@@ -6,14 +6,18 @@ alone first answers "Please select a device"). Every message says "authenticator
 which in yuzu means an API token."""
 
 import time
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.db.models import QuerySet
 from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import path
+from django.urls import URLPattern, URLResolver, path
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django_otp import devices_for_user
@@ -45,7 +49,7 @@ ACCOUNT_LOCKED = ("This account is locked after too many failed sign-ins. Try ag
                   "ask an administrator to unlock it.")
 
 
-class LoginForm(OTPAdminAuthenticationForm):
+class LoginForm(OTPAdminAuthenticationForm):  # type: ignore[misc]  # django-otp ships no type information
     """Password + authenticator code in one submission; the device list only for several devices."""
 
     otp_error_messages = {
@@ -57,7 +61,7 @@ class LoginForm(OTPAdminAuthenticationForm):
         attrs={"autocomplete": "one-time-code", "inputmode": "numeric", "size": 8}))
     show_devices = False
 
-    def _chosen_device(self, user):
+    def _chosen_device(self, user: User) -> Any:  # a django_otp Device, or None
         device = super()._chosen_device(user)
         if device is None and not self.cleaned_data.get("otp_device"):
             # Runs inside clean_otp's transaction: lock the device as django-otp does for a chosen one.
@@ -68,7 +72,7 @@ class LoginForm(OTPAdminAuthenticationForm):
                 device = devices[0]
         return device
 
-    def _verify_token(self, user, token, device=None):
+    def _verify_token(self, user: User, token: str, device: Any = None) -> Any:
         try:
             return super()._verify_token(user, token, device)
         except forms.ValidationError as exc:
@@ -76,35 +80,38 @@ class LoginForm(OTPAdminAuthenticationForm):
                 raise forms.ValidationError(CODE_REUSED, code="reused_code") from None
             raise
 
-    def _update_form(self, user):
+    def _update_form(self, user: User) -> None:
         # Not django-otp's: it re-renders the password into the page for a second submission we no
         # longer need. Offer the device list only when there is a choice to make.
         choices = self.device_choices(user)
         self.fields["otp_device"].widget.choices = choices
         self.show_devices = len(choices) > 2  # the blank entry + two or more devices
 
-    def get_invalid_login_error(self):
+    def get_invalid_login_error(self) -> forms.ValidationError:
         """A locked account with the right password learns it is locked (not "wrong password"); without the
         password nobody learns whether an account exists or is locked."""
         User = get_user_model()
         user = User.objects.filter(**{User.USERNAME_FIELD: self.cleaned_data.get("username")}).first()
         lock = AccountLockout.objects.filter(user=user).first() if user is not None else None
-        if lock is not None and lock.is_locked() and user.check_password(self.cleaned_data.get("password") or ""):
+        password = self.cleaned_data.get("password") or ""
+        if user is not None and lock is not None and lock.is_locked() and user.check_password(password):
             return forms.ValidationError(ACCOUNT_LOCKED.format(until=lock.locked_until), code="locked")
-        return super().get_invalid_login_error()
+        error: forms.ValidationError = super().get_invalid_login_error()
+        return error
 
 
-class YuzuAdminSite(OTPAdminSite):
+class YuzuAdminSite(OTPAdminSite):  # type: ignore[misc]  # django-otp ships no type information
     site_header = "yuzu administration"
     site_title = "yuzu"
     index_title = "Fleet, approvals and access"
     login_form = LoginForm
     login_template = "admin/login.html"
 
-    def get_urls(self):
-        return [path("stepup/", self.admin_view(self.stepup_view), name="stepup")] + super().get_urls()
+    def get_urls(self) -> list[URLPattern | URLResolver]:
+        urls: list[URLPattern | URLResolver] = super().get_urls()
+        return [path("stepup/", self.admin_view(self.stepup_view), name="stepup")] + urls
 
-    def stepup_view(self, request):
+    def stepup_view(self, request: HttpRequest) -> HttpResponse:
         """Ask for the current authenticator code and stamp a fresh MFA proof on the session."""
         next_url = request.GET.get("next") or request.POST.get("next") or "/admin/"
         if not url_has_allowed_host_and_scheme(next_url, allowed_hosts={request.get_host()}):
@@ -126,8 +133,8 @@ class StepUpForm(forms.Form):
                                 widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True,
                                                               "inputmode": "numeric", "size": 8}))
 
-    def clean_otp_token(self):
-        code = "".join(self.cleaned_data["otp_token"].split())
+    def clean_otp_token(self) -> str:
+        code: str = "".join(self.cleaned_data["otp_token"].split())
         if not code.isdigit() or not 6 <= len(code) <= 8:
             raise forms.ValidationError(CODE_REQUIRED)
         return code
@@ -137,7 +144,7 @@ admin.site.__class__ = YuzuAdminSite
 
 
 @receiver(user_logged_in)
-def _stamp_mfa(sender, request, user, **kwargs):
+def _stamp_mfa(sender: type, request: HttpRequest | None, user: User, **kwargs: object) -> None:
     if getattr(user, "otp_device", None) is not None and request is not None:
         request.session[MFA_SESSION_KEY] = time.time()
         AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None)
@@ -145,32 +152,33 @@ def _stamp_mfa(sender, request, user, **kwargs):
 
 
 @receiver(user_login_failed)
-def _count_failure(sender, credentials, request=None, **kwargs):
+def _count_failure(sender: str, credentials: dict[str, Any], request: HttpRequest | None = None,
+                   **kwargs: object) -> None:
     username = credentials.get("username")
     if username:
         record_failure(username)
         audit(username, "auth.login", "failure", target_type="User", target_id=username)
 
 
-class RolePermissionInline(admin.TabularInline):
+class RolePermissionInline(admin.TabularInline[RolePermission, Role]):
     model = RolePermission
     extra = 1
 
 
 @admin.register(Role)
-class RoleAdmin(admin.ModelAdmin):
+class RoleAdmin(admin.ModelAdmin[Role]):
     list_display = ("name", "description", "builtin")
     inlines = [RolePermissionInline]
 
 
 @admin.register(RoleAssignment)
-class RoleAssignmentAdmin(admin.ModelAdmin):
+class RoleAssignmentAdmin(admin.ModelAdmin[RoleAssignment]):
     list_display = ("user", "role", "group", "created_at")
     list_filter = ("role",)
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     """Read-only except revoke: a token's tier, expiry or revocation never changes here without the rules
     (ceiling, step-up, audit) the token service applies. Tokens are minted by the API / mint_token."""
 
@@ -181,17 +189,17 @@ class ApiTokenAdmin(admin.ModelAdmin):
     readonly_fields = fields
     actions = ["revoke"]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
         return False
 
     @admin.action(description="Revoke selected tokens", permissions=["view"])
-    def revoke(self, request, queryset):
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         ids = list(queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True))
         ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
         for token_id in ids:
@@ -201,21 +209,21 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
     list_display = ("timestamp", "principal", "action", "result", "target_type", "target_id")
     list_filter = ("result", "target_type")
     search_fields = ("principal", "action", "target_id", "correlation_id")
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: AuditEvent | None = None) -> bool:
         return False
 
 
 @admin.register(AccountLockout)
-class AccountLockoutAdmin(admin.ModelAdmin):
+class AccountLockoutAdmin(admin.ModelAdmin[AccountLockout]):
     list_display = ("user", "failed_attempts", "locked_until")

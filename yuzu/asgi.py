@@ -14,11 +14,11 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 django_app = ASGIStaticFilesHandler(django_app)
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.urls import path, re_path  # noqa: E402
 
 from fleet.routing import websocket_urlpatterns  # noqa: E402
 from mcp.transport import BridgeConsumer, McpConsumer  # noqa: E402
 from yuzu.bodylimit import BodyLimit, install_daphne  # noqa: E402
+from yuzu.routing import path, re_path  # noqa: E402
 
 # Every HTTP request body is bounded while it arrives (yuzu/bodylimit.py), under daphne before Twisted holds it.
 install_daphne()

@@ -4,7 +4,11 @@ or ``X-Yuzu-Token``, or the admin session cookie. Sessions (MCP ones) never auth
 Tokens an MCP client got through OAuth (docs/oauth.md) are API tokens bound to one MCP endpoint (RFC 8707): their
 audience names it, and an endpoint's 401 says where a client finds out how to get one (RFC 9728)."""
 
-from datetime import timedelta
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -15,6 +19,9 @@ from django_otp import DEVICE_ID_SESSION_KEY
 from .models import ApiToken, hash_secret
 from .policy import TIER_ORDER, tier_allows
 from .rbac import Principal, may
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 LAST_USED_GRANULARITY = timedelta(seconds=60)
 MFA_SESSION_KEY = "yuzu_mfa_verified_at"
@@ -31,12 +38,12 @@ class AuthError(Exception):
     """Missing, malformed, expired or revoked credentials → 401 with WWW-Authenticate. ``remediation`` says
     how to get a credential that works."""
 
-    def __init__(self, message, remediation=None):
+    def __init__(self, message: str, remediation: str | None = None) -> None:
         super().__init__(message)
         self.remediation = remediation or f"send Authorization: Bearer yuzu_…; an administrator mints a token with {MINT_HINT}"
 
 
-def token_from_headers(headers):
+def token_from_headers(headers: Mapping[str, str]) -> str | None:
     """``headers``: a mapping of lower-case header names to str values."""
     auth = headers.get("authorization", "")
     if auth:
@@ -47,7 +54,8 @@ def token_from_headers(headers):
     return headers.get("x-yuzu-token", "").strip() or None
 
 
-def principal_for_token(raw, *, audiences=(ApiToken.AUDIENCE_API,), now=None):
+def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIENCE_API,),
+                        now: datetime | None = None) -> Principal:
     if not raw.startswith("yuzu_") or len(raw) != 69:
         raise AuthError("malformed token")
     now = now or timezone.now()
@@ -73,7 +81,7 @@ def principal_for_token(raw, *, audiences=(ApiToken.AUDIENCE_API,), now=None):
     return Principal(user=token.owner, token=token, via="token")
 
 
-def principal_for_session(session_key):
+def principal_for_session(session_key: str | None) -> Principal | None:
     """The admin session cookie: only an OTP-verified staff session authenticates."""
     if not session_key:
         return None
@@ -87,7 +95,8 @@ def principal_for_session(session_key):
     return Principal(user=user, via="session", mfa_verified_at=store.get(MFA_SESSION_KEY))
 
 
-def authenticate(headers, cookies=None, *, audiences=(ApiToken.AUDIENCE_API,)):
+def authenticate(headers: Mapping[str, str], cookies: Mapping[str, str] | None = None, *,
+                 audiences: Iterable[str] = (ApiToken.AUDIENCE_API,)) -> Principal | None:
     """Return a Principal, None (no credentials at all), or raise AuthError."""
     raw = token_from_headers(headers)
     if raw:
@@ -97,12 +106,12 @@ def authenticate(headers, cookies=None, *, audiences=(ApiToken.AUDIENCE_API,)):
     return None
 
 
-def tier_scope(tier):
+def tier_scope(tier: str) -> str:
     """The OAuth scope that asks for an MCP tier."""
     return f"mcp:{tier}"
 
 
-def public_base(host):
+def public_base(host: str | None) -> str:
     """The origin clients reach yuzu at: YUZU_PUBLIC_URL when it is set, else the request's own host (already
     checked against ALLOWED_HOSTS)."""
     if settings.YUZU_OAUTH_ISSUER or not host:
@@ -110,7 +119,7 @@ def public_base(host):
     return f"http://{host}"
 
 
-def bearer_challenge(headers, audiences, **params):
+def bearer_challenge(headers: Mapping[str, str], audiences: Iterable[str], **params: str | None) -> str:
     """``WWW-Authenticate`` for an MCP endpoint accepting ``audiences``: yuzu's realm, and where its protected
     resource metadata is (RFC 9728), which leads an OAuth client to the authorization server."""
     path = next((OAUTH_RESOURCES[a] for a in audiences if a in OAUTH_RESOURCES), "")
@@ -119,7 +128,7 @@ def bearer_challenge(headers, audiences, **params):
     return "Bearer " + ", ".join(f'{k}="{v}"' for k, v in params.items() if v)
 
 
-def tier_ceiling(user):
+def tier_ceiling(user: User) -> str | None:
     """The highest MCP tier ``user`` may grant a client by OAuth consent. None without ApiToken:Write (they may not
     hold a token at all, as for POST /api/v1/tokens); else the lowest tier that covers every permission their roles
     grant beyond managing their own tokens: a higher tier would add nothing they could use."""
@@ -130,7 +139,7 @@ def tier_ceiling(user):
     return next(t for t in TIER_ORDER if all(tier_allows(t, *perm) for perm in held))
 
 
-def step_up_scope(principal, required_tier):
+def step_up_scope(principal: Principal, required_tier: str | None) -> str | None:
     """For a call the token's tier refuses: the scope its holder may step up to through OAuth (MCP authorization,
     insufficient_scope), or None — a pasted token, or a tier their roles do not reach."""
     token = principal.token

@@ -18,8 +18,19 @@ One `Meter` per request holds these rules; two adapters run it:
 import io
 import json
 import logging
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from asgiref.typing import (
+    ASGI3Application,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    HTTPScope,
+    Scope,
+)
 from daphne import http_protocol
 from django.conf import settings
 from twisted.web.http import RESPONSES
@@ -34,30 +45,33 @@ MCP_MAX_BODY = 4 * 1024 * 1024
 BODY_METHODS = ("POST", "PUT", "PATCH")
 LINGER_SECONDS = 5.0
 
+#: an answer sent instead of the application's: (status, headers, body)
+Refusal = tuple[int, list[tuple[bytes, bytes]], bytes]
 
-def _size(n):
+
+def _size(n: int) -> str:
     return f"{n // (1024 * 1024)} MiB" if n % (1024 * 1024) == 0 else f"{n} bytes"
 
 
 class Meter:
     """One request's body bound: what its head allows, and how many body bytes have arrived."""
 
-    def __init__(self, method, path, headers):
+    def __init__(self, method: str, path: str, headers: Mapping[str, str]) -> None:
         self.method, self.path, self.headers = method, path, headers  # headers: lower-case name → str
         self.mcp = path.startswith(MCP_PREFIX)
         self.limit = MCP_MAX_BODY if self.mcp else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         self.received = 0
 
     @classmethod
-    def for_scope(cls, scope):
-        headers = {}
-        for name, value in scope.get("headers", []):
-            name = name.decode("latin-1").lower()
+    def for_scope(cls, scope: HTTPScope) -> "Meter":
+        headers: dict[str, str] = {}
+        for raw_name, value in scope.get("headers", []):
+            name = raw_name.decode("latin-1").lower()
             headers[name] = f"{headers[name]}, {value.decode('latin-1')}" if name in headers \
                 else value.decode("latin-1")
         return cls(scope["method"], scope["path"], headers)
 
-    def head(self):
+    def head(self) -> Refusal | None:
         """A refusal the request line and headers already earn (before any of the body), or None."""
         declared = self.headers.get("content-length")
         if self.mcp and self.method in BODY_METHODS and ("transfer-encoding" in self.headers or declared is None):
@@ -69,18 +83,19 @@ class Meter:
                 return self._refusal(413, f"request body exceeds {_size(self.limit)}", "too_large")
         return None
 
-    def add(self, n):
+    def add(self, n: int) -> Refusal | None:
         """Count n more body bytes: a refusal once the limit is passed, else None."""
         self.received += n
         if self.limit is not None and self.received > self.limit:
             return self._refusal(413, f"request body exceeds {_size(self.limit)}", "too_large")
         return None
 
-    def _refusal(self, status, message, reason):
+    def _refusal(self, status: int, message: str, reason: str) -> Refusal:
         if self.mcp:
             MCP_BODY_TOO_LARGE.labels(reason).inc()
         log.info("refused %s %s: %s (%s)", self.method, self.path[:200], status, message)
         cid = correlation_id()
+        body: dict[str, Any] | None
         if self.mcp:
             body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message, "data": {
                 "correlation_id": cid, "retry_after_ms": None,
@@ -96,20 +111,20 @@ class Meter:
                         (b"content-length", str(len(data)).encode()), (b"connection", b"close")], data
 
 
-async def _answer(send, refusal):
+async def _answer(send: ASGISendCallable, refusal: Refusal) -> None:
     status, headers, body = refusal
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.start", "status": status, "headers": headers, "trailers": False})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class BodyLimit:
     """ASGI middleware: the application sees a body only while it stays within its limit. Past it, the
     client gets the refusal, the application gets http.disconnect, and the rest of the body is dropped."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGI3Application) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         meter = Meter.for_scope(scope)
@@ -118,7 +133,7 @@ class BodyLimit:
             return await _answer(send, refusal)
         state = {"refused": False, "started": False}
 
-        async def bounded_receive():
+        async def bounded_receive() -> ASGIReceiveEvent:
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
@@ -133,7 +148,7 @@ class BodyLimit:
                     await _answer(send, refusal)
                 return {"type": "http.disconnect"}
 
-        async def guarded_send(message):
+        async def guarded_send(message: ASGISendEvent) -> None:
             if state["refused"]:
                 return
             if message["type"] == "http.response.start":
@@ -143,24 +158,24 @@ class BodyLimit:
         return await self.app(scope, bounded_receive, guarded_send)
 
 
-def install_daphne():
+def install_daphne() -> None:
     """Make daphne's requests run the meter while Twisted receives their body (see the module doc)."""
     if getattr(http_protocol.WebRequest, "bounded", False):
         return
 
-    def drop(data):
+    def drop(data: bytes) -> None:
         return None
 
-    def cut(transport):
+    def cut(transport: Any) -> None:
         if not getattr(transport, "disconnected", False):
             transport.abortConnection()
 
-    class BoundedWebRequest(http_protocol.WebRequest):
+    class BoundedWebRequest(http_protocol.WebRequest):  # type: ignore[misc]  # daphne ships no type information
         bounded = True
-        meter = None
+        meter: Meter | None = None
         refused = False
 
-        def gotLength(self, length):
+        def gotLength(self, length: int | None) -> None:
             channel = self.channel  # the request line is the channel's until the body is complete
             headers = {name.decode("latin-1").lower(): ", ".join(v.decode("latin-1") for v in values)
                        for name, values in self.requestHeaders.getAllRawHeaders()}
@@ -170,21 +185,22 @@ def install_daphne():
             if refusal is not None:
                 self.content = io.BytesIO()
                 return self.refuse(refusal)
-            return super().gotLength(length)
+            super().gotLength(length)
 
-        def handleContentChunk(self, data):
+        def handleContentChunk(self, data: bytes) -> None:
             if self.refused:
                 return None
+            assert self.meter is not None  # gotLength made it, before any of the body
             refusal = self.meter.add(len(data))
             if refusal is not None:
                 return self.refuse(refusal)
-            return super().handleContentChunk(data)
+            super().handleContentChunk(data)
 
-        def requestReceived(self, command, path, version):
+        def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
             if not self.refused:  # a refused request never reaches the application
                 super().requestReceived(command, path, version)
 
-        def refuse(self, refusal):
+        def refuse(self, refusal: Refusal) -> None:
             # deferred: importing twisted's reactor installs one; daphne installs its own before it runs this
             from twisted.internet import reactor
 
@@ -197,6 +213,7 @@ def install_daphne():
             transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
             self.channel.dataReceived = drop  # the rest of the body is read and thrown away, never kept
             transport.loseWriteConnection()  # the answer, then FIN: the peer learns now, not at the end
-            reactor.callLater(LINGER_SECONDS, cut, transport)
+            # (twisted types its reactor through zope.interface declarations, whose methods mypy reads without self)
+            reactor.callLater(LINGER_SECONDS, cut, transport)  # type: ignore[arg-type]
 
     http_protocol.WebRequest = BoundedWebRequest

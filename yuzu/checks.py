@@ -2,10 +2,13 @@
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
 
 from .secrets import problems
@@ -13,7 +16,7 @@ from .secrets import problems
 SHOWN = 5
 
 
-def _loose(path):
+def _loose(path: Path) -> bool:
     """True if other users (group or others) have any access to ``path`` (a symlink's target is not followed)."""
     try:
         return bool(os.lstat(path).st_mode & 0o077)
@@ -21,7 +24,7 @@ def _loose(path):
         return False
 
 
-def loose_var_paths():
+def loose_var_paths() -> list[Path]:
     """var/ and everything in it that is not private (0700 directories, 0600 files), plus an embedded database
     kept elsewhere. The collected static files (STATIC_ROOT), public by nature, are not looked at."""
     var = Path(settings.VAR_DIR)
@@ -40,7 +43,7 @@ def loose_var_paths():
 
 
 @register(Tags.security)
-def var_permissions(app_configs, **kwargs):
+def var_permissions(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
     loose = loose_var_paths()
     if not loose:
         return []
@@ -55,7 +58,8 @@ def var_permissions(app_configs, **kwargs):
 
 
 @register(Tags.security, Tags.database, deploy=False)
-def kek_trusted(app_configs, databases=None, **kwargs):
+def kek_trusted(app_configs: Sequence[AppConfig] | None, databases: Sequence[str] | None = None,
+                **kwargs: Any) -> list[CheckMessage]:
     """Every KEK version the database knows must resolve to a matching key file, or sealed secrets would be
     unreadable (or a wrong key used): the server refuses to start. Only when the database is being checked."""
     if not databases:

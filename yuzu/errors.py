@@ -3,6 +3,11 @@
 import itertools
 import threading
 import time
+from typing import TypedDict, Unpack
+
+from django.core.exceptions import ValidationError
+
+from .jsondata import JsonObject
 
 # retry_after_ms floors (seed: "retry_after_ms floors"). Each is its own symbol even where values
 # coincide, so one can be re-tuned without dragging the others.
@@ -25,11 +30,22 @@ _seq = itertools.count(1)
 _lock = threading.Lock()
 
 
-def correlation_id():
+def correlation_id() -> str:
     """``req-<hex epoch ms>-<hex seq>``, the format of the REST X-Correlation-Id header."""
     with _lock:
         n = next(_seq)
     return f"req-{int(time.time() * 1000):x}-{n:x}"
+
+
+class RefusalOptions(TypedDict, total=False):
+    """YuzuError's keyword arguments other than ``permission`` (the subclasses below pass them on)."""
+
+    status: int
+    rpc_code: int
+    retry_after_ms: int | None
+    remediation: str | None
+    extra: JsonObject | None
+    audit_result: str
 
 
 class YuzuError(Exception):
@@ -37,8 +53,9 @@ class YuzuError(Exception):
 
     ``status`` is the REST HTTP status; ``rpc_code`` the JSON-RPC code the MCP face uses."""
 
-    def __init__(self, message, *, status=400, rpc_code=-32602, retry_after_ms=None, remediation=None,
-                 permission=None, extra=None, audit_result="failure"):
+    def __init__(self, message: str, *, status: int = 400, rpc_code: int = -32602, retry_after_ms: int | None = None,
+                 remediation: str | None = None, permission: str | None = None, extra: JsonObject | None = None,
+                 audit_result: str = "failure") -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -49,15 +66,16 @@ class YuzuError(Exception):
         self.extra = extra or {}
         self.audit_result = audit_result
 
-    def envelope(self, cid):
-        data = {"correlation_id": cid, "retry_after_ms": self.retry_after_ms, "remediation": self.remediation}
+    def envelope(self, cid: str) -> JsonObject:
+        data: JsonObject = {"correlation_id": cid, "retry_after_ms": self.retry_after_ms,
+                            "remediation": self.remediation}
         if self.permission:
             data["permission"] = self.permission
         data.update(self.extra)
         return data
 
 
-def validation_message(detail):
+def validation_message(detail: object) -> str:
     """A Django/DRF validation error's detail (dict, list or text) as one line: ``field: message; …``."""
     if isinstance(detail, dict):
         return "; ".join(validation_message(v) if k in ("__all__", "non_field_errors") else
@@ -67,7 +85,7 @@ def validation_message(detail):
     return str(detail)
 
 
-def invalid_input(exc):
+def invalid_input(exc: ValidationError) -> YuzuError:
     """A Django ValidationError raised by a service, as the YuzuError both faces render (400 / -32602)."""
     detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
     return YuzuError(validation_message(detail), status=400, rpc_code=-32602,
@@ -75,14 +93,14 @@ def invalid_input(exc):
 
 
 class NotFound(YuzuError):
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Unpack[RefusalOptions]) -> None:
         kw.setdefault("status", 404)
         kw.setdefault("rpc_code", -32602)
         super().__init__(message, **kw)
 
 
 class PermissionDenied(YuzuError):
-    def __init__(self, permission, message=None, **kw):
+    def __init__(self, permission: str, message: str | None = None, **kw: Unpack[RefusalOptions]) -> None:
         kw.setdefault("status", 403)
         kw.setdefault("rpc_code", -32003)
         kw.setdefault("audit_result", "denied")
@@ -91,7 +109,7 @@ class PermissionDenied(YuzuError):
 
 
 class StoreFault(YuzuError):
-    def __init__(self, message="store unavailable, retry shortly", **kw):
+    def __init__(self, message: str = "store unavailable, retry shortly", **kw: Unpack[RefusalOptions]) -> None:
         kw.setdefault("status", 503)
         kw.setdefault("rpc_code", -32603)
         kw.setdefault("retry_after_ms", STORE_FAULT_RETRY_MS)

@@ -7,27 +7,32 @@ deep inside a request (a 500, an audit row lost). Refused here, they are a clear
 
 import json
 import math
+from typing import Any, NoReturn
+
+#: A JSON object as parsed from a body or built for one. Its values are any JSON (the wire's own type): code
+#: that reads them checks their shape (a JSON Schema, isinstance) before it relies on one.
+JsonObject = dict[str, Any]
 
 
 class InvalidJSON(ValueError):
     pass
 
 
-def _float(text):
+def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise InvalidJSON(f"number {text[:32]} is out of range")
     return value
 
 
-def _constant(name):
+def _constant(name: str) -> NoReturn:
     raise InvalidJSON(f"{name} is not JSON")
 
 
-def loads(data):
+def loads(data: str | bytes) -> Any:
     """Parse ``data`` (bytes or str); raises ValueError (InvalidJSON, JSONDecodeError, UnicodeDecodeError)."""
     value = json.loads(data, parse_float=_float, parse_constant=_constant)
-    stack = [value]
+    stack: list[Any] = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):

@@ -3,13 +3,15 @@
 from drf_spectacular.generators import SchemaGenerator
 
 from fleet.models import Agent
-from mcp.registry import configure, prompt, resource, tool
+from mcp.context import ToolContext
+from mcp.registry import Render, configure, prompt, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 
 from . import rbac, tokens
 from .accounts import plan_unlock_account as plan_unlock
 from .accounts import unlock_account as unlock_service
 from .audit import EPOCH_MAX, query_audit
+from .jsondata import JsonObject
 from .models import OPERATIONS, SECURABLES
 
 INSTRUCTIONS = """yuzu operates a fleet of endpoints. Work in this order: classify the question \
@@ -39,7 +41,7 @@ TOKEN_ID = string(64, "The token id (24 hex), from list_api_tokens", minLength=1
                         "since": integer(0, EPOCH_MAX, "epoch seconds"), "until": integer(0, EPOCH_MAX, "epoch seconds"),
                         "limit": integer(1, 500, "default 50")}),
       output_schema=obj({"events": array(AUDIT_ROW), "count": integer(0)}, ["events", "count"]))
-def query_audit_log(ctx, args):
+def query_audit_log(ctx: ToolContext, args: JsonObject) -> JsonObject:
     rows = query_audit(principal=args.get("principal"), action=args.get("action"),
                        target_type=args.get("target_type"), since=args.get("since"), until=args.get("until"),
                        limit=args.get("limit", 50))
@@ -53,7 +55,7 @@ def query_audit_log(ctx, args):
                        ["securable_type", "operation"]),
       output_schema=obj({"securable_type": string(64), "operation": string(16), "allowed": boolean(),
                          "rbac_allowed": boolean(), "tier_allowed": boolean()}, ["allowed"]))
-def check_permission(ctx, args):
+def check_permission(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return rbac.self_check(ctx.principal, args["securable_type"], args["operation"])
 
 
@@ -65,10 +67,10 @@ def check_permission(ctx, args):
       output_schema=obj({"securables": array(string(64), min_items=1), "operations": array(string(16), min_items=1),
                          "my_permissions": array(string(96)), "roles": array({"type": "object"}),
                          "roles_omitted": boolean()}, ["securables", "operations", "my_permissions"]))
-def discover_permissions(ctx, args):
+def discover_permissions(ctx: ToolContext, args: JsonObject) -> JsonObject:
     grants = ctx.principal.grants()
     mine = sorted(f"{s}:{o}" + ("" if scope is None else f" (on {len(scope)} group(s))") for (s, o), scope in grants.items())
-    data = {"securables": list(SECURABLES), "operations": list(OPERATIONS), "my_permissions": mine}
+    data: JsonObject = {"securables": list(SECURABLES), "operations": list(OPERATIONS), "my_permissions": mine}
     if rbac.may(ctx.principal, "UserManagement", "Read"):
         data["roles"] = rbac.list_roles()
         data["roles_omitted"] = False
@@ -81,7 +83,7 @@ def discover_permissions(ctx, args):
       description="The caller's own API tokens (never their secret values). An empty list means you have none "
                   "besides possibly this session's credential.",
       input_schema=obj(), output_schema=obj({"tokens": array(TOKEN), "count": integer(0)}, ["tokens", "count"]))
-def list_api_tokens(ctx, args):
+def list_api_tokens(ctx: ToolContext, args: JsonObject) -> JsonObject:
     rows = tokens.list_tokens(ctx.principal)
     return {"tokens": rows, "count": len(rows)}
 
@@ -98,7 +100,7 @@ def list_api_tokens(ctx, args):
                         "scope_service": string(256), "mcp_tier": enum(["readonly", "operator", "supervised"]),
                         "approval_id": APPROVAL_ID}, ["name"]),
       output_schema=obj({"id": string(24), "token": string(80)}, ["id", "token"], additional=True))
-def create_api_token(ctx, args):
+def create_api_token(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return tokens.create_token(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
@@ -109,7 +111,7 @@ def create_api_token(ctx, args):
                   "tier only, approval-gated.",
       input_schema=obj({"token_id": TOKEN_ID, "approval_id": APPROVAL_ID}, ["token_id"]),
       output_schema=obj({"id": string(24), "revoked": boolean()}, ["id", "revoked"]))
-def revoke_api_token(ctx, args):
+def revoke_api_token(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return tokens.revoke_token(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
@@ -121,7 +123,7 @@ def revoke_api_token(ctx, args):
       input_schema=obj({"token_id": TOKEN_ID, "overlap_days": integer(1, 3650, "default 1")}, ["token_id"]),
       output_schema=obj({"id": string(24), "token": string(80), "predecessor_retire_at": nullable(string(64))},
                         ["id", "token"], additional=True))
-def rotate_api_token(ctx, args):
+def rotate_api_token(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return tokens.rotate_token(ctx.principal, args["token_id"], overlap_secs=args.get("overlap_days", 1) * 86400,
                                cid=ctx.cid)
 
@@ -131,7 +133,7 @@ def rotate_api_token(ctx, args):
       description="Retires the predecessor of a rotated token now. token_id is the SUCCESSOR's id.",
       input_schema=obj({"token_id": TOKEN_ID}, ["token_id"]),
       output_schema=obj({"id": string(24), "retired": string(24)}, ["id", "retired"]))
-def confirm_api_token_rotation(ctx, args):
+def confirm_api_token_rotation(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return tokens.confirm_rotation(ctx.principal, args["token_id"], cid=ctx.cid)
 
 
@@ -142,13 +144,13 @@ def confirm_api_token_rotation(ctx, args):
                   "was_locked:false means it was not locked.",
       input_schema=obj({"username": string(150, minLength=1), "approval_id": APPROVAL_ID}, ["username"]),
       output_schema=obj({"username": string(150), "unlocked": boolean(), "was_locked": boolean()}, ["unlocked"]))
-def unlock_account(ctx, args):
+def unlock_account(ctx: ToolContext, args: JsonObject) -> JsonObject:
     return unlock_service(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
 # --- resources -------------------------------------------------------------------------------
 
-CAPABILITIES = {
+CAPABILITIES: dict[str, list[str]] = {
     "answerable_now": ["agent inventory and attributes", "tags and management groups", "audit history",
                        "stored execution responses", "pending approvals"],
     "answerable_with_live_dispatch": ["os info", "uptime", "processes", "disk usage", "network interfaces",
@@ -172,53 +174,54 @@ OPERATING_MODEL = """# Operating model
 
 
 @resource(uri="yuzu://server/health", name="Server health", description="Server status and connected agents.")
-def health_resource(ctx):
+def health_resource(ctx: ToolContext) -> JsonObject:
     return {"status": "ok", "agents_connected": Agent.objects.filter(connected=True).count()}
 
 
 @resource(uri="yuzu://audit/recent", name="Recent audit", description="The newest 50 audit rows.",
           securable="AuditLog")
-def audit_resource(ctx):
+def audit_resource(ctx: ToolContext) -> list[JsonObject]:
     return query_audit(limit=50)
 
 
 @resource(uri="yuzu://about", name="About yuzu", description="The primer (same text as initialize.instructions).",
           mime_type="text/markdown")
-def about_resource(ctx):
+def about_resource(ctx: ToolContext) -> str:
     return INSTRUCTIONS
 
 
 @resource(uri="yuzu://capabilities", name="Capabilities", description="What yuzu can answer and how.")
-def capabilities_resource(ctx):
+def capabilities_resource(ctx: ToolContext) -> dict[str, list[str]]:
     return CAPABILITIES
 
 
 @resource(uri="yuzu://operating-model", name="Operating model", mime_type="text/markdown",
           description="classify → plan → read → narrow → probe → approve → execute → monitor")
-def operating_model_resource(ctx):
+def operating_model_resource(ctx: ToolContext) -> str:
     return OPERATING_MODEL
 
 
 @resource(uri="yuzu://openapi", name="OpenAPI", description="The REST API's OpenAPI 3 document.")
-def openapi_resource(ctx):
-    return SchemaGenerator().get_schema(request=None, public=True)
+def openapi_resource(ctx: ToolContext) -> JsonObject:
+    schema: JsonObject = SchemaGenerator().get_schema(request=None, public=True)
+    return schema
 
 
 # --- prompts ---------------------------------------------------------------------------------
 
-def _text(*lines):
+def _text(*lines: str | None) -> str:
     return "\n".join(line for line in lines if line)
 
 
 @prompt(name="fleet_overview", description="Summarise the fleet's state.")
-def fleet_overview(a):
+def fleet_overview(a: dict[str, str | None]) -> str:
     return _text("Give an overview of the fleet. Start with get_fleet_posture_fast, then list_agents for "
                  "disconnected or quarantined agents. Report counts, the OS mix and anything that needs attention.")
 
 
 @prompt(name="investigate_agent", description="Investigate one agent.",
         arguments=[{"name": "agent_id", "description": "The agent to investigate", "required": True}])
-def investigate_agent(a):
+def investigate_agent(a: dict[str, str | None]) -> str:
     return _text("Investigate one agent. Use get_agent_details, get_tags and query_audit_log (target_id = the "
                  "agent), then read-only probes if it is connected.", a["agent_id"])
 
@@ -226,21 +229,21 @@ def investigate_agent(a):
 @prompt(name="audit_investigation", description="Review what a principal did recently.",
         arguments=[{"name": "principal", "description": "Username to review", "required": True},
                    {"name": "hours", "description": "How far back (default 24)", "required": False}])
-def audit_investigation(a):
+def audit_investigation(a: dict[str, str | None]) -> str:
     return _text("Review the audit log for one principal with query_audit_log (use since = now - hours). "
                  "Highlight denied and failed actions and any approvals consumed.", a["principal"],
                  a["hours"] or "hours: 24")
 
 
 @prompt(name="fleet_health_briefing", description="A short health briefing for an operator.")
-def fleet_health_briefing(a):
+def fleet_health_briefing(a: dict[str, str | None]) -> str:
     return _text("Write a five-line fleet health briefing from get_fleet_posture_fast and recent executions "
                  "(list_executions). Say what is unknown rather than guessing.")
 
 
 @prompt(name="prepare_remediation_plan", description="Draft a remediation plan for an incident.",
         arguments=[{"name": "incident_summary", "description": "What happened", "required": True}])
-def prepare_remediation_plan(a):
+def prepare_remediation_plan(a: dict[str, str | None]) -> str:
     return _text("Draft a remediation plan. Separate read-only diagnosis from changes; every change must go "
                  "through the approval flow (-32006 → a human approves → re-call with approval_id).",
                  a["incident_summary"])
@@ -249,15 +252,15 @@ def prepare_remediation_plan(a):
 @prompt(name="ceo_demo_agentic_endpoint_management", description="A live, end-to-end demo on the real fleet.",
         arguments=[{"name": "mode", "description": "live or dry_run", "required": False, "enum": ["live", "dry_run"],
                     "default": "dry_run"}])
-def ceo_demo(a):
+def ceo_demo(a: dict[str, str | None]) -> str:
     return _text(f"Run the demo in mode={a['mode']}: classify → read → narrow → probe → approve → execute → "
                  "monitor, on the real fleet. Never fabricate findings; in dry_run stop before any change.")
 
 
-def _incident(name, description, arg, arg_description, focus):
+def _incident(name: str, description: str, arg: str, arg_description: str, focus: str) -> Render:
     @prompt(name=name, description=description,
             arguments=[{"name": arg, "description": arg_description, "required": False}])
-    def render(a):
+    def render(a: dict[str, str | None]) -> str:
         return _text(f"Investigate: {description} Start with classify_operational_question; {focus} Label "
                      "anything outside endpoint evidence as a connector gap.", a[arg])
 

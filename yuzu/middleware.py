@@ -1,29 +1,44 @@
 import time
+from collections.abc import Callable
+
+from django.http import HttpRequest, HttpResponseBase
 
 from .errors import correlation_id
 from .metrics import HTTP_LATENCY, HTTP_REQUESTS
+
+GetResponse = Callable[[HttpRequest], HttpResponseBase]
+
+
+def request_cid(request: HttpRequest) -> str:
+    """The correlation id of this request: the one CorrelationMiddleware minted, else one minted now and kept on
+    the request (a per-request attribute, as Django's own middleware set them)."""
+    cid: str | None = getattr(request, "correlation_id", None)
+    if cid is None:
+        cid = correlation_id()
+        setattr(request, "correlation_id", cid)  # HttpRequest declares no such attribute
+    return cid
 
 
 class CorrelationMiddleware:
     """Mints the request's correlation id and stamps X-Correlation-Id. (Bodies are bounded before Django
     sees them, while they arrive: yuzu.bodylimit.)"""
 
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
-        request.correlation_id = correlation_id()
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        cid = request_cid(request)
         response = self.get_response(request)
         if request.path.startswith("/api/"):
-            response["X-Correlation-Id"] = request.correlation_id
+            response["X-Correlation-Id"] = cid
         return response
 
 
 class MetricsMiddleware:
-    def __init__(self, get_response):
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
-    def __call__(self, request):
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         start = time.perf_counter()
         response = self.get_response(request)
         match = getattr(request, "resolver_match", None)

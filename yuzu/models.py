@@ -2,12 +2,16 @@
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 # The fixed securable catalogue and operations (spec/yuzu-mcp.md §1.1).
 SECURABLES = (
@@ -23,11 +27,11 @@ MCP_TOKEN_MAX_DAYS = 90
 TOKEN_PREFIX = "yuzu_"
 
 
-def new_hex_id(nbytes=12):
+def new_hex_id(nbytes: int = 12) -> str:
     return secrets.token_hex(nbytes)
 
 
-def hash_secret(raw):
+def hash_secret(raw: str) -> str:
     """Tokens are stored only as their SHA-256: they are 256-bit random, so no slow hash is needed."""
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -40,7 +44,7 @@ class Role(models.Model):
     class Meta:
         ordering = ["name"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.name
 
 
@@ -53,7 +57,7 @@ class RolePermission(models.Model):
         unique_together = [("role", "securable", "operation")]
         ordering = ["securable", "operation"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.role}: {self.securable}:{self.operation}"
 
 
@@ -75,13 +79,13 @@ class RoleAssignment(models.Model):
             ),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = f"on {self.group}" if self.group_id else "globally"
         return f"{self.user} is {self.role} {where}"
 
 
-class ApiTokenQuerySet(models.QuerySet):
-    def live(self, now=None):
+class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+    def live(self, now: datetime | None = None) -> "ApiTokenQuerySet":
         now = now or timezone.now()
         return self.filter(revoked_at__isnull=True).filter(
             models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
@@ -114,14 +118,16 @@ class ApiToken(models.Model):
     class Meta:
         ordering = ["-created_at"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
 
-    def clean(self):
+    def clean(self) -> None:
         validate_token_fields(self.mcp_tier, self.expires_at, self.created_at or timezone.now())
 
     @classmethod
-    def mint(cls, owner, name, *, mcp_tier="", expires_at=None, scope_service="", audience=AUDIENCE_API, now=None):
+    def mint(cls, owner: "User", name: str, *, mcp_tier: str = "", expires_at: datetime | None = None,
+             scope_service: str = "", audience: str = AUDIENCE_API,
+             now: datetime | None = None) -> tuple["ApiToken", str]:
         """Create a token; returns (token, raw). The raw value is shown once and never stored."""
         now = now or timezone.now()
         validate_token_fields(mcp_tier, expires_at, now)
@@ -132,7 +138,7 @@ class ApiToken(models.Model):
         )
         return token, raw
 
-    def is_live(self, now=None):
+    def is_live(self, now: datetime | None = None) -> bool:
         now = now or timezone.now()
         if self.revoked_at is not None:
             return False
@@ -143,7 +149,7 @@ class ApiToken(models.Model):
         return True
 
 
-def validate_token_fields(mcp_tier, expires_at, now):
+def validate_token_fields(mcp_tier: str, expires_at: datetime | None, now: datetime) -> None:
     if mcp_tier and mcp_tier not in MCP_TIERS:
         raise ValidationError({"mcp_tier": f"mcp_tier must be one of {', '.join(MCP_TIERS)}"})
     if expires_at is not None and expires_at <= now:
@@ -173,15 +179,15 @@ class AuditEvent(models.Model):
         ordering = ["-id"]
         indexes = [models.Index(fields=["target_type", "target_id"])]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.timestamp:%Y-%m-%d %H:%M:%S} {self.principal} {self.action} {self.result}"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None and not self._state.adding:
             raise ValidationError("audit events are append-only")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ValidationError("audit events are append-only")
 
 
@@ -190,7 +196,7 @@ class AccountLockout(models.Model):
     failed_attempts = models.PositiveIntegerField(default=0)
     locked_until = models.DateTimeField(null=True, blank=True)
 
-    def is_locked(self, now=None):
+    def is_locked(self, now: datetime | None = None) -> bool:
         return self.locked_until is not None and self.locked_until > (now or timezone.now())
 
 
@@ -207,5 +213,5 @@ class KekVersion(models.Model):
     class Meta:
         ordering = ["version"]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"secrets-kek-v{self.version}"

@@ -10,20 +10,29 @@ call acts on what was approved and nothing else."""
 
 import re
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from .jsondata import JsonObject
 
 #: parameter names whose values are secrets: stored redacted, shown redacted, sent only to the agent
 SENSITIVE_KEY_RE = re.compile(r"password|passwd|secret|token|key|credential", re.IGNORECASE)
 
 
+V = TypeVar("V")
+
+
 @dataclass
-class Plan:
+class Plan(Generic[V]):
+    """``value`` is what the capability acts on (its own type: ``Plan[TokenFields]``, ``Plan[User]`` …); ``pins``
+    and ``facts`` are JSON, stored on an approval ticket and shown to its reviewer."""
+
     summary: str
-    value: object = None
-    pins: dict = field(default_factory=dict)
+    value: V
+    pins: JsonObject = field(default_factory=dict)
     risk: str = ""
-    facts: dict = field(default_factory=dict)
+    facts: JsonObject = field(default_factory=dict)
 
 
-def redact(params):
+def redact(params: JsonObject | None) -> JsonObject:
     """Command parameters for display: values whose name marks a secret become [redacted]."""
     return {k: "[redacted]" if SENSITIVE_KEY_RE.search(k) else v for k, v in (params or {}).items()}

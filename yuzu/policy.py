@@ -13,7 +13,7 @@ SUPERVISED_GATED = {
 TIER_ORDER = ("readonly", "operator", "supervised")
 
 
-def tier_allows(tier, securable, operation):
+def tier_allows(tier: str, securable: str, operation: str) -> bool:
     """Empty tier (a non-MCP token or a session) → no ceiling."""
     if not tier:
         return True
@@ -26,7 +26,7 @@ def tier_allows(tier, securable, operation):
     return False
 
 
-def requires_approval(tier, securable, operation):
+def requires_approval(tier: str, securable: str, operation: str) -> bool:
     if tier == "supervised":
         return operation == "Delete" or (securable, operation) in SUPERVISED_GATED
     if tier == "operator":
@@ -34,9 +34,6 @@ def requires_approval(tier, securable, operation):
     return False
 
 
-def tier_floor(securable, operation):
-    """The lowest tier whose tier_allows passes."""
-    for tier in TIER_ORDER:
-        if tier_allows(tier, securable, operation):
-            return tier
-    return None
+def tier_floor(securable: str, operation: str) -> str:
+    """The lowest tier whose tier_allows passes (supervised allows everything)."""
+    return next(tier for tier in TIER_ORDER if tier_allows(tier, securable, operation))

@@ -5,16 +5,20 @@ management group. A token acts with its owner's RBAC; an MCP token's tier is an 
 (yuzu.policy.tier_allows), applied by ``check``.
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db.models import Model, Q, QuerySet
 
 from fleet.groups import agent_group_ids
 from fleet.models import ManagementGroup
 
 from .errors import NotFound, PermissionDenied
+from .jsondata import JsonObject
 from .models import (
     OPERATIONS,
     SECURABLES,
@@ -25,15 +29,23 @@ from .models import (
 )
 from .policy import requires_approval, tier_allows, tier_floor
 
-ALL = [(s, o) for s in SECURABLES for o in OPERATIONS]
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+#: (securable, operation)
+Permission = tuple[str, str]
+#: what a permission is held on: None for every device (a global grant), else the management group ids
+Grants = dict[Permission, "set[str] | None"]
+
+ALL: list[Permission] = [(s, o) for s in SECURABLES for o in OPERATIONS]
 #: Securables whose grants may be held on a management group: they concern devices, groups, or tickets
 #: pinned to devices. A role held on a group grants nothing on any other securable (the audit log, tokens,
 #: users, definitions, the bridge …): those are not any group's, and need a global grant.
 GROUP_SCOPED = frozenset({"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory",
                           "ManagementGroup", "Approval"})
-READS = [(s, "Read") for s in SECURABLES]
+READS: list[Permission] = [(s, "Read") for s in SECURABLES]
 
-BUILTIN_ROLES = {
+BUILTIN_ROLES: dict[str, tuple[str, list[Permission]]] = {
     "Administrator": ("Everything, on every device.", ALL),
     "Operator": (
         "Runs instructions, manages tags and reads everything.",
@@ -54,7 +66,7 @@ BUILTIN_ROLES = {
 }
 
 
-def seed_builtin_roles():
+def seed_builtin_roles() -> None:
     """Idempotent: create or refresh the built-in roles and their permissions."""
     for name, (description, perms) in BUILTIN_ROLES.items():
         role, _ = Role.objects.update_or_create(name=name, defaults={"description": description, "builtin": True})
@@ -71,36 +83,36 @@ def seed_builtin_roles():
 class Principal:
     """Who is calling: a user, through a token or an interactive session."""
 
-    user: object
-    token: object = None
-    via: str = "token"  # "token" | "session"
+    user: User
+    token: ApiToken | None = None
+    via: Literal["token", "session"] = "token"
     mfa_verified_at: float | None = None
-    _grants: dict | None = field(default=None, repr=False)
+    _grants: Grants | None = field(default=None, repr=False)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self.user.get_username()
 
     @property
-    def tier(self):
+    def tier(self) -> str:
         return self.token.mcp_tier if self.token is not None else ""
 
     @property
-    def scope_service(self):
+    def scope_service(self) -> str:
         return self.token.scope_service if self.token is not None else ""
 
     @property
-    def key(self):
+    def key(self) -> str:
         """Stable identity for keying per-principal state (sessions, streams)."""
         return self.key_prefix(self.user.pk) + (f"t{self.token.pk}" if self.token is not None else "s")
 
     @staticmethod
-    def key_prefix(user_id):
+    def key_prefix(user_id: int) -> str:
         """What every key of one user's principals (each token, the admin session) starts with."""
         return f"u{user_id}."
 
     @classmethod
-    def from_key(cls, key):
+    def from_key(cls, key: str | None) -> Principal | None:
         """The principal behind a key as it stands now, or None when its user is inactive or gone, or its
         token is no longer live."""
         match = re.fullmatch(r"u(\d+)\.(?:t([0-9a-f]+)|s)", key or "")
@@ -114,10 +126,10 @@ class Principal:
         token = ApiToken.objects.filter(pk=match[2], owner=user).first()
         return cls(user=user, token=token) if token is not None and token.is_live() else None
 
-    def grants(self):
+    def grants(self) -> Grants:
         """{(securable, operation): set of group ids, or None for a global grant}, cached per request."""
         if self._grants is None:
-            grants = {}
+            grants: Grants = {}
             if self.user.is_superuser:
                 grants = {p: None for p in ALL}
             else:
@@ -129,30 +141,45 @@ class Principal:
                         continue
                     if group_id is None:
                         grants[(sec, op)] = None
-                    elif (sec, op) not in grants or grants[(sec, op)] is not None:
-                        grants.setdefault((sec, op), set()).add(group_id)
+                    else:
+                        held = grants.setdefault((sec, op), set())
+                        if held is not None:  # None: a global grant already covers every group
+                            held.add(group_id)
             self._grants = grants
         return self._grants
 
 
-def may(principal, securable, operation, *, agent=None, group=None):
+def may(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
+        group: Model | str | None = None) -> bool:
     """RBAC alone (no tier): a global grant allows everything; a group grant allows the devices of that
     group (``agent``) or the group itself (``group``)."""
-    scope = principal.grants().get((securable, operation), False)
+    scope = _held_on(principal, securable, operation)
     if scope is None:
         return True
-    if scope is False:
+    if not scope:
         return False
     if group is not None:
-        gid = getattr(group, "pk", group)
+        gid = _pk(group)
         return gid in scope or _ancestor_granted(gid, scope)
     if agent is not None:
         return bool(agent_group_ids(agent) & scope)
     return False
 
 
-def _ancestor_granted(group_id, scope):
-    seen = set()
+def _held_on(principal: Principal, securable: str, operation: str) -> set[str] | None:
+    """None for a global grant, else the ids of the groups the permission is held on (empty: held nowhere)."""
+    grants = principal.grants()
+    return grants[(securable, operation)] if (securable, operation) in grants else set()
+
+
+def _pk(obj: Model | str) -> str:
+    """An object's primary key, or the key itself."""
+    return obj if isinstance(obj, str) else str(obj.pk)
+
+
+def _ancestor_granted(group_id: str, scope: set[str]) -> bool:
+
+    seen: set[str] = set()
     current = ManagementGroup.objects.filter(pk=group_id).values_list("parent_id", flat=True).first()
     while current and current not in seen:
         if current in scope:
@@ -162,21 +189,19 @@ def _ancestor_granted(group_id, scope):
     return False
 
 
-def group_scope(principal, securable, operation):
+def group_scope(principal: Principal, securable: str, operation: str) -> set[str] | None:
     """None = every device; otherwise the set of group ids the grant is confined to (may be empty)."""
-    scope = principal.grants().get((securable, operation), False)
-    if scope is None:
-        return None
-    return set() if scope is False else set(scope)
+    scope = _held_on(principal, securable, operation)
+    return None if scope is None else set(scope)
 
 
-def has_any(principal, securable, operation):
+def has_any(principal: Principal, securable: str, operation: str) -> bool:
     """A global grant or a grant on at least one group (admit-then-filter reads)."""
-    scope = principal.grants().get((securable, operation), False)
+    scope = _held_on(principal, securable, operation)
     return scope is None or bool(scope)
 
 
-def check_tier(principal, securable, operation, *, surface="rest"):
+def check_tier(principal: Principal, securable: str, operation: str, *, surface: str = "rest") -> None:
     """The token's tier ceiling, for a capability with no RBAC gate of its own (withdrawing one's own ticket)
     as for every other: refused above the tier; on non-MCP surfaces an MCP token may not perform an
     approval-gated operation (the ticket could otherwise be bypassed)."""
@@ -190,7 +215,8 @@ def check_tier(principal, securable, operation, *, surface="rest"):
                                            f"that a human reviews in the admin at {APPROVALS_PAGE}")
 
 
-def check(principal, securable, operation, *, agent=None, group=None, surface="rest", any_scope=False):
+def check(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
+          group: Model | str | None = None, surface: str = "rest", any_scope: bool = False) -> None:
     """The REST face's gate: the tier ceiling first (check_tier), then RBAC."""
     check_tier(principal, securable, operation, surface=surface)
     allowed = has_any(principal, securable, operation) if any_scope else may(
@@ -204,11 +230,11 @@ APPROVALS_PAGE = "/admin/approvals/approval/"
 ROLE_ASSIGNMENT_PAGE = "/admin/yuzu/roleassignment/add/"
 
 
-def mint_token_hint(principal, tier):
+def mint_token_hint(principal: Principal, tier: str) -> str:
     return f"`python manage.py mint_token --user {principal.name} --name <label> --tier {tier}`"
 
 
-def tier_denial(principal, securable, operation):
+def tier_denial(principal: Principal, securable: str, operation: str) -> PermissionDenied:
     """The tier ceiling's refusal: the tier held, and the lowest tier that allows the operation."""
     perm = f"{securable}:{operation}"
     floor = tier_floor(securable, operation)
@@ -219,7 +245,8 @@ def tier_denial(principal, securable, operation):
                                         f"{mint_token_hint(principal, floor)}")
 
 
-def denial(principal, securable, operation, *, agent=None, group=None):
+def denial(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
+           group: Model | str | None = None) -> PermissionDenied:
     """RBAC's refusal, saying what the caller holds: no grant at all (and the built-in roles that carry one),
     or a grant confined to management groups that do not cover this agent or group."""
     perm = f"{securable}:{operation}"
@@ -251,7 +278,7 @@ def denial(principal, securable, operation, *, agent=None, group=None):
                                         f"(admin: {ROLE_ASSIGNMENT_PAGE})")
 
 
-def self_check(principal, securable, operation):
+def self_check(principal: Principal, securable: str, operation: str) -> JsonObject:
     """May the caller do securable:operation (tier ceiling included)? check_permission and POST /rbac/check."""
     rbac_ok = may(principal, securable, operation)
     tier_ok = tier_allows(principal.tier, securable, operation)
@@ -259,28 +286,28 @@ def self_check(principal, securable, operation):
             "rbac_allowed": rbac_ok, "tier_allowed": tier_ok}
 
 
-def list_roles():
+def list_roles() -> list[JsonObject]:
     return [{"name": r.name, "description": r.description, "builtin": r.builtin} for r in Role.objects.all()]
 
 
-def role_permissions(name):
+def role_permissions(name: str) -> JsonObject:
     role = Role.objects.filter(name=name).first()
     if role is None:
         raise NotFound(f"role not found: {name}")
     return {"role": role.name, "permissions": [f"{p.securable}:{p.operation}" for p in role.permissions.all()]}
 
 
-def roles_with(securable, operation):
+def roles_with(securable: str, operation: str) -> list[str]:
     return list(Role.objects.filter(permissions__securable=securable, permissions__operation=operation)
                 .values_list("name", flat=True))
 
 
-def assign_role(user, role_name, group=None):
+def assign_role(user: User, role_name: str, group: Model | None = None) -> RoleAssignment:
     role = Role.objects.get(name=role_name)
     return RoleAssignment.objects.get_or_create(user=user, role=role, group=group)[0]
 
 
-def user_assignments(user):
+def user_assignments(user: User) -> QuerySet[RoleAssignment]:
     return RoleAssignment.objects.filter(user=user).select_related("role", "group")
 
 

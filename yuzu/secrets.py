@@ -34,7 +34,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import transaction
+from django.db import models, transaction
 
 from .models import KekVersion
 
@@ -234,7 +234,7 @@ def rewrap(blob: bytes, where: Where, version: int | None = None) -> bytes:
 @dataclass(frozen=True)
 class SealedColumn:
     store: str
-    model: type
+    model: type[models.Model]
     column: str
 
     def where(self, pk: str | int) -> Where:
@@ -244,7 +244,7 @@ class SealedColumn:
 SEALED: list[SealedColumn] = []
 
 
-def sealed_column(store: str, model: type, column: str) -> SealedColumn:
+def sealed_column(store: str, model: type[models.Model], column: str) -> SealedColumn:
     """Declare a model column that holds sealed blobs (a BinaryField): a KEK rotation re-wraps it."""
     col = SealedColumn(store, model, column)
     if col not in SEALED:
@@ -258,10 +258,10 @@ def rewrap_all(version: int | None = None) -> int:
     version = version or active_version()
     moved = 0
     for col in SEALED:
-        rows = col.model.objects.exclude(**{f"{col.column}__isnull": True}).values_list("pk", col.column)
+        rows = col.model._default_manager.exclude(**{f"{col.column}__isnull": True}).values_list("pk", col.column)
         for pk, blob in rows.iterator():
             if blob is None or kek_version_of(blob) == version:
                 continue
             new = rewrap(blob, col.where(pk), version)
-            moved += col.model.objects.filter(pk=pk, **{col.column: bytes(blob)}).update(**{col.column: new})
+            moved += col.model._default_manager.filter(pk=pk, **{col.column: bytes(blob)}).update(**{col.column: new})
     return moved

@@ -11,10 +11,15 @@ import logging
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
+
+# Django's generic classes (ModelAdmin[Role], …) subscriptable at run time, as their type stubs have them.
+django_stubs_ext.monkeypatch(include_builtins=False)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # var/ holds the embedded database (sessions, TOTP seeds, bridge profile environments) and the secret key:
@@ -25,7 +30,7 @@ VAR_DIR = Path(os.environ.get("YUZU_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def private_file(path, content=None):
+def private_file(path: str | os.PathLike[str], content: str | None = None) -> None:
     """Create ``path`` with mode 0600 (and ``content``) unless it exists; an existing file is left as it is."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -35,14 +40,14 @@ def private_file(path, content=None):
         f.write(content or "")
 
 
-def env_flag(name, default=False):
+def env_flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name)
     if value is None:
         return default
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _secret_key():
+def _secret_key() -> str:
     key = os.environ.get("YUZU_SECRET_KEY")
     if key:
         return key
@@ -176,7 +181,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BEAT_SCHEDULE = {
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format: task, schedule, args …
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
 }
 
@@ -246,7 +251,7 @@ YUZU_APPROVAL_NOTIFY_ATTEMPTS = int(os.environ.get("YUZU_APPROVAL_NOTIFY_ATTEMPT
 YUZU_APPROVAL_NOTIFY_BACKOFF = float(os.environ.get("YUZU_APPROVAL_NOTIFY_BACKOFF", "30"))
 
 
-def _check_notification_settings():
+def _check_notification_settings() -> None:
     if YUZU_APPROVAL_WEBHOOK_URL:
         url = urlsplit(YUZU_APPROVAL_WEBHOOK_URL)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -269,7 +274,7 @@ YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
 YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
 
 
-def _max_streams(default=1024):
+def _max_streams(default: int = 1024) -> int:
     """Held-open GET streams per process (docs/streaming.md): refused past it, never evicted."""
     raw = os.environ.get("YUZU_MCP_MAX_STREAMS", "").strip()
     try:
@@ -302,7 +307,7 @@ YUZU_OAUTH_REGISTRATIONS_PER_HOUR_TOTAL = int(os.environ.get("YUZU_OAUTH_REGISTR
 YUZU_OAUTH_CIMD_ALLOWED_NETWORKS = os.environ.get("YUZU_OAUTH_CIMD_ALLOWED_NETWORKS", "")
 
 
-def _check_oauth_settings():
+def _check_oauth_settings() -> None:
     for net in filter(None, (n.strip() for n in YUZU_OAUTH_CIMD_ALLOWED_NETWORKS.split(","))):
         try:
             ipaddress.ip_network(net, strict=False)

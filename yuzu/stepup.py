@@ -1,6 +1,9 @@
 """Fresh-MFA step-up for browser sessions: a TOTP proof within the last five minutes."""
 
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING
 
 from django_otp import devices_for_user, match_token
 from django_otp.oath import TOTP
@@ -9,6 +12,11 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from .audit import audit
 from .auth import MFA_SESSION_KEY
 from .errors import PermissionDenied
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
+
+    from .rbac import Principal
 
 CODE_REQUIRED = "Enter the 6-digit code your authenticator app shows for yuzu."
 CODE_WRONG = "That authenticator code is not right. Enter the code your authenticator app shows now."
@@ -19,12 +27,12 @@ CODE_THROTTLED = "Too many wrong authenticator codes in a row. Wait a few second
 MFA_FRESH_SECONDS = 300
 
 
-def mfa_is_fresh(principal, now=None):
+def mfa_is_fresh(principal: Principal, now: float | None = None) -> bool:
     at = principal.mfa_verified_at
     return at is not None and (now or time.time()) - float(at) <= MFA_FRESH_SECONDS
 
 
-def require_fresh_mfa(principal, permission="ApiToken:Write"):
+def require_fresh_mfa(principal: Principal, permission: str = "ApiToken:Write") -> None:
     """Browser sessions must re-prove MFA for sensitive writes; tokens are their own credential."""
     if principal.via != "session":
         return
@@ -33,7 +41,7 @@ def require_fresh_mfa(principal, permission="ApiToken:Write"):
                                remediation="open /admin/stepup/ and enter the current code from your authenticator app")
 
 
-def code_was_used(device, code):
+def code_was_used(device: object, code: str) -> bool:
     """True when ``code`` is one this TOTP device already accepted (its time step is at or before the last
     accepted one): then "wrong code" would mislead — the person typed the right code a second time."""
     if not isinstance(device, TOTPDevice) or device.last_t < 0:
@@ -51,7 +59,7 @@ def code_was_used(device, code):
     return False
 
 
-def prove(request, code):
+def prove(request: HttpRequest, code: str | None) -> str | None:
     """Check an authenticator code of the signed-in admin user; on success stamp a fresh MFA proof on the
     session and return None, otherwise the message to show. A code is accepted once (django-otp remembers
     the last one used) and a device is throttled after wrong codes. Audited either way."""

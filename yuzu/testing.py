@@ -8,23 +8,28 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+               what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -35,7 +40,7 @@ def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
-def server_env(**extra):
+def server_env(**extra: object) -> dict[str, str]:
     """Environment for a server process on the test database (never the caller's ANTHROPIC_*)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     db = connection.settings_dict
@@ -55,10 +60,10 @@ def server_env(**extra):
 @dataclass
 class Proc:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log_path: Path
 
-    def stop(self):
+    def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -67,14 +72,14 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait(5)
 
-    def log(self, tail=4000):
+    def log(self, tail: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-tail:]
         except OSError:
             return ""
 
 
-def spawn(name, argv, env, log_dir):
+def spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: str | Path) -> Proc:
     log_path = Path(log_dir) / f"{name}.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -82,7 +87,7 @@ def spawn(name, argv, env, log_dir):
     return Proc(name, proc, log_path)
 
 
-def start_daphne(port, env, log_dir, name=None):
+def start_daphne(port: int, env: Mapping[str, str], log_dir: str | Path, name: str | None = None) -> Proc:
     p = spawn(name or f"daphne-{port}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                           "yuzu.asgi:application"], env, log_dir)
     base = f"http://127.0.0.1:{port}"

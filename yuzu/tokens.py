@@ -1,7 +1,10 @@
 """API-token service: one function per capability, shared by REST views and MCP tools."""
 
+from __future__ import annotations
+
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from typing import TypedDict, Unpack
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -12,16 +15,35 @@ from fleet.models import ManagementGroup
 
 from .audit import EPOCH_MAX, audit
 from .errors import NotFound, PermissionDenied, YuzuError
+from .jsondata import JsonObject
 from .models import MCP_TOKEN_MAX_DAYS, ApiToken, validate_token_fields
 from .plans import Plan
 from .policy import TIER_ORDER
-from .rbac import may
+from .rbac import Principal, may
 from .stepup import require_fresh_mfa
 
 MAX_OVERLAP_SECS = 3650 * 86400
 
 
-def token_view(t):
+class TokenRequest(TypedDict, total=False):
+    """What a caller asks for in a new token (the create_api_token tool's arguments, the REST body)."""
+
+    name: str
+    expires_at: str | int | float | None  # ISO-8601 or epoch seconds
+    scope_service: str
+    mcp_tier: str
+
+
+class TokenFields(TypedDict):
+    """A new token's fields, as planned."""
+
+    name: str
+    mcp_tier: str
+    expires_at: datetime | None
+    scope_service: str
+
+
+def token_view(t: ApiToken) -> JsonObject:
     return {
         "id": t.id, "name": t.name, "prefix": t.prefix, "created_at": _iso(t.created_at),
         "expires_at": _iso(t.expires_at), "last_used_at": _iso(t.last_used_at), "revoked": t.revoked_at is not None,
@@ -30,11 +52,11 @@ def token_view(t):
     }
 
 
-def _iso(dt):
+def _iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt else None
 
 
-def parse_expiry(value, now=None):
+def parse_expiry(value: object, now: datetime | None = None) -> datetime | None:
     """``expires_at`` as ISO-8601 or epoch seconds; ``None`` means no expiry."""
     if value in (None, ""):
         return None
@@ -55,7 +77,8 @@ def parse_expiry(value, now=None):
     return dt
 
 
-def check_ceiling(principal, tier, expires_at, *, permission, token=None):
+def check_ceiling(principal: Principal, tier: str, expires_at: datetime | None, *, permission: str,
+                  token: ApiToken | None = None) -> None:
     """A tiered caller never obtains a token above itself: the tier must be the caller's or lower and the
     token must expire no later than the caller does, so no chain of creates or rotations leads to an
     untiered or non-expiring secret. The caller's own token is always within its ceiling."""
@@ -75,13 +98,15 @@ def check_ceiling(principal, tier, expires_at, *, permission, token=None):
                         f"`python manage.py mint_token --user {principal.name} --name <label> --tier {tier or '<tier>'}`")
 
 
-def list_tokens(principal):
+def list_tokens(principal: Principal) -> list[JsonObject]:
     """The caller's API tokens, including those its MCP clients got through OAuth (not bridge workers')."""
     return [token_view(t) for t in ApiToken.objects.filter(owner=principal.user).exclude(
         audience=ApiToken.AUDIENCE_BRIDGE)]
 
 
-def plan_create_token(principal, *, name, expires_at=None, scope_service="", mcp_tier="", pinned=None):
+def plan_create_token(principal: Principal, *, name: str, expires_at: str | int | float | None = None,
+                      scope_service: str = "", mcp_tier: str = "",
+                      pinned: JsonObject | None = None) -> Plan[TokenFields]:
     if not name or len(name) > 256:
         raise ValidationError({"name": "name is required, at most 256 characters"})
     expires = parse_expiry(expires_at)
@@ -97,7 +122,8 @@ def plan_create_token(principal, *, name, expires_at=None, scope_service="", mcp
                        "scope_service": scope_service or ""}, risk="write")
 
 
-def create_token(principal, *, cid="", plan=None, **request):
+def create_token(principal: Principal, *, cid: str = "", plan: Plan[TokenFields] | None = None,
+                 **request: Unpack[TokenRequest]) -> JsonObject:
     fields = (plan or plan_create_token(principal, **request)).value
     name, mcp_tier = fields["name"], fields["mcp_tier"]
     token, raw = ApiToken.mint(principal.user, name, mcp_tier=mcp_tier, expires_at=fields["expires_at"],
@@ -107,7 +133,7 @@ def create_token(principal, *, cid="", plan=None, **request):
     return {**token_view(token), "token": raw}
 
 
-def _check_service_scope(principal, service):
+def _check_service_scope(principal: Principal, service: str) -> None:
     if may(principal, "ManagementGroup", "Write"):
         return
     group = ManagementGroup.objects.filter(name=f"Service: {service}").first()
@@ -117,7 +143,7 @@ def _check_service_scope(principal, service):
                            "a service-scoped token needs ITServiceOwner on the 'Service: <name>' group or ManagementGroup:Write")
 
 
-def _own_token(principal, token_id, *, allow_admin=False):
+def _own_token(principal: Principal, token_id: str, *, allow_admin: bool = False) -> ApiToken:
     token = ApiToken.objects.filter(pk=token_id).exclude(audience=ApiToken.AUDIENCE_BRIDGE).first()
     if token is None:
         raise NotFound(f"token not found: {token_id}")
@@ -129,14 +155,15 @@ def _own_token(principal, token_id, *, allow_admin=False):
     return token
 
 
-def plan_revoke_token(principal, token_id, pinned=None):
+def plan_revoke_token(principal: Principal, token_id: str, pinned: JsonObject | None = None) -> Plan[str]:
     token = _own_token(principal, token_id, allow_admin=True)
     owner = "" if token.owner_id == principal.user.pk else f" of {token.owner.get_username()}"
     return Plan(summary=f"Revoke API token '{token.name}' ({token.prefix}…){owner}: it stops working at once",
                 value=token.pk, risk="destructive")
 
 
-def revoke_token(principal, token_id=None, *, cid="", plan=None):
+def revoke_token(principal: Principal, token_id: str = "", *, cid: str = "",
+                 plan: Plan[str] | None = None) -> JsonObject:
     token_id = plan.value if plan is not None else token_id
     with transaction.atomic():
         token = _own_token(principal, token_id, allow_admin=True)
@@ -147,7 +174,7 @@ def revoke_token(principal, token_id=None, *, cid="", plan=None):
     return {"id": token.id, "revoked": True}
 
 
-def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
+def rotate_token(principal: Principal, token_id: str, *, overlap_secs: int = 86400, cid: str = "") -> JsonObject:
     """Mint a successor that inherits tier, scope and expires_at; the old one keeps working for the overlap."""
     if isinstance(overlap_secs, bool) or not isinstance(overlap_secs, int) or not 0 <= overlap_secs <= MAX_OVERLAP_SECS:
         raise ValidationError({"overlap_secs": f"overlap_secs must be an integer 0..{MAX_OVERLAP_SECS}"})
@@ -181,7 +208,7 @@ def rotate_token(principal, token_id, *, overlap_secs=86400, cid=""):
     return {**token_view(successor), "token": raw, "predecessor_retire_at": _iso(token.retire_at)}
 
 
-def confirm_rotation(principal, successor_id, *, cid=""):
+def confirm_rotation(principal: Principal, successor_id: str, *, cid: str = "") -> JsonObject:
     """Retire the predecessor now that the successor is in use."""
     require_fresh_mfa(principal, "ApiToken:Rotate")
     with transaction.atomic():

@@ -1,7 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 from django.views.decorators.cache import cache_page
-from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView, SpectacularYAMLAPIView
+from drf_spectacular.views import (
+    SpectacularJSONAPIView,
+    SpectacularSwaggerView,
+    SpectacularYAMLAPIView,
+)
 
 from fleet import api as fleet_api
 

@@ -3,16 +3,16 @@
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 
-def healthz(request):
+def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-def readyz(request):
-    checks = {}
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
     try:
         with connection.cursor() as cur:
             cur.execute("SELECT 1")
@@ -29,5 +29,5 @@ def readyz(request):
     return JsonResponse({"status": "ready" if ready else "not_ready", "checks": checks}, status=200 if ready else 503)
 
 
-def metrics(request):
+def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

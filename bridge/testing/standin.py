@@ -97,7 +97,8 @@ class BridgeClient:
 
     def _request(self, method: str, params: dict, timeout: float) -> dict:
         self._next_id += 1
-        return self._post({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}, timeout)
+        # a request (it has an id) always has a reply
+        return self._post({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params}, timeout) or {}
 
     def _initialize(self) -> None:
         self.session_id = self.protocol_version = None

@@ -11,7 +11,10 @@ A progress record is reserved before the call runs and released when its followe
 notifications/cancelled finds a follower in this process.
 """
 
+from __future__ import annotations
+
 import threading
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
@@ -21,6 +24,11 @@ from .. import jsonrpc as rpc
 from ..pipeline import a4
 from .metrics import PIN_DISPLACED, RECORDS_ACTIVE, REJECTS
 from .ring import ring_key, rings
+
+if TYPE_CHECKING:
+    from ..context import ToolContext
+    from ..jsonrpc import RequestId
+    from .follower import Follower
 
 GET_PER_PRINCIPAL = 4
 POST_PER_PRINCIPAL = 4
@@ -32,12 +40,12 @@ RECORD_CAP = 256
 class Budget:
     """Held-open stream admission for this process: reject, never evict."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.total = 0
-        self.per_principal = {}
+        self.per_principal: dict[str, int] = {}
 
-    def acquire(self, principal_key, per_principal_cap, global_cap):
+    def acquire(self, principal_key: str, per_principal_cap: int, global_cap: int) -> str | None:
         with self._lock:
             if self.total >= global_cap:
                 return "global_cap"
@@ -47,7 +55,7 @@ class Budget:
             self.per_principal[principal_key] = self.per_principal.get(principal_key, 0) + 1
             return None
 
-    def release(self, principal_key):
+    def release(self, principal_key: str) -> None:
         with self._lock:
             self.total -= 1
             left = self.per_principal.get(principal_key, 1) - 1
@@ -61,13 +69,13 @@ get_budget = Budget()
 post_budget = Budget()
 
 
-def reject(reason):
+def reject(reason: str) -> None:
     REJECTS.labels(reason).inc()
 
 
 # --- GET streams --------------------------------------------------------------------------------
 
-def admit_get(principal_key, handover_pending):
+def admit_get(principal_key: str, handover_pending: bool) -> None:
     """Take a GET stream slot, or raise the 429. ``handover_pending``: a superseded stream of the session
     is still closing."""
     reason = "stream_handover_pending" if handover_pending else \
@@ -81,17 +89,18 @@ def admit_get(principal_key, handover_pending):
                        http_status=429, headers={"Retry-After": str(STREAM_CAP_RETRY_MS // 1000)})
 
 
-def release_get(principal_key):
+def release_get(principal_key: str) -> None:
     get_budget.release(principal_key)
 
 
 # --- progress records ---------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_records = {}  # (ring_key, request_id) -> its Follower, or None while reserved
+#: (ring_key, request_id) -> its Follower, or None while reserved
+_records: dict[tuple[str, RequestId], Follower | None] = {}
 
 
-def admit_record(key, request_id):
+def admit_record(key: str, request_id: RequestId) -> str | None:
     """Reserve a record before any work exists. Returns a refusal reason or None."""
     with _lock:
         if (key, request_id) in _records:
@@ -103,31 +112,31 @@ def admit_record(key, request_id):
         return None
 
 
-def hold_record(key, request_id, follower):
+def hold_record(key: str, request_id: RequestId, follower: Follower) -> None:
     """The record's follower now exists (it is what notifications/cancelled detaches)."""
     with _lock:
         _records[(key, request_id)] = follower
 
 
-def release_record(key, request_id):
+def release_record(key: str, request_id: RequestId) -> None:
     with _lock:
         _records.pop((key, request_id), None)
         RECORDS_ACTIVE.set(len(_records))
 
 
-def follower_of(key, request_id):
+def follower_of(key: str, request_id: RequestId) -> Follower | None:
     with _lock:
         return _records.get((key, request_id))
 
 
-def inflight(key):
+def inflight(key: str) -> int:
     with _lock:
         return sum(1 for k, _ in _records if k == key)
 
 
 # --- streamed POSTs -----------------------------------------------------------------------------
 
-def admit_streamed_post(ctx):
+def admit_streamed_post(ctx: ToolContext) -> None:
     """Admit a streamed POST before the tool runs: a POST slot, a progress record, a pin slot on the session
     — or raise the refusal (429, or 409 for a request id already in flight), having kept nothing. An admitted
     call carries its ring key in ``ctx.extra["admitted"]``."""
@@ -156,13 +165,13 @@ def admit_streamed_post(ctx):
                        http_status=429, headers={"Retry-After": str(POST_STREAM_CAP_RETRY_MS // 1000)})
 
 
-def release_streamed_post(ctx, key):
+def release_streamed_post(ctx: ToolContext, key: str) -> None:
     """Give back what admit_streamed_post took, when the call will not stream after all."""
     release_record(key, ctx.request_id)
     post_budget.release(ctx.principal.key)
 
 
-def _claim_pin_slot(key):
+def _claim_pin_slot(key: str) -> str | None:
     """A session holds at most 4 streamed calls: live ones plus undelivered pinned finals. Admission first
     reclaims the oldest undelivered final (it stays in the ring, unpinned, and fetchable by id)."""
     live = inflight(key) - 1  # not counting this request's own record

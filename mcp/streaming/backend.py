@@ -12,7 +12,8 @@ T = TypeVar("T")
 
 def configured(memory: Callable[[], T], redis: Callable[[str], T]) -> Callable[[], T]:
     """A process-wide accessor for the configured backend, built on first use."""
-    lock, holder = threading.Lock(), []
+    lock = threading.Lock()
+    holder: list[T] = []
 
     def get() -> T:
         if not holder:

@@ -10,22 +10,30 @@ connection or the 120 s cap stops *reporting*, never the fleet command.
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Literal
 
-from channels.layers import get_channel_layer
+from channels.layers import BaseChannelLayer
 
+from yuzu.jsondata import JsonObject
+
+from ..context import FollowSpec, ToolContext
+from ..jsonrpc import RequestId
 from ..pipeline import hop, tool_result
 from .admission import admit_record, follower_of, hold_record, reject, release_record
 from .metrics import CANCELS, PROGRESS_SUPPRESSED
 from .ring import ring_key, rings
-from .wake import awake, wake, wake_group
+from .wake import awake, channel_layer, wake, wake_group
 
 RESPONSE_CAP_SECONDS = 120
 SNAPSHOT_EVERY = 2.0
 
-_tasks = set()  # followers running in the background (kept referenced until done)
+_tasks: set[asyncio.Future[Any]] = set()  # followers running in the background (kept referenced until done)
+#: writer(eid, frame) -> whether the frame got onto the live response
+Writer = Callable[[int, JsonObject], Awaitable[bool]]
 
 
-def spawn(coro):
+def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
     task = asyncio.ensure_future(coro)
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
@@ -37,23 +45,25 @@ class Follower:
     "post" ends with the result frame (pinned); mode "get" reports progress only. ``writer(eid, frame)``,
     when given, also puts each frame on a live response and says whether it got there."""
 
-    def __init__(self, *, key, request_id, token, spec, mode, stream_tag, writer=None):
+    def __init__(self, *, key: str, request_id: RequestId, token: str | int | None, spec: FollowSpec,
+                 mode: Literal["post", "get"], stream_tag: str, writer: Writer | None = None) -> None:
         self.key, self.request_id, self.token, self.spec = key, request_id, token, spec
         self.mode, self.stream_tag, self.writer = mode, stream_tag, writer
-        self.watermark = None
-        self.closed = None  # close reason once settled
+        self.watermark = 0  # the progress last reported (the first snapshot reports 0 whatever it says)
+        self.closed: str | None = None  # close reason once settled
         self.done = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         hold_record(key, request_id, self)
 
-    def detach(self, reason):
+    def detach(self, reason: str) -> None:
         """Stop reporting. Thread-safe: notifications/cancelled arrives in a worker thread (mcp.server)."""
         if self.closed is None:
             self.closed = reason
             self._loop.call_soon_threadsafe(self.done.set)
 
-    async def run(self):
-        layer = get_channel_layer()
+    async def run(self) -> str:
+        """Report until the work settles or the follower is detached; → the close reason."""
+        layer = channel_layer()
         channel = await layer.new_channel()
         await layer.group_add(self.spec.group, channel)
         await layer.group_add(wake_group(self.key), channel)
@@ -80,13 +90,14 @@ class Follower:
                     break
                 if await self._advance():
                     return "completed"
+            assert self.closed is not None  # every way out of the loop settled it
             return self.closed
         finally:
             await layer.group_discard(self.spec.group, channel)
             await layer.group_discard(wake_group(self.key), channel)
             release_record(self.key, self.request_id)
 
-    async def _next(self, layer, channel):
+    async def _next(self, layer: BaseChannelLayer, channel: str) -> JsonObject | None:
         done = asyncio.ensure_future(self.done.wait())
         recv = asyncio.ensure_future(layer.receive(channel))
         finished, pending = await asyncio.wait({done, recv}, return_when=asyncio.FIRST_COMPLETED)
@@ -94,7 +105,7 @@ class Follower:
             p.cancel()
         return recv.result() if recv in finished else None
 
-    async def _advance(self, first=False):
+    async def _advance(self, first: bool = False) -> bool:
         """Read the current state; emit progress only if it advanced; emit the final when terminal."""
         progress, total, terminal = await hop(self.spec.snapshot)()
         if first:  # an immediate 0/N, so the client knows the total at once
@@ -113,14 +124,14 @@ class Follower:
         self.closed = "completed"
         return True
 
-    def _progress_frame(self, progress, total):
-        params = {"progressToken": self.token, "progress": progress, "total": total,
+    def _progress_frame(self, progress: int, total: int) -> JsonObject:
+        params: JsonObject = {"progressToken": self.token, "progress": progress, "total": total,
                   "_meta": dict(self.spec.meta)}
         if self.spec.message:
             params["message"] = self.spec.message
         return {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
 
-    async def _emit(self, frame, pin=False):
+    async def _emit(self, frame: JsonObject, pin: bool = False) -> None:
         eid = await hop(rings().append)(self.key, frame, self.stream_tag, pin)
         if self.writer is not None:
             delivered = await self.writer(eid, frame)
@@ -132,19 +143,19 @@ class Follower:
             await awake(self.key)
 
 
-def follow_on_get_channel(ctx):
+def follow_on_get_channel(ctx: ToolContext, spec: FollowSpec) -> None:
     """A progressToken without an SSE Accept: the plain response goes now; the progress frames go to the
     session's GET channel (through the ring). At the record cap the call simply reports no progress."""
     key = ring_key(ctx.principal.key, ctx.session_id)
     if admit_record(key, ctx.request_id) is not None:
         reject("get_progress_degraded")
         return
-    follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
-                        mode="get", stream_tag="get")
+    follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec, mode="get",
+                        stream_tag="get")
     spawn(follower.run())
 
 
-def cancel(key, request_id):
+def cancel(key: str, request_id: object) -> None:
     """notifications/cancelled: detach the named request's stream, never its work — here if its follower
     runs in this process, else in whichever process does (through the session's group)."""
     if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):

@@ -11,40 +11,48 @@ import asyncio
 import functools
 import json
 import secrets
-
-from channels.layers import get_channel_layer
+from collections.abc import Mapping
 
 from yuzu.audit import audit
 from yuzu.errors import correlation_id
+from yuzu.rbac import Principal
 
 from .. import jsonrpc as rpc
 from ..pipeline import a4, hop
 from .admission import admit_get, release_get
 from .metrics import CLOSES, DROPPED, STREAMS_ACTIVE
-from .ring import ring_key, rings
-from .sessions import store
+from .ring import Frame, ring_key, rings
+from .sessions import Session, store
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, SHUTDOWN_REMEDIATION, track, untrack
-from .stream import SSE_HEADERS, close_frame, event, priming_event, says_why
-from .wake import wake_group
+from .stream import (
+    SSE_HEADERS,
+    Connection,
+    Message,
+    close_frame,
+    event,
+    priming_event,
+    says_why,
+)
+from .wake import channel_layer, wake_group
 from .watch import CredentialWatch, every_tick
 
-_live = {}  # ring key -> the session's current GetStream in this process
-_draining = set()  # ring keys whose superseded stream is still closing
+_live: dict[str, "GetStream"] = {}  # ring key -> the session's current GetStream in this process
+_draining: set[str] = set()  # ring keys whose superseded stream is still closing
 
 
-def accepts_sse(headers):
+def accepts_sse(headers: Mapping[str, str]) -> bool:
     ranges = [part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")]
     return "text/event-stream" in ranges
 
 
-def last_event_id(headers):
+def last_event_id(headers: Mapping[str, str]) -> int:
     try:
         return max(0, int(headers.get("last-event-id", "0")))
     except ValueError:
         return 0
 
 
-async def attach(conn, principal, session):
+async def attach(conn: Connection, principal: Principal, session: Session) -> None:
     """Open the session's stream on ``conn`` (auth and the session check have passed), or raise the refusal:
     406 without an SSE Accept, 429 at a cap, 404 for a cursor the ring does not cover."""
     if not accepts_sse(conn.headers):
@@ -73,7 +81,7 @@ async def attach(conn, principal, session):
     await stream.start(frames, cursor, priming=session.protocol_version >= "2025-11-25")
 
 
-def _is_response(data):
+def _is_response(data: str) -> bool:
     """A ring frame carrying a JSON-RPC response (a streamed call's result), not a notification."""
     try:
         frame = json.loads(data)
@@ -82,7 +90,7 @@ def _is_response(data):
     return isinstance(frame, dict) and "method" not in frame and "id" in frame
 
 
-def _terminate(principal, session, key):
+def _terminate(principal: Principal, session: Session, key: str) -> None:
     store().delete(session.id, principal.key)
     rings().drop(key)
     audit(principal, "mcp.session.close", "success", target_type="McpSession", target_id=session.id[:8],
@@ -90,20 +98,21 @@ def _terminate(principal, session, key):
 
 
 class GetStream:
-    def __init__(self, conn, principal, session, key):
+    def __init__(self, conn: Connection, principal: Principal, session: Session, key: str) -> None:
         self.conn, self.principal, self.session, self.key = conn, principal, session, key
         self.id = secrets.token_hex(8)
-        self.layer = get_channel_layer()
-        self.channel = None  # its own channel-layer channel, in the session's wake group
+        self.layer = channel_layer()
+        self.channel: str | None = None  # its own channel-layer channel, in the session's wake group
         self.last_get = 0  # newest frame id this connection has passed (delivered, or another stream's)
-        self.follow = None  # "post:<id>" when this GET resumed a streamed POST, until its result is delivered
+        # "post:<id>" when this GET resumed a streamed POST, until its result is delivered
+        self.follow: str | None = None
         self.closed = False
         self.wrote_since_tick = False
         self.watch = CredentialWatch(principal, session.id)
-        self.ticker = None
+        self.ticker: asyncio.Future[None] | None = None
         self.budget_held = True
 
-    async def start(self, replay, cursor, priming):
+    async def start(self, replay: list[Frame], cursor: int, priming: bool) -> None:
         self.conn.stream = self
         _live[self.key] = self  # a superseded stream still draining deregisters itself only if it is current
         track(self)
@@ -123,14 +132,14 @@ class GetStream:
         self.ticker = every_tick(self._tick)
         await self.on_wake()
 
-    async def _tick(self):
+    async def _tick(self) -> bool:
         """The tick is handled on the connection's dispatch loop, one message at a time like the rest."""
         if self.closed:
             return False
         self.conn.post({"type": "mcp.tick"})
         return True
 
-    async def on_message(self, message):
+    async def on_message(self, message: Message) -> None:
         kind = message["type"]
         if kind == "mcp.wake":
             await self.on_wake()
@@ -142,7 +151,7 @@ class GetStream:
             await self.close("superseded")
         # mcp.cancel is for streamed-POST followers, which listen on their own channels
 
-    async def write(self, data):
+    async def write(self, data: bytes) -> bool:
         try:
             await self.conn.send_body(data, more_body=True)
             self.wrote_since_tick = True
@@ -151,7 +160,7 @@ class GetStream:
             DROPPED.inc()
             return False
 
-    async def on_wake(self):
+    async def on_wake(self) -> None:
         if self.closed:
             return
         frames, gap = await hop(rings().read)(self.key, self.last_get, None if self.follow else "get")
@@ -160,7 +169,7 @@ class GetStream:
                 await self.deliver(eid, stream, data)
             self.last_get = max(self.last_get, eid)
 
-    async def deliver(self, eid, stream, data):
+    async def deliver(self, eid: int, stream: str, data: str) -> None:
         """Write one ring frame. The result of a resumed streamed POST is this resume's to release: once it
         is on the wire its pin is dropped and the channel goes back to carrying only GET frames."""
         ok = await self.write(event(eid, data))
@@ -169,7 +178,7 @@ class GetStream:
             if ok:
                 await hop(rings().unpin)(self.key, eid)
 
-    async def on_tick(self):
+    async def on_tick(self) -> None:
         if self.closed:
             return
         reason = await self.watch.check()
@@ -179,7 +188,7 @@ class GetStream:
             await self.write(b": heartbeat\n\n")
         self.wrote_since_tick = False
 
-    async def close(self, reason):
+    async def close(self, reason: str) -> None:
         if self.closed:
             return
         self.closed = True
@@ -194,7 +203,7 @@ class GetStream:
         self.conn.stream = None
         self.conn.post({"type": "mcp.stopped"})
 
-    async def shutdown(self):
+    async def shutdown(self) -> None:
         """This process is stopping (daphne cancels every application instance): write the close frame
         before the connection drops, so the client learns why instead of seeing a truncated stream."""
         if self.closed:
@@ -210,14 +219,14 @@ class GetStream:
         await self._release()
         self.conn.stream = None
 
-    async def gone(self):
+    async def gone(self) -> None:
         if not self.closed:
             self.closed = True
             CLOSES.labels("client_disconnect").inc()
             await self._release()
             self.conn.stream = None
 
-    async def _release(self):
+    async def _release(self) -> None:
         if self.ticker is not None:
             self.ticker.cancel()
         if self.budget_held:
@@ -229,7 +238,8 @@ class GetStream:
             del _live[self.key]
         _draining.discard(self.key)
         try:
-            await self.layer.group_discard(wake_group(self.key), self.channel)
+            if self.channel is not None:
+                await self.layer.group_discard(wake_group(self.key), self.channel)
         except Exception:
             pass
         await hop(audit)(self.principal, "mcp.stream.close", "success", target_type="McpSession",

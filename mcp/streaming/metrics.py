@@ -23,7 +23,7 @@ PROGRESS_SUPPRESSED = Counter("yuzu_mcp_progress_suppressed_total", "progress sn
 CANCELS = Counter("yuzu_mcp_cancel_notifications_total", "notifications/cancelled by outcome", ["outcome"])
 
 
-def _sessions_active():
+def _sessions_active() -> float:
     """yuzu_mcp_sessions_active, read from the session store at scrape time (the Redis store counts every
     process's sessions). A store that cannot answer reads as NaN rather than failing the scrape."""
     try:

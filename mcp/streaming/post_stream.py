@@ -8,29 +8,46 @@ it reports after the drop is committed to the ring (the result pinned) for a GET
 any process.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
+from typing import TYPE_CHECKING
+
+from yuzu.jsondata import JsonObject
 
 from .. import jsonrpc as rpc
+from ..context import FollowSpec, ToolContext
 from .admission import post_budget, release_record, release_streamed_post
 from .follower import Follower, spawn
 from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, SHUTDOWN_REMEDIATION, track, untrack
-from .stream import SSE_HEADERS, close_frame, event, priming_event, says_why
+from .stream import (
+    SSE_HEADERS,
+    Connection,
+    Message,
+    close_frame,
+    event,
+    priming_event,
+    says_why,
+)
 from .watch import CredentialWatch, every_tick
+
+if TYPE_CHECKING:
+    from ..server import Reply
 
 log = logging.getLogger("yuzu.mcp")
 
 
-async def respond(conn, reply):
-    """Answer an admitted streamed call (``reply.ctx.extra["admitted"]`` holds its ring key) on ``conn``:
-    the SSE response, or — when there is nothing to follow (e.g. no agents reached) — ``reply`` itself, the
-    plain response. Returns what the transport still has to send (None once the stream has taken over)."""
-    ctx = reply.ctx
+async def respond(conn: Connection, reply: Reply, ctx: ToolContext) -> Reply | None:
+    """Answer an admitted streamed call (``ctx``, the reply's: ``ctx.extra["admitted"]`` holds its ring key) on
+    ``conn``: the SSE response, or — when there is nothing to follow (e.g. no agents reached) — ``reply`` itself,
+    the plain response. Returns what the transport still has to send (None once the stream has taken over)."""
     key = ctx.extra["admitted"]
     handed_off = False
     try:
-        if ctx.following is None or "error" in (reply.body or {}):
+        spec = ctx.following
+        if spec is None or "error" in (reply.body or {}):
             return reply
         try:
             await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", ctx.cid.encode())])
@@ -38,7 +55,7 @@ async def respond(conn, reply):
                 await conn.send_body(priming_event(0), more_body=True)
         except Exception:
             return None
-        post = PostStream(conn, ctx, key)
+        post = PostStream(conn, ctx, key, spec)
         conn.stream = post
         spawn(post.run())
         handed_off = True
@@ -51,17 +68,17 @@ async def respond(conn, reply):
 class PostStream:
     """One streamed POST response: its wire, its lease on the POST budget, and the follower feeding it."""
 
-    def __init__(self, conn, ctx, key):
-        self.conn, self.ctx, self.key = conn, ctx, key
+    def __init__(self, conn: Connection, ctx: ToolContext, key: str, spec: FollowSpec) -> None:
+        self.conn, self.ctx, self.key, self.spec = conn, ctx, key, spec
         self.wire_open = True
         self.leased = True
         POST_STREAMS_ACTIVE.inc()
         track(self)
-        self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=ctx.following,
+        self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
                                  mode="post", stream_tag=f"post:{ctx.request_id}", writer=self.write_frame)
-        self.watch = CredentialWatch(ctx.principal, ctx.session_id)
+        self.watch = CredentialWatch(ctx.principal, ctx.session_id or "")
 
-    async def write_frame(self, eid, frame):
+    async def write_frame(self, eid: int, frame: JsonObject) -> bool:
         if not self.wire_open:
             return False
         try:
@@ -72,11 +89,11 @@ class PostStream:
             DROPPED.inc()
             return False
 
-    def _close_extra(self):
-        eid = self.ctx.following.meta.get("yuzu.execution_id")
+    def _close_extra(self) -> JsonObject:
+        eid = self.spec.meta.get("yuzu.execution_id")
         return {"execution_id": eid, "partial": True} if eid else {}
 
-    async def _tick(self):
+    async def _tick(self) -> bool:
         """The GET stream's re-validation, on the same tick: a credential revoked (or a session ended) while the
         call streams stops the follower, and the response closes with that reason."""
         if self.follower.closed is not None:
@@ -87,7 +104,7 @@ class PostStream:
             return False
         return True
 
-    async def run(self):
+    async def run(self) -> None:
         ticker = every_tick(self._tick)
         try:
             try:
@@ -113,17 +130,17 @@ class PostStream:
             release_record(self.key, self.ctx.request_id)
             self._release_lease()
 
-    def _release_lease(self):
+    def _release_lease(self) -> None:
         untrack(self)
         if self.leased:
             self.leased = False
             post_budget.release(self.ctx.principal.key)
             POST_STREAMS_ACTIVE.dec()
 
-    async def on_message(self, message):
+    async def on_message(self, message: Message) -> None:
         return None  # fed by its follower and its own tick, never by the connection's messages
 
-    async def gone(self):
+    async def gone(self) -> None:
         """The peer went away (http.disconnect). The response is over, so is its lease; the follower carries
         on ring-only until the work settles, so a GET resume can still collect the pinned result."""
         if self.wire_open:
@@ -133,7 +150,7 @@ class PostStream:
         if self.conn.stream is self:
             self.conn.stream = None
 
-    async def shutdown(self):
+    async def shutdown(self) -> None:
         """This process is stopping: tell the client before the connection drops (the work continues)."""
         if not self.wire_open:
             return

@@ -13,9 +13,11 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Protocol, TypedDict, cast
 
 import redis
+
+from yuzu.jsondata import JsonObject
 
 from .backend import configured
 from .metrics import EVICTIONS, TOO_LARGE
@@ -30,11 +32,11 @@ RING_TTL = 1800 + 300  # outlives the session's idle expiry
 Frame = tuple[int, str, str]
 
 
-def ring_key(principal_key, session_id):
+def ring_key(principal_key: str, session_id: str | None) -> str:
     return hashlib.sha256(f"{principal_key}\x00{session_id}".encode()).hexdigest()[:32]
 
 
-def encode(frame):
+def encode(frame: JsonObject) -> str:
     data = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
     if len(data.encode()) > FRAME_CAP:
         TOO_LARGE.inc()
@@ -53,7 +55,7 @@ def encode(frame):
 class RingStore(Protocol):
     """A session's replay ring, addressed by ``ring_key``."""
 
-    def append(self, key: str, frame: dict, stream: str = "get", pin: bool = False) -> int:
+    def append(self, key: str, frame: JsonObject, stream: str = "get", pin: bool = False) -> int:
         """Commit one frame (truncated to FRAME_CAP) and return its event id; evict past the bounds."""
 
     def read(self, key: str, after: int, stream: str | None = None) -> tuple[list[Frame], bool]:
@@ -76,12 +78,21 @@ class RingStore(Protocol):
         """Forget every ring (tests)."""
 
 
-class MemoryRing(RingStore):
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._rings = {}
+class _Ring(TypedDict):
+    next: int  # the next event id
+    frames: OrderedDict[int, tuple[str, str]]  # event id -> (stream tag, frame JSON)
+    bytes: int
+    pinned: set[int]
+    touched: float
+    oldest: int  # the oldest event id still covered (older ones were evicted)
 
-    def _ring(self, key):
+
+class MemoryRing(RingStore):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rings: dict[str, _Ring] = {}
+
+    def _ring(self, key: str) -> _Ring:
         ring = self._rings.get(key)
         if ring is None:
             ring = self._rings[key] = {"next": 1, "frames": OrderedDict(), "bytes": 0, "pinned": set(),
@@ -89,7 +100,7 @@ class MemoryRing(RingStore):
         ring["touched"] = time.time()
         return ring
 
-    def append(self, key, frame, stream="get", pin=False):
+    def append(self, key: str, frame: JsonObject, stream: str = "get", pin: bool = False) -> int:
         data = encode(frame)
         with self._lock:
             ring = self._ring(key)
@@ -104,7 +115,7 @@ class MemoryRing(RingStore):
             self._evict(ring)
             return eid
 
-    def _evict(self, ring):
+    def _evict(self, ring: _Ring) -> None:
         frames = ring["frames"]
         for eid in list(frames):
             if len(frames) <= RING_FRAMES and ring["bytes"] <= RING_BYTES:
@@ -115,7 +126,7 @@ class MemoryRing(RingStore):
             ring["oldest"] = max(ring["oldest"], eid + 1)
             EVICTIONS.inc()
 
-    def read(self, key, after, stream=None):
+    def read(self, key: str, after: int, stream: str | None = None) -> tuple[list[Frame], bool]:
         """Frames after ``after`` → (list of (id, stream, data), gap). A cursor the ring no longer covers
         (or never issued) is a gap, never a silently short replay."""
         with self._lock:
@@ -126,24 +137,24 @@ class MemoryRing(RingStore):
                    if eid > after and (stream is None or s == stream)]
             return out, False
 
-    def stream_of(self, key, eid):
+    def stream_of(self, key: str, eid: int) -> str | None:
         with self._lock:
             entry = self._ring(key)["frames"].get(eid)
             return entry[0] if entry else None
 
-    def unpin(self, key, eid):
+    def unpin(self, key: str, eid: int) -> None:
         with self._lock:
             self._ring(key)["pinned"].discard(eid)
 
-    def pinned(self, key):
+    def pinned(self, key: str) -> list[int]:
         with self._lock:
             return sorted(self._ring(key)["pinned"])
 
-    def drop(self, key):
+    def drop(self, key: str) -> None:
         with self._lock:
             self._rings.pop(key, None)
 
-    def clear(self):
+    def clear(self) -> None:
         with self._lock:
             self._rings.clear()
 
@@ -180,17 +191,19 @@ return {eid, evicted}
 
 
 class RedisRing(RingStore):
+    """(The casts say what this client answers: synchronously, in str — see RedisSessionStore.)"""
+
     prefix = "yuzu:mcp:ring:"
 
-    def __init__(self, url):
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    def __init__(self, url: str) -> None:
+        self.redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._append = self.redis.register_script(_APPEND)
 
-    def _keys(self, key):
+    def _keys(self, key: str) -> list[str]:
         p = self.prefix + key
         return [p + ":seq", p + ":frames", p + ":ids", p + ":bytes", p + ":pins", p + ":oldest"]
 
-    def append(self, key, frame, stream="get", pin=False):
+    def append(self, key: str, frame: JsonObject, stream: str = "get", pin: bool = False) -> int:
         payload = json.dumps([stream, encode(frame)], separators=(",", ":"))
         eid, evicted = self._append(keys=self._keys(key), args=[payload, "1" if pin else "0", RING_FRAMES,
                                                                  RING_BYTES, RING_TTL, PIN_SLOTS])
@@ -198,7 +211,7 @@ class RedisRing(RingStore):
             EVICTIONS.inc(evicted)
         return int(eid)
 
-    def read(self, key, after, stream=None):
+    def read(self, key: str, after: int, stream: str | None = None) -> tuple[list[Frame], bool]:
         seq, frames, ids, _, _, oldest = self._keys(key)
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(seq)
@@ -210,7 +223,7 @@ class RedisRing(RingStore):
         first = int(first or 1)
         if after >= nxt or (after and after + 1 < first):
             return [], True
-        out = []
+        out: list[Frame] = []
         for eid in sorted(int(i) for i in order):
             if eid <= after or str(eid) not in data:
                 continue
@@ -219,20 +232,20 @@ class RedisRing(RingStore):
                 out.append((eid, s, d))
         return out, False
 
-    def stream_of(self, key, eid):
-        raw = self.redis.hget(self._keys(key)[1], eid)
-        return json.loads(raw)[0] if raw else None
+    def stream_of(self, key: str, eid: int) -> str | None:
+        raw = cast(str | None, self.redis.hget(self._keys(key)[1], str(eid)))
+        return str(json.loads(raw)[0]) if raw else None
 
-    def unpin(self, key, eid):
+    def unpin(self, key: str, eid: int) -> None:
         self.redis.zrem(self._keys(key)[4], eid)
 
-    def pinned(self, key):
-        return sorted(int(x) for x in self.redis.zrange(self._keys(key)[4], 0, -1))
+    def pinned(self, key: str) -> list[int]:
+        return sorted(int(x) for x in cast(list[str], self.redis.zrange(self._keys(key)[4], 0, -1)))
 
-    def drop(self, key):
+    def drop(self, key: str) -> None:
         self.redis.delete(*self._keys(key))
 
-    def clear(self):
+    def clear(self) -> None:
         for k in self.redis.scan_iter(self.prefix + "*"):
             self.redis.delete(k)
 

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 import redis
 
@@ -22,7 +22,7 @@ ENDED_TTL = 60  # how long a session its client DELETEd is remembered as such: p
 
 
 class SessionCapReached(Exception):
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason  # "per_principal_cap" | "global_cap"
 
@@ -37,11 +37,11 @@ class Session:
     listing: str = ""  # "<catalogue>:<fingerprint>" of the tools/list it was last given (mcp.listing)
 
     @property
-    def client(self):
+    def client(self) -> dict[str, str | None]:
         return {"name": self.client_name or None, "version": self.client_version or None}
 
 
-def new_session_id():
+def new_session_id() -> str:
     return secrets.token_hex(16)  # 128 bits, lowercase hex (visible ASCII)
 
 
@@ -76,18 +76,19 @@ class SessionStore(Protocol):
 
 
 class MemorySessionStore(SessionStore):
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions = {}  # sid -> (Session, expires_at)
-        self._ended = {}  # sid -> (principal, forgotten_at): sessions their client DELETEd
+        self._sessions: dict[str, tuple[Session, float]] = {}  # sid -> (Session, expires_at)
+        self._ended: dict[str, tuple[str, float]] = {}  # sid -> (principal, forgotten_at): DELETEd by their client
 
-    def _gc(self, now):
+    def _gc(self, now: float) -> None:
         for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
             del self._sessions[sid]
         for sid in [s for s, (_, exp) in self._ended.items() if exp <= now]:
             del self._ended[sid]
 
-    def create(self, principal, protocol_version, client_name="", client_version=""):
+    def create(self, principal: str, protocol_version: str, client_name: str = "",
+               client_version: str = "") -> Session:
         now = time.time()
         with self._lock:
             self._gc(now)
@@ -99,7 +100,7 @@ class MemorySessionStore(SessionStore):
             self._sessions[session.id] = (session, now + IDLE_TTL)
             return session
 
-    def validate(self, sid, principal):
+    def validate(self, sid: str, principal: str) -> Session | None:
         now = time.time()
         with self._lock:
             entry = self._sessions.get(sid)
@@ -108,7 +109,7 @@ class MemorySessionStore(SessionStore):
             self._sessions[sid] = (entry[0], now + IDLE_TTL)
             return entry[0]
 
-    def delete(self, sid, principal, by_client=False):
+    def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
         with self._lock:
             entry = self._sessions.get(sid)
             if entry is None or entry[0].principal != principal:
@@ -118,19 +119,19 @@ class MemorySessionStore(SessionStore):
                 self._ended[sid] = (principal, time.time() + ENDED_TTL)
             return True
 
-    def deleted_by_client(self, sid, principal):
+    def deleted_by_client(self, sid: str, principal: str) -> bool:
         with self._lock:
             self._gc(time.time())
             entry = self._ended.get(sid)
             return entry is not None and entry[0] == principal
 
-    def note_listing(self, sid, principal, listing):
+    def note_listing(self, sid: str, principal: str, listing: str) -> None:
         with self._lock:
             entry = self._sessions.get(sid)
             if entry is not None and entry[0].principal == principal:
                 entry[0].listing = listing
 
-    def listed(self, principal_prefix):
+    def listed(self, principal_prefix: str) -> list[Session]:
         """Live sessions of the principals whose key starts with ``principal_prefix`` that were given a
         tools/list. Never slides their idle expiry."""
         now = time.time()
@@ -138,12 +139,12 @@ class MemorySessionStore(SessionStore):
             return [replace(s) for s, exp in self._sessions.values()
                     if exp > now and s.listing and s.principal.startswith(principal_prefix)]
 
-    def active(self):
+    def active(self) -> int:
         with self._lock:
             self._gc(time.time())
             return len(self._sessions)
 
-    def clear(self):
+    def clear(self) -> None:
         with self._lock:
             self._sessions.clear()
             self._ended.clear()
@@ -171,17 +172,24 @@ return 0
 
 
 class RedisSessionStore(SessionStore):
+    """(redis-py types each command's answer for its sync and asyncio clients at once; this client answers
+    synchronously, in str — decode_responses — which the casts below say.)"""
+
     prefix = "yuzu:mcp:"
 
-    def __init__(self, url):
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
+    def __init__(self, url: str) -> None:
+        self.redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._create = self.redis.register_script(_CREATE)
         self._note = self.redis.register_script(_NOTE)
 
-    def _keys(self, principal, sid):
+    def _keys(self, principal: str, sid: str) -> list[str]:
         return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
 
-    def create(self, principal, protocol_version, client_name="", client_version=""):
+    def _hash(self, key: str) -> dict[str, str]:
+        return cast(dict[str, str], self.redis.hgetall(key))
+
+    def create(self, principal: str, protocol_version: str, client_name: str = "",
+               client_version: str = "") -> Session:
         sid = new_session_id()
         verdict = self._create(keys=self._keys(principal, sid),
                                args=[time.time(), IDLE_TTL, GLOBAL_CAP, PER_PRINCIPAL_CAP, sid, principal,
@@ -190,9 +198,9 @@ class RedisSessionStore(SessionStore):
             raise SessionCapReached(verdict)
         return Session(sid, principal, protocol_version, client_name, client_version)
 
-    def validate(self, sid, principal):
+    def validate(self, sid: str, principal: str) -> Session | None:
         all_key, p_key, s_key = self._keys(principal, sid)
-        data = self.redis.hgetall(s_key)
+        data = self._hash(s_key)
         if not data or data.get("principal") != principal:
             return None
         exp = time.time() + IDLE_TTL
@@ -204,29 +212,29 @@ class RedisSessionStore(SessionStore):
         return self._session(sid, data)
 
     @staticmethod
-    def _session(sid, data):
+    def _session(sid: str, data: dict[str, str]) -> Session:
         return Session(sid, data["principal"], data.get("version", ""), data.get("client", ""),
                        data.get("client_version", ""), data.get("listing", ""))
 
-    def note_listing(self, sid, principal, listing):
+    def note_listing(self, sid: str, principal: str, listing: str) -> None:
         self._note(keys=[self._keys(principal, sid)[2]], args=[principal, "listing", listing])
 
-    def listed(self, principal_prefix):
+    def listed(self, principal_prefix: str) -> list[Session]:
         """Live sessions of the principals whose key starts with ``principal_prefix`` that were given a
         tools/list. Never slides their idle expiry."""
         now, out = time.time(), []
         head = self.prefix + "psessions:"
         for p_key in self.redis.scan_iter(head + principal_prefix + "*", count=500):
             principal = p_key[len(head):]
-            for sid in self.redis.zrangebyscore(p_key, now, "+inf"):
-                data = self.redis.hgetall(self._keys(principal, sid)[2])
+            for sid in cast(list[str], self.redis.zrangebyscore(p_key, now, "+inf")):
+                data = self._hash(self._keys(principal, sid)[2])
                 if data.get("principal") == principal and data.get("listing"):
                     out.append(self._session(sid, data))
         return out
 
-    def delete(self, sid, principal, by_client=False):
+    def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
         all_key, p_key, s_key = self._keys(principal, sid)
-        data = self.redis.hgetall(s_key)
+        data = self._hash(s_key)
         if not data or data.get("principal") != principal:
             return False
         pipe = self.redis.pipeline()
@@ -238,15 +246,15 @@ class RedisSessionStore(SessionStore):
         pipe.execute()
         return True
 
-    def deleted_by_client(self, sid, principal):
+    def deleted_by_client(self, sid: str, principal: str) -> bool:
         return self.redis.get(self.prefix + "ended:" + sid) == principal
 
-    def active(self):
+    def active(self) -> int:
         key = self.prefix + "sessions"
         self.redis.zremrangebyscore(key, "-inf", time.time())
-        return self.redis.zcard(key)
+        return cast(int, self.redis.zcard(key))
 
-    def clear(self):
+    def clear(self) -> None:
         for key in self.redis.scan_iter(self.prefix + "*"):
             self.redis.delete(key)
 

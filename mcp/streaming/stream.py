@@ -8,15 +8,20 @@ GET channel (get_stream.GetStream) and a streamed POST (post_stream.PostStream).
 """
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from yuzu.errors import STREAM_CAP_RETRY_MS, correlation_id
 
 from .. import jsonrpc as rpc
 
-SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+#: a message on the consumer's dispatch loop: ASGI events and channel-layer messages, keyed by "type"
+Message = dict[str, Any]
+#: HTTP response headers as ASGI sends them
+Headers = list[tuple[bytes, bytes]]
+
+SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no"), (b"x-content-type-options", b"nosniff")]
-CLOSE_ADVICE = {
+CLOSE_ADVICE: dict[str, tuple[int | None, str]] = {
     "superseded": (None, "another GET took over this session's stream"),
     "session_terminated": (None, "re-initialize"),
     "credential_revoked": (None, "re-authenticate"),
@@ -30,7 +35,7 @@ CLOSE_ADVICE = {
 class Stream(Protocol):
     """A held-open SSE response."""
 
-    async def on_message(self, message: dict) -> None:
+    async def on_message(self, message: Message) -> None:
         """A message addressed to this stream (``mcp.*``: wake, tick, close, superseded, cancel)."""
 
     async def gone(self) -> None:
@@ -43,21 +48,24 @@ class Stream(Protocol):
 class Connection(Protocol):
     """The HTTP side of a stream."""
 
-    headers: dict[str, str]  # the request's, lower-case names
     stream: Stream | None  # the live stream, which keeps the connection open
 
-    async def send_headers(self, *, status: int = 200, headers: list | None = None) -> None: ...
+    @property
+    def headers(self) -> dict[str, str]:
+        """The request's, lower-case names."""
+
+    async def send_headers(self, *, status: int = 200, headers: Headers | None = None) -> None: ...
 
     async def send_body(self, body: bytes, *, more_body: bool = False) -> None: ...
 
-    def listen(self, source: Callable[[], Awaitable[dict]]) -> None:
+    def listen(self, source: Callable[[], Awaitable[Message]]) -> None:
         """Feed what ``source()`` returns (e.g. a channel-layer receive) into the dispatch loop."""
 
-    def post(self, message: dict) -> None:
+    def post(self, message: Message) -> None:
         """Queue ``message`` on the dispatch loop (``mcp.stopped`` ends the connection once no stream is live)."""
 
 
-def says_why(reason):
+def says_why(reason: str) -> bool:
     """Whether a stream closing for ``reason`` ends with a close frame. Every server-side close does; a
     completed streamed POST does not (its result is the last frame), and neither do the streams of a session
     its client DELETEd (``session_deleted``): the client asked, and as it shuts down it has stopped reading —
@@ -66,17 +74,17 @@ def says_why(reason):
     return reason not in ("completed", "session_deleted")
 
 
-def event(eid, frame_json):
+def event(eid: int | None, frame_json: str) -> bytes:
     head = f"id: {eid}\n" if eid is not None else ""
     return f"{head}event: message\ndata: {frame_json}\n\n".encode()
 
 
-def priming_event(eid):
+def priming_event(eid: int) -> bytes:
     """The empty event that tells a 2025-11-25 client the position to resume from."""
     return f"id: {eid}\ndata: \n\n".encode()
 
 
-def close_frame(reason, remediation=None, **extra):
+def close_frame(reason: str, remediation: str | None = None, **extra: object) -> str:
     """The last frame of a server-side close: off the ring (no id), saying why and what to do."""
     retry, advice = CLOSE_ADVICE.get(reason, (None, None))
     remediation = remediation or advice

@@ -9,30 +9,40 @@ is in the ring and the session store.
 """
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import BaseChannelLayer, get_channel_layer
+from django.core.exceptions import ImproperlyConfigured
 
 from .ring import ring_key, rings
+from .stream import Message
 
 
-def wake_group(key):
+def wake_group(key: str) -> str:
     return f"mcp.stream.{key}"
 
 
-def wake(key, message=None):
+def channel_layer() -> BaseChannelLayer:
+    """The layer a live stream listens on: settings always configure one (CHANNEL_LAYERS)."""
+    layer = get_channel_layer()
+    if layer is None:
+        raise ImproperlyConfigured("MCP streams need a channel layer: CHANNEL_LAYERS has no default")
+    return layer
+
+
+def wake(key: str, message: Message | None = None) -> None:
     """Signal the session's live streams (sync callers)."""
     layer = get_channel_layer()
     if layer is not None:
         async_to_sync(layer.group_send)(wake_group(key), message or {"type": "mcp.wake"})
 
 
-async def awake(key, message=None):
+async def awake(key: str, message: Message | None = None) -> None:
     """Signal the session's live streams (async callers)."""
     layer = get_channel_layer()
     if layer is not None:
         await layer.group_send(wake_group(key), message or {"type": "mcp.wake"})
 
 
-def close_session_streams(principal_key, session_id):
+def close_session_streams(principal_key: str, session_id: str) -> None:
     """The client DELETEd its session: its live streams end (``session_deleted``: no close frame, stream.py)
     and its ring is dropped."""
     key = ring_key(principal_key, session_id)

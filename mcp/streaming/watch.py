@@ -5,9 +5,12 @@ auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the 
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError
+
+from yuzu.rbac import Principal
 
 from ..pipeline import hop
 from .sessions import store
@@ -16,10 +19,10 @@ TICK_SECONDS = 3.0
 AUTH_GRACE_SECONDS = 60
 
 
-def every_tick(step):
+def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
     """Run ``await step()`` every TICK_SECONDS until it returns False; the task to cancel when done."""
 
-    async def loop():
+    async def loop() -> None:
         try:
             while True:
                 await asyncio.sleep(TICK_SECONDS)
@@ -31,7 +34,7 @@ def every_tick(step):
     return asyncio.ensure_future(loop())
 
 
-def revalidate(principal, session_id):
+def revalidate(principal: Principal, session_id: str) -> str:
     """"ok", "credential_revoked", "session_terminated", "session_deleted" (by its client's own DELETE), or
     "indeterminate" (the backend did not answer). Runs in a worker thread."""
     try:
@@ -56,11 +59,11 @@ def revalidate(principal, session_id):
 class CredentialWatch:
     """A stream's tick verdict: None to go on, else the reason to close with."""
 
-    def __init__(self, principal, session_id):
+    def __init__(self, principal: Principal, session_id: str) -> None:
         self.principal, self.session_id = principal, session_id
-        self.failing_since = None
+        self.failing_since: float | None = None
 
-    async def check(self):
+    async def check(self) -> str | None:
         verdict = await hop(revalidate)(self.principal, self.session_id)
         if verdict == "ok":
             self.failing_since = None

@@ -1,6 +1,16 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from rest_framework import authentication, exceptions
+from rest_framework.request import Request
 
 from yuzu.auth import AuthError, authenticate
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from yuzu.rbac import Principal
 
 
 class _CsrfCheck(authentication.SessionAuthentication):
@@ -10,7 +20,7 @@ class _CsrfCheck(authentication.SessionAuthentication):
 class YuzuAuthentication(authentication.BaseAuthentication):
     """Token (Bearer or X-Yuzu-Token) first, else the OTP-verified admin session (CSRF enforced)."""
 
-    def authenticate(self, request):
+    def authenticate(self, request: Request) -> tuple[User, Principal] | None:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             principal = authenticate(headers, request.COOKIES)
@@ -20,8 +30,7 @@ class YuzuAuthentication(authentication.BaseAuthentication):
             return None
         if principal.via == "session":
             _CsrfCheck().enforce_csrf(request)
-        request._request.principal = principal
-        return (principal.user, principal)
+        return (principal.user, principal)  # request.auth is the principal (yuzu.api.views.principal_of)
 
-    def authenticate_header(self, request):
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="yuzu"'

@@ -2,40 +2,44 @@
 retry_after_ms, remediation, permission?}, meta}`` on failure, ``X-Correlation-Id`` on both."""
 
 import logging
+from typing import Any
 
-from django.core.exceptions import RequestDataTooBig, ValidationError as DjangoValidationError
+from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest
 from rest_framework import exceptions as drf
+from rest_framework.request import Request
 from rest_framework.response import Response
 
 from yuzu.errors import YuzuError, correlation_id, invalid_input, validation_message
+from yuzu.jsondata import JsonObject
+from yuzu.middleware import request_cid
 
 log = logging.getLogger("yuzu.api")
 META = {"api_version": "v1"}
 
 
-def cid_of(request):
-    req = getattr(request, "_request", request)
-    cid = getattr(req, "correlation_id", None)
-    if cid is None:
-        cid = req.correlation_id = correlation_id()
-    return cid
+def cid_of(request: Request | HttpRequest) -> str:
+    return request_cid(request._request if isinstance(request, Request) else request)
 
 
-def ok(data, status=200, **meta):
+def ok(data: object, status: int = 200, **meta: object) -> Response:
     return Response({"data": data, "meta": {**META, **meta}}, status=status)
 
 
-def error_body(status, message, cid, *, retry_after_ms=None, remediation=None, **extra):
-    err = {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": retry_after_ms,
+def error_body(status: int, message: str, cid: str, *, retry_after_ms: int | None = None,
+               remediation: str | None = None, **extra: object) -> JsonObject:
+    err: JsonObject = {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": retry_after_ms,
            "remediation": remediation}
     err.update({k: v for k, v in extra.items() if v is not None})
     return {"error": err, "meta": META}
 
 
-def exception_handler(exc, context):
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     request = context.get("request")
     cid = cid_of(request) if request is not None else correlation_id()
-    headers = {}
+    headers: dict[str, str] = {}
+    status: int
     if isinstance(exc, YuzuError):
         status, body = exc.status, error_body(exc.status, exc.message, cid, retry_after_ms=exc.retry_after_ms,
                                               remediation=exc.remediation, permission=exc.permission, **exc.extra)
@@ -55,9 +59,10 @@ def exception_handler(exc, context):
     elif isinstance(exc, drf.APIException):
         status = exc.status_code
         body = error_body(status, validation_message(exc.detail), cid)
-        if isinstance(exc, drf.Throttled) and exc.wait:
-            body["error"]["retry_after_ms"] = int(exc.wait * 1000)
-    elif isinstance(exc, __import__("django").http.Http404):
+        wait = getattr(exc, "wait", None) if isinstance(exc, drf.Throttled) else None  # seconds (no stub has it)
+        if wait:
+            body["error"]["retry_after_ms"] = int(wait * 1000)
+    elif isinstance(exc, Http404):
         status, body = 404, error_body(404, "not found", cid)
     else:
         log.exception("unhandled API error %s", cid)

@@ -1,6 +1,6 @@
 """Django-level error pages: JSON envelopes under /api/, plain text elsewhere; never a stack trace."""
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
 from yuzu.errors import correlation_id
@@ -9,7 +9,7 @@ MCP_ENDPOINTS = ("The MCP endpoints are /mcp/v1/ (the fleet) and /mcp/bridge/ (t
                  "there with Authorization: Bearer yuzu_… (docs/mcp.md).")
 
 
-def _resp(request, status, message, remediation=None):
+def _resp(request: HttpRequest, status: int, message: str, remediation: str | None = None) -> HttpResponse:
     if request.path.startswith(("/api/", "/mcp")):
         cid = getattr(request, "correlation_id", None) or correlation_id()
         r = JsonResponse({"error": {"code": status, "message": message, "correlation_id": cid, "retry_after_ms": None,
@@ -20,7 +20,7 @@ def _resp(request, status, message, remediation=None):
                         content_type="text/plain")
 
 
-def _resolves(path):
+def _resolves(path: str) -> bool:
     try:
         resolve(path)
         return True
@@ -28,7 +28,7 @@ def _resolves(path):
         return False
 
 
-def not_found(request, exception=None):
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """404, with the way to the right URL when there is one: the REST API has no trailing slashes, and
     anything under /mcp that is not an endpoint points at the endpoints."""
     path = request.path
@@ -41,9 +41,9 @@ def not_found(request, exception=None):
     return _resp(request, 404, "not found")
 
 
-def server_error(request):
+def server_error(request: HttpRequest) -> HttpResponse:
     return _resp(request, 500, "internal error")
 
 
-def bad_request(request, exception=None):
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return _resp(request, 400, "bad request")

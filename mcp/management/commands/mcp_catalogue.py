@@ -1,12 +1,14 @@
 """Print a catalogue of the MCP tools as Markdown (docs/mcp-tools.md is this output; a test keeps them equal)."""
 
+from argparse import ArgumentParser
+
 from django.core.management.base import BaseCommand
 
 from mcp.registry import catalogue
 from yuzu.policy import TIER_ORDER, requires_approval, tier_floor
 
 
-def render(name="v1"):
+def render(name: str = "v1") -> str:
     cat = catalogue(name)
     lines = [
         f"# MCP tools (`{name}` catalogue)",
@@ -28,8 +30,8 @@ def render(name="v1"):
 class Command(BaseCommand):
     help = "Print the MCP tool catalogue as Markdown."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--catalogue", default="v1")
 
-    def handle(self, *args, catalogue, **opts):
+    def handle(self, *args: str, catalogue: str, **opts: object) -> None:
         self.stdout.write(render(catalogue), ending="")

@@ -12,6 +12,7 @@ import io
 import os
 import secrets
 import sys
+from argparse import ArgumentParser
 from datetime import timedelta
 
 import qrcode
@@ -29,11 +30,11 @@ from yuzu.rbac import assign_role, seed_builtin_roles
 class Command(BaseCommand):
     help = "Create the administrator and the AI client's identity with its MCP token, once (safe to re-run)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--url", default=None, help="base URL clients use (default http://YUZU_BIND)")
         parser.add_argument("--no-qr", action="store_true")
 
-    def handle(self, *args, url, no_qr, **opts):
+    def handle(self, *args: str, url: str | None, no_qr: bool, **opts: object) -> None:
         seed_builtin_roles()
         User = get_user_model()
         base = url or f"http://{settings.YUZU_BIND}"
@@ -80,7 +81,7 @@ class Command(BaseCommand):
         out(f"  claude mcp add --transport http yuzu {base}/mcp/v1/ --header \"Authorization: Bearer {raw}\"")
         out("=" * 72)
 
-    def _qr(self, data):
+    def _qr(self, data: str) -> None:
         try:
             qr = qrcode.QRCode(border=1)
             qr.add_data(data)

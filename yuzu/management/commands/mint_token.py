@@ -1,3 +1,4 @@
+from argparse import ArgumentParser
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -6,14 +7,14 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from yuzu.audit import audit
-from yuzu.models import ApiToken, MCP_TIERS, MCP_TOKEN_MAX_DAYS, Role
+from yuzu.models import MCP_TIERS, MCP_TOKEN_MAX_DAYS, ApiToken, Role
 from yuzu.rbac import assign_role
 
 
 class Command(BaseCommand):
     help = "Mint an API token and print it once. With --role, creates the user with that role if missing."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--user", required=True)
         parser.add_argument("--name", required=True)
         parser.add_argument("--role", help="built-in role for a user created by this command")
@@ -21,7 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--expires-days", type=int)
         parser.add_argument("--service", default="", help="scope_service")
 
-    def handle(self, *args, user, name, role, tier, expires_days, service, **opts):
+    def handle(self, *args: str, user: str, name: str, role: str | None, tier: str, expires_days: int | None,
+               service: str, **opts: object) -> None:
         User = get_user_model()
         account = User.objects.filter(username=user).first()
         if account is None:

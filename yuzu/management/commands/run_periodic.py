@@ -11,7 +11,9 @@ from django.core.management.base import BaseCommand, CommandError
 class Command(BaseCommand):
     help = "Run CELERY_BEAT_SCHEDULE's tasks in this process (embedded mode, no broker)."
 
-    def handle(self, *args, **opts):
+    def handle(self, *args: str, **opts: object) -> None:
+        import yuzu.celery  # noqa: F401  (loads the app)
+
         # autodiscover_tasks() is lazy: only a worker imports the apps' tasks modules. Import them here,
         # else every scheduled task is unknown to this process and nothing ever runs.
         current_app.loader.import_default_modules()

@@ -6,7 +6,9 @@ import signal
 import subprocess
 import sys
 import time
+from argparse import ArgumentParser
 from pathlib import Path
+from types import FrameType
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -15,10 +17,10 @@ from django.core.management.base import BaseCommand
 class Command(BaseCommand):
     help = "Serve yuzu: daphne + workers (+ a local agent)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--no-agent", action="store_true", help="do not start the local agent")
 
-    def handle(self, *args, no_agent, **opts):
+    def handle(self, *args: str, no_agent: bool, **opts: object) -> None:
         # The checks that need the database too (e.g. yuzu.E010: the secrets' key files match it): refuse to
         # serve with keys that cannot open what is stored.
         self.check(databases=["default"], display_num_errors=True)
@@ -45,7 +47,7 @@ class Command(BaseCommand):
                    for name, argv in procs.items()}
         stop = {"now": False}
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int, frame: FrameType | None) -> None:
             stop["now"] = True
 
         signal.signal(signal.SIGINT, on_signal)
@@ -72,7 +74,7 @@ class Command(BaseCommand):
                     os.killpg(p.pid, signal.SIGKILL)
         sys.exit(code)
 
-    def extra_processes(self, no_agent, py, manage, host, port):
+    def extra_processes(self, no_agent: bool, py: str, manage: str, host: str, port: str) -> dict[str, list[str]]:
         """The local agent and the bridge's status poller, where those features are installed."""
         extra = {}
         if not no_agent and (Path(settings.BASE_DIR) / "fleet" / "agent" / "__main__.py").exists():
