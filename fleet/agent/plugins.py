@@ -9,11 +9,13 @@ import hashlib
 import json
 import os
 import platform
+import re
 import selectors
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -190,6 +192,46 @@ def file_hash(params, ctx):
     except OSError as exc:
         return failed(f"cannot read {path}: {exc.strerror or exc}", {"path": path, "algorithm": algorithm})
     return ok({"path": path, "algorithm": algorithm, "hash": h.hexdigest(), "size": size})
+
+
+def file_stat(params, ctx):
+    """Whether a path exists, and its type, mode and owner: what a compliance check asks of a file (a
+    world-writable file, a missing config). Reads metadata only."""
+    path = params["path"]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return ok({"path": path, "exists": False})
+    except OSError as exc:
+        return failed(f"cannot stat {path}: {exc.strerror or exc}", {"path": path})
+    kind = ("file" if stat.S_ISREG(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode)
+            else "symlink" if stat.S_ISLNK(st.st_mode) else "other")
+    return ok({"path": path, "exists": True, "type": kind, "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+               "world_writable": bool(st.st_mode & stat.S_IWOTH), "uid": st.st_uid, "gid": st.st_gid,
+               "size": st.st_size, "mtime": int(st.st_mtime)})
+
+
+GREP_MAX_BYTES = 16 * 1024 * 1024
+GREP_MAX_LINES = 20
+
+
+def file_grep(params, ctx):
+    """Lines of a text file matching a regular expression: a count and the first line numbers (not the
+    lines: a config check needs to know whether, not to copy the file off the device)."""
+    path = params["path"]
+    try:
+        pattern = re.compile(params["pattern"])
+    except re.error as exc:
+        return Result("REJECTED", error=f"invalid pattern: {exc}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(GREP_MAX_BYTES)
+    except FileNotFoundError:
+        return ok({"path": path, "exists": False, "matches": 0, "lines": []})
+    except OSError as exc:
+        return failed(f"cannot read {path}: {exc.strerror or exc}", {"path": path})
+    numbers = [i for i, line in enumerate(data.decode(errors="replace").splitlines(), 1) if pattern.search(line)]
+    return ok({"path": path, "exists": True, "matches": len(numbers), "lines": numbers[:GREP_MAX_LINES]})
 
 
 SERVICE_PROPERTIES = "Id,Description,LoadState,ActiveState,SubState,UnitFileState,MainPID,ActiveEnterTimestamp"
@@ -375,6 +417,12 @@ PLUGINS = {p.name: p for p in [
     Plugin("file.hash", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
                                       "algorithm": {"type": "string", "enum": list(HASH_ALGORITHMS)}}, ["path"]),
            file_hash, "Hashes one file (sha256 by default); reads the file, changes nothing."),
+    Plugin("file.stat", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096}}, ["path"]),
+           file_stat, "Reports whether a path exists, its type, mode, owner and size; changes nothing."),
+    Plugin("file.grep", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                                      "pattern": {"type": "string", "minLength": 1, "maxLength": 1024}},
+                                     ["path", "pattern"]), file_grep,
+           "Counts the lines of a text file matching a regular expression (returns line numbers, not the lines)."),
     Plugin("service.status", READ, schema({"name": {"type": "string", "pattern": r"^[A-Za-z0-9@._:\\-]{1,256}$"}},
                                           ["name"]), service_status, "Reports whether one system service is running."),
     Plugin("script.run", WRITE, schema({"argv": {"type": "string", "minLength": 1, "maxLength": 65536},
