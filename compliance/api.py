@@ -63,6 +63,8 @@ def _document(request):
     """The YAML text of a create request (raw YAML, or the JSON body checked against DOCUMENT)."""
     if isinstance(request.data, str):
         return request.data
+    if isinstance(request.data, dict) and isinstance(request.data.get("yaml_source"), str):
+        services.yaml_of(request.data)  # an oversized document: a short message, not the schema's echo of it
     return payload(request, DOCUMENT)["yaml_source"]
 
 

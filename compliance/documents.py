@@ -133,10 +133,10 @@ def parse(kind, text):
     if kind == "PolicyFragment":
         for step in ("check", "fix", "postCheck"):
             expr = (data["spec"].get(step) or {}).get("compliance")
+            if expr is not None and not expr.strip():
+                raise DocumentError(f"spec.{step}.compliance is empty; an empty expression is never compliant")
             if expr is not None:
                 compile_expression(expr, f"spec.{step}.compliance")
-        if not data["spec"]["check"]["compliance"].strip():
-            raise DocumentError("spec.check.compliance is empty; an empty expression could never be compliant")
     return data["metadata"], data["spec"]
 
 
