@@ -1,7 +1,10 @@
 """Receivers of the agent protocol's signals (fleet.signals): startup-triggered checks and Guardian reports."""
 
+import asyncio
 import logging
 
+from channels.db import database_sync_to_async
+from django.conf import settings
 from django.dispatch import receiver
 
 from fleet.signals import agent_connected, agent_report
@@ -16,7 +19,32 @@ EVENT_FIELDS = {"rule_id": 36, "event_type": 64, "guard_type": 64, "guard_catego
 
 @receiver(agent_connected)
 def check_on_connect(sender, agent_id, **kwargs):
+    """startup-triggered checks, and the agent's Guardian rule set (it keeps guarding across reconnects)."""
     engine.on_agent_connected(agent_id)
+    services.push_rules_to(agent_id)
+
+
+_evaluator = None
+
+
+@receiver(agent_connected)
+async def evaluate_in_the_server(sender, **kwargs):
+    """Embedded mode (no Redis): the evaluator ticks on the server's own event loop, started with the first
+    agent connection — the in-memory channel layer reaches agents only from inside this process, so a check
+    dispatched by `manage.py run_periodic` could never arrive. With Redis, Celery beat runs it instead."""
+    global _evaluator
+    if settings.REDIS_URL or (_evaluator is not None and not _evaluator.done()):
+        return
+    _evaluator = asyncio.create_task(_tick_forever(float(getattr(settings, "YUZU_COMPLIANCE_TICK_S", 10))))
+
+
+async def _tick_forever(every):
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await database_sync_to_async(engine.tick)()
+        except Exception:
+            log.exception("compliance evaluator tick failed")
 
 
 def guardian_frame(frame):
@@ -30,12 +58,14 @@ def guardian_frame(frame):
             return None
         out[key] = value
     detail = frame.get("detail", {})
-    latency = frame.get("detection_latency_us")
     if not isinstance(detail, dict) or len(str(detail)) > 16384:
         return None
-    if latency is not None and (not isinstance(latency, int) or isinstance(latency, bool) or not 0 <= latency < 2**62):
-        return None
-    return {**out, "detail": detail, "detection_latency_us": latency}
+    for key in ("detection_latency_us", "remediation_latency_us"):
+        value = frame.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**62):
+            return None
+        out[key] = value
+    return {**out, "detail": detail}
 
 
 @receiver(agent_report)

@@ -5,7 +5,6 @@ so a refused one leaves nothing behind."""
 
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
@@ -13,7 +12,7 @@ from django.db.models import ProtectedError
 from django.utils import timezone
 
 from fleet.models import Agent
-from fleet.push import send_to_agents
+from fleet.push import send_to_agent
 from fleet.scope import ScopeError, parse, to_q
 from yuzu.audit import audit
 from yuzu.errors import NotFound, StoreFault, YuzuError
@@ -301,6 +300,15 @@ def rules_for(agent):
     return out
 
 
+def push_rules_to(agent_id):
+    """An agent that (re)connects gets its rule set (when any rule exists)."""
+    agent = Agent.objects.filter(pk=agent_id).first()
+    if agent is None or not GuardRule.objects.exists():
+        return
+    send_to_agent(agent_id, {"type": "agent.push", "payload": {"type": "guardian.rules", "full_sync": True,
+                                                               "rules": rules_for(agent)}})
+
+
 def push(principal, scope="", full_sync=True, cid=""):
     """Send each connected agent in ``scope`` (all when empty) its enabled rule set. The count is of agents
     sent to, not a delivery receipt."""
@@ -313,8 +321,8 @@ def push(principal, scope="", full_sync=True, cid=""):
     agents = list(agents)
     rules_total = GuardRule.objects.filter(enabled=True).count()
     for agent in agents:
-        frame = {"type": "guardian.rules", "full_sync": bool(full_sync), "rules": rules_for(agent)}
-        async_to_sync(send_to_agents)([agent.pk], {"type": "agent.push", "payload": frame})
+        send_to_agent(agent.pk, {"type": "agent.push", "payload": {
+            "type": "guardian.rules", "full_sync": bool(full_sync), "rules": rules_for(agent)}})
     GUARDIAN_POLICY_GENERATION.inc()
     audit(principal, "guaranteed_state.push", "success", target_type="GuaranteedState", target_id=scope or "*",
           detail=f'rules={rules_total} full_sync={str(bool(full_sync)).lower()} scope="{scope}" '
@@ -383,7 +391,8 @@ def record_event(agent_id, frame):
         guard_category=frame.get("guard_category", "")[:32], detected_value=frame.get("detected_value", "")[:4096],
         expected_value=frame.get("expected_value", "")[:4096], detail_json=frame.get("detail") or {},
         remediation_action=frame.get("remediation_action", "")[:64],
-        detection_latency_us=frame.get("detection_latency_us"))
+        detection_latency_us=frame.get("detection_latency_us"),
+        remediation_latency_us=frame.get("remediation_latency_us"))
 
 
 def reap_events(days=None):

@@ -184,12 +184,15 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format: task, schedule, args …
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
-    "evaluate-policies": {"task": "compliance.tasks.evaluate_policies",
-                          "schedule": float(os.environ.get("YUZU_COMPLIANCE_TICK_S", "10"))},
     "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
 }
-# Compliance (docs/compliance.md): the evaluator's grace window for answers, and how long the fleet-wide
-# counts are cached.
+# Compliance (docs/compliance.md): the evaluator's tick, its grace window for answers, and how long the
+# fleet-wide counts are cached. With Redis the tick is a Celery beat task; embedded, it runs on the server's
+# event loop (compliance.receivers), where the in-memory channel layer reaches the agents.
+YUZU_COMPLIANCE_TICK_S = float(os.environ.get("YUZU_COMPLIANCE_TICK_S", "10"))
+if REDIS_URL:
+    CELERY_BEAT_SCHEDULE["evaluate-policies"] = {"task": "compliance.tasks.evaluate_policies",
+                                                 "schedule": YUZU_COMPLIANCE_TICK_S}
 YUZU_COMPLIANCE_GRACE_S = float(os.environ.get("YUZU_COMPLIANCE_GRACE_S", "15"))
 YUZU_COMPLIANCE_CACHE_S = int(os.environ.get("YUZU_COMPLIANCE_CACHE_S", "60"))
 YUZU_GUARDIAN_EVENT_RETENTION_DAYS = int(os.environ.get("YUZU_GUARDIAN_EVENT_RETENTION_DAYS", "30"))
