@@ -169,15 +169,26 @@ class Policy(models.Model):
         return meta, spec, fragment, groups, inputs
 
     @classmethod
-    def from_yaml(cls, text):
-        """Create the policy with its triggers, inputs and group bindings, in one transaction."""
+    def from_yaml(cls, text, instance=None):
+        """Create the policy (or replace ``instance``'s definition) with its triggers, inputs and group
+        bindings, in one transaction. Raises DocumentError before anything is written."""
         meta, spec, fragment, groups, inputs = cls.plan_yaml(text)
         triggers = spec.get("triggers") or []
+        fields = {"name": meta["name"], "description": meta.get("description", ""), "yaml_source": text,
+                  "fragment": fragment, "scope_expression": spec.get("scope") or "",
+                  "enabled": spec.get("enabled", True), "interval_seconds": documents.interval_of(triggers),
+                  "updated_at": timezone.now()}
         with transaction.atomic():
-            policy = cls.objects.create(
-                name=meta["name"], description=meta.get("description", ""), yaml_source=text, fragment=fragment,
-                scope_expression=spec.get("scope") or "", enabled=spec.get("enabled", True),
-                interval_seconds=documents.interval_of(triggers))
+            if instance is None:
+                policy = cls.objects.create(**fields)
+            else:
+                policy = instance
+                for k, v in fields.items():
+                    setattr(policy, k, v)
+                policy.save()
+                policy.triggers.all().delete()
+                policy.policy_inputs.all().delete()
+                policy.group_bindings.all().delete()
             PolicyTrigger.objects.bulk_create([
                 PolicyTrigger(policy=policy, trigger_type=t["type"],
                               config_json={k: v for k, v in t.items() if k != "type"}) for t in triggers])

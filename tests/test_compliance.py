@@ -437,3 +437,159 @@ def test_a_guardian_report_is_stored_under_the_connections_agent_id():
     event = GuardianEvent.objects.get()
     assert event.agent_id == agent_id != "victim" and event.severity == "critical"
     assert services.guard_status(agent_id)["drifted_rules"] == 1
+
+
+# --- the admin ---------------------------------------------------------------------------------------
+
+def admin_session(make_user, username, role, superuser=False):
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    from .otp import code
+
+    user = make_user(username, role, superuser=superuser, password="s3cret-password")
+    user.is_staff = True
+    user.save()
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    c = Client()
+    r = c.post("/admin/login/?next=/admin/", {"username": username, "password": "s3cret-password",
+                                             "otp_token": code(device)})
+    assert r.status_code == 302, r.content[:500]
+    return c
+
+
+def test_the_admin_edits_policies_as_yaml_and_shows_each_policys_compliance(make_user):
+    c = admin_session(make_user, "pe", "PlatformEngineer")
+    r = c.post("/admin/compliance/policyfragment/add/", {"yaml_source": FRAGMENT.replace("&& !", "&&& !")})
+    assert r.status_code == 200 and "is not valid CEL (syntax error at line 1" in r.content.decode()
+    assert not PolicyFragment.objects.exists()
+    r = c.post("/admin/compliance/policyfragment/add/", {"yaml_source": FRAGMENT})
+    assert r.status_code == 302 and PolicyFragment.objects.count() == 1
+    r = c.post("/admin/compliance/policy/add/", {"yaml_source": POLICY.replace("marker-present", "nope")})
+    assert "unknown fragment" in r.content.decode() and not Policy.objects.exists()
+    r = c.post("/admin/compliance/policy/add/", {"yaml_source": POLICY})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    policy = Policy.objects.get()
+    assert policy.interval_seconds == 120 and policy.triggers.count() == 3
+    a1, a2 = agents("a1", "a2")
+    PolicyAgentStatus.objects.create(policy=policy, agent=a1, status="compliant", last_check_at=timezone.now())
+    PolicyAgentStatus.objects.create(policy=policy, agent=a2, status="non_compliant", last_check_at=timezone.now())
+    page = c.get(f"/admin/compliance/policy/{policy.pk}/change/").content.decode()
+    assert "50.0 %</strong> compliant of 2 evaluated agent(s)" in page
+    r = c.post(f"/admin/compliance/policy/{policy.pk}/change/",
+               {"yaml_source": POLICY.replace("interval_seconds: 120", "interval_seconds: 600")})
+    assert r.status_code == 302
+    policy.refresh_from_db()
+    assert policy.interval_seconds == 600 and policy.triggers.count() == 3
+    assert c.get("/admin/compliance/policyagentstatus/").status_code == 200
+    assert c.get(f"/admin/compliance/policyagentstatus/{PolicyAgentStatus.objects.first().pk}/change/")\
+        .status_code == 200
+    assert {"policy.fragment.create", "policy.create", "policy.update"} <= set(
+        AuditEvent.objects.filter(principal="pe").values_list("action", flat=True))
+
+
+def test_the_admin_follows_rbac(make_user):
+    viewer = admin_session(make_user, "vi", "Viewer")
+    assert viewer.get("/admin/compliance/policy/").status_code == 200  # Policy:Read
+    assert viewer.get("/admin/compliance/policy/add/").status_code == 403  # no Policy:Write
+    approver = admin_session(make_user, "ap", "Approver")
+    assert approver.get("/admin/compliance/policy/").status_code == 403
+    assert approver.get("/admin/compliance/guardrule/").status_code == 403
+
+
+# --- hostile documents (fuzz) --------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from .fuzz import NASTY_STRINGS  # noqa: E402
+
+LINES = FRAGMENT.splitlines()
+mutated = st.builds(lambda i, junk: "\n".join(LINES[:i] + [junk] + LINES[i + 1:]),
+                    st.integers(0, len(LINES) - 1), st.one_of(st.sampled_from(NASTY_STRINGS), st.text(max_size=60)))
+documents_st = st.one_of(mutated, st.text(max_size=200), st.sampled_from(NASTY_STRINGS))
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(text=documents_st)
+def test_hostile_documents_get_a_400_or_a_201_never_a_500(mint, text):
+    c = admin_client(mint)
+    before = PolicyFragment.objects.count()
+    r = c.post("/api/v1/policy-fragments", {"yaml_source": text}, content_type="application/json")
+    assert r.status_code in (201, 400, 409), (text, r.content[:300])
+    assert "Traceback" not in r.content.decode(errors="replace")
+    assert PolicyFragment.objects.count() == before + (r.status_code == 201)
+    PolicyFragment.objects.all().delete()
+
+
+# --- startup triggers --------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_a_startup_trigger_checks_an_agent_when_it_connects():
+    from .test_agent_protocol import enrolled_agent, mint_device_token
+
+    make_policy(POLICY.replace("triggers: [{type: interval, interval_seconds: 120}, {type: startup}, "
+                               "{type: file_change, path: /tmp}]", "triggers: [{type: startup}]"))
+    make_policy(POLICY.replace("name: marker}", "name: scheduled-only}").replace(", {type: startup}", ""))
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        command = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return agent_id, command
+
+    agent_id, command = asyncio.run(scenario())
+    assert (command["type"], command["plugin"], command["action"]) == ("command", "file", "stat")
+    run = PolicyRun.objects.get()
+    assert run.policy.name == "marker" and run.agent_ids == [agent_id]
+
+
+# --- Guardian on the agent ---------------------------------------------------------------------------
+
+def test_the_agent_guardian_reports_drift_once_and_recovery(tmp_path):
+    from fleet.agent.guardian import Guardian
+
+    watched = tmp_path / "watched"
+    watched.write_text("v1")
+    sent = []
+
+    async def send(frame, keep=False):
+        sent.append(frame)
+
+    rules = [
+        {"rule_id": "r-exists", "name": "exists", "enforcement_mode": "enforce", "spec": {
+            "spark": {"type": "file-change"}, "assertion": {"type": "file-exists", "params": {"path": str(watched)}},
+            "remediation": {"type": "enforce"}}},
+        {"rule_id": "r-hash", "name": "hash", "spec": {
+            "spark": {"type": "file-change"},
+            "assertion": {"type": "file-hash-equals", "params": {"path": str(watched), "settle_ms": 10}},
+            "remediation": {"type": "alert-only"}}},
+        {"rule_id": "r-reg", "name": "reg", "spec": {
+            "spark": {"type": "registry-change"}, "assertion": {"type": "registry-value-equals", "params": {}},
+            "remediation": {"type": "alert-only"}}},
+    ]
+
+    async def scenario():
+        g = Guardian(send, {"guardian_poll_s": 0.05})
+        g.apply(rules)
+        await asyncio.sleep(0.3)
+        armed = list(sent)
+        watched.write_text("v2")  # the hash drifts, the file still exists
+        await asyncio.sleep(0.3)
+        watched.unlink()
+        await asyncio.sleep(0.3)
+        watched.write_text("v1")  # back to the baseline
+        await asyncio.sleep(0.3)
+        g.task.cancel()
+        return armed
+
+    armed = asyncio.run(scenario())
+    assert [(f["rule_id"], f["event_type"], f["detail"]) for f in armed] == [
+        ("r-reg", "guard.unhealthy", {"reason": "unsupported_on_platform"})]
+    events = [(f["rule_id"], f["event_type"]) for f in sent[1:]]
+    assert events == [("r-hash", "drift.detected"), ("r-exists", "drift.detected"),
+                      ("r-exists", "remediation.failed"), ("r-exists", "guard.healthy"), ("r-hash", "guard.healthy")]
+    failed = next(f for f in sent if f["event_type"] == "remediation.failed")
+    assert "guardian_enforce" in failed["detail"]["reason"]  # the operator never allowed enforcement
+    assert all(f["type"] == "report" and f["kind"] == "guardian" and "agent_id" not in f for f in sent)
