@@ -171,7 +171,7 @@ def substitute(params, inputs):
     for key, value in (params or {}).items():
         text = value if isinstance(value, str) else json.dumps(value)
 
-        def bind(match):
+        def bind(match, key=key):
             name = match.group(1)
             if name not in inputs:
                 raise DocumentError(f"parameter '{key}' uses input '${{{name}}}', which the policy does not bind",
