@@ -3,8 +3,11 @@ authoring catalogue. Each is a thin handler over the compliance.services functio
 
 import json
 
+from mcp.jsonrpc import INTERNAL_ERROR, RpcError
 from mcp.registry import prompt, resource, tool
 from mcp.schema import array, boolean, integer, obj, string
+
+from yuzu.errors import StoreFault
 
 from . import guardian, services
 
@@ -71,7 +74,10 @@ def get_guardian_schemas(ctx, args):
 @resource(uri="yuzu://compliance/fleet", name="Fleet compliance", securable="Policy",
           description="The same object as get_fleet_compliance: total_checks, status counts, compliance_pct.")
 def fleet_resource(ctx):
-    return services.fleet_compliance()
+    try:
+        return services.fleet_compliance()
+    except StoreFault as exc:  # -32603 (project decision), not upstream's -32602 "unknown URI"
+        raise RpcError(INTERNAL_ERROR, exc.message, {"retry_after_ms": exc.retry_after_ms}) from None
 
 
 @resource(uri="yuzu://guardian/schemas", name="Guardian authoring schemas", securable="GuaranteedState",

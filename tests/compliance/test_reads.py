@@ -83,3 +83,19 @@ def test_the_prompt_wraps_its_argument_as_untrusted(mint):
     assert "get_fleet_compliance" in fleet and "list_policies" in fleet
 
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_store_fault_is_minus_32603_on_the_tool_and_the_resource(mint, monkeypatch):
+    c = McpClient(mint("comp-reader", role="Viewer", tier="readonly"))
+    c.initialize()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database is gone")
+
+    services.cache.clear()
+    monkeypatch.setattr(PolicyAgentStatus, "fleet", classmethod(broken))
+    err = c.call("get_fleet_compliance", {}).json()["error"]
+    assert err["code"] == -32603 and err["message"] == "Policy store unavailable"
+    err = c.rpc("resources/read", {"uri": "yuzu://compliance/fleet"}).json()["error"]
+    assert err["code"] == -32603 and err["message"] == "Policy store unavailable"
