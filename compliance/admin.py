@@ -57,8 +57,9 @@ class ReadOnlyAdmin(RbacAdmin):
 class YamlForm(forms.ModelForm):
     """The YAML is the only input; every other column is derived from it on save."""
 
-    yaml_source = forms.CharField(widget=forms.Textarea(attrs={"rows": 24, "cols": 100, "class": "vLargeTextField",
-                                                               "spellcheck": "false"}),
+    yaml_source = forms.CharField(label="YAML", widget=forms.Textarea(attrs={
+        "rows": 20, "cols": 100, "class": "vLargeTextField", "spellcheck": "false", "wrap": "off",
+        "style": "font-family: monospace"}),
                                   help_text="apiVersion: yuzu.io/v1alpha1 — see docs/compliance.md")
 
     def clean_yaml_source(self):
