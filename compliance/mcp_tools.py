@@ -6,7 +6,6 @@ import json
 from mcp.jsonrpc import INTERNAL_ERROR, RpcError
 from mcp.registry import prompt, resource, tool
 from mcp.schema import array, boolean, integer, obj, string
-
 from yuzu.errors import StoreFault
 
 from . import guardian, services
