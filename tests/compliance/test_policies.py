@@ -2,6 +2,9 @@
 verdicts, claims, remediation and its 409 rules, startup triggers, the REST writes."""
 
 import asyncio
+import json
+import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from compliance import documents, engine, services
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment, PolicyRun
+from fleet.agent.plugins import PLUGINS, Context, execute
 from fleet.models import AgentState, Execution, ManagementGroup
 from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import FRAGMENT, POLICY, admin_client, agents, answer, make_policy, nothing_written
@@ -309,3 +313,30 @@ def test_a_startup_trigger_checks_an_agent_when_it_connects():
     assert run.policy.name == "marker" and run.agent_ids == [agent_id]
 
 
+
+
+# --- the read-only plugins the examples use ----------------------------------------------------------
+
+def test_file_stat_and_file_grep_on_real_files(tmp_path):
+    def run(name, **params):
+        r = execute(PLUGINS, *name.split("."), params, Context())
+        return r.status, json.loads(r.output) if r.output else None
+
+    conf = tmp_path / "sshd_config"
+    conf.write_text("# PermitRootLogin yes\nPort 22\nPermitRootLogin no\n")
+    os.chmod(conf, 0o646)
+    link = tmp_path / "link"
+    link.symlink_to(conf)
+    status, out = run("file.stat", path=str(link))
+    assert status == "SUCCESS" and out["symlink"] and out["mode"] == "0646" and out["world_writable"]
+    assert run("file.stat", path=str(tmp_path / "nope"))[1] == {"path": str(tmp_path / "nope"), "exists": False}
+    status, out = run("file.grep", path=str(conf), pattern=r"^\s*PermitRootLogin\s+no\b")
+    assert (status, out["matches"], out["lines"]) == ("SUCCESS", 1, [3])
+    assert run("file.grep", path=str(tmp_path / "nope"), pattern="x")[1]["exists"] is False
+    assert run("file.grep", path=str(conf), pattern="-v")[1]["matches"] == 0  # a pattern is never an option
+    assert run("file.grep", path=str(conf), pattern="(")[0] == "FAILURE"  # grep's own error, reported
+    evil = tmp_path / "evil"
+    evil.write_text("a" * 5000 + "!\n")
+    started = time.monotonic()
+    assert run("file.grep", path=str(evil), pattern="^(a+)+$")[1]["matches"] == 0
+    assert time.monotonic() - started < 5  # no catastrophic backtracking
