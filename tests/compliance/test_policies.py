@@ -4,13 +4,16 @@ verdicts, claims, remediation and its 409 rules, startup triggers, the REST writ
 import asyncio
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings as django_settings
 from django.core.management import call_command
+from django.db import connections
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -349,3 +352,29 @@ def test_file_stat_and_file_grep_on_real_files(tmp_path):
     started = time.monotonic()
     assert run("file.grep", path=str(evil), pattern="^(a+)+$")[1]["matches"] == 0
     assert time.monotonic() - started < 5  # no catastrophic backtracking
+
+
+@pytest.mark.django_db(transaction=True)
+def test_evaluators_racing_dispatch_a_due_policy_once_and_write_a_run_once():
+    """Four evaluators tick at the same instant (as several Celery workers would): the due policy is dispatched
+    once, and later its run is collected once."""
+    agents("a1")
+    make_policy()
+    barrier = threading.Barrier(4)
+
+    def tick(at):
+        barrier.wait()
+        try:
+            return engine.tick(at)
+        finally:
+            connections.close_all()
+
+    now = timezone.now()
+    with ThreadPoolExecutor(4) as pool:
+        assert sum(d for _, d in pool.map(tick, [now] * 4)) == 1
+    run = PolicyRun.objects.get()
+    answer(run, "a1", output={"exists": True, "world_writable": False})
+    later = now + timedelta(seconds=30)  # past the grace window, within the interval
+    with ThreadPoolExecutor(4) as pool:
+        assert [c for c, _ in pool.map(tick, [later] * 4)].count(1) == 1
+    assert PolicyAgentStatus.objects.get().status == "compliant"
