@@ -2,8 +2,6 @@
 allows it (Policy:* and GuaranteedState:*), verdicts and drift events browsable (read-only), and each
 policy's page showing its compliance (counts and the percentage of its evaluated agents that comply)."""
 
-import json
-
 from django import forms
 from django.contrib import admin
 from django.urls import reverse
@@ -180,7 +178,7 @@ class GuardRuleAdmin(RbacAdmin):
 
     @admin.display(description="assertion")
     def assertion(self, obj):
-        return json.dumps(obj.spec_json.get("assertion", {}).get("type"))
+        return (obj.spec_json.get("assertion") or {}).get("type", "")
 
     def save_model(self, request, obj, form, change):
         obj.updated_by = request.user.get_username()

@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet.executions import Order, launch
-from fleet.models import AgentState, Execution, Response
+from fleet.models import Agent, AgentState, Execution, Response
 from yuzu.errors import YuzuError
 from yuzu.metrics import POLICY_EVAL_ERRORS, POLICY_VERDICTS
 
@@ -134,17 +134,22 @@ def _verdict(run, response):
 
 
 def collect(run, now=None):
-    """Write the verdicts of one finished (or overdue) run, once. Returns how many rows it wrote."""
+    """Write the verdicts of one finished (or overdue) run, once: the run is claimed in the same transaction
+    as its verdicts, so a failure leaves it for the next tick and a concurrent collector writes nothing.
+    Returns how many agents it concerned (0 when another collector had it)."""
     now = now or timezone.now()
-    if not run.claim_collection(now):
-        return 0
     answers = {r.agent_id: r for r in Response.objects.filter(execution_id=run.execution_id,
                                                               status__in=Response.TERMINAL)}
     verify = []
     with transaction.atomic():
+        if not run.claim_collection(now):
+            return 0
         rows = {r.agent_id: r for r in PolicyAgentStatus.objects.select_for_update().filter(
             policy_id=run.policy_id, agent_id__in=run.agent_ids)}
+        alive = set(Agent.objects.filter(pk__in=run.agent_ids).values_list("pk", flat=True))
         for agent_id in run.agent_ids:
+            if agent_id not in alive:
+                continue  # deleted since the dispatch
             row = rows.get(agent_id) or PolicyAgentStatus(policy_id=run.policy_id, agent_id=agent_id)
             response = answers.get(agent_id)
             if run.phase == PolicyRun.Phase.FIX:
@@ -191,7 +196,12 @@ def ready_runs(now):
 def tick(now=None):
     """One evaluator tick: collect, then dispatch what is due. Returns (runs collected, policies dispatched)."""
     now = now or timezone.now()
-    collected = sum(1 for run in ready_runs(now) if collect(run, now))
+    collected = 0
+    for run in ready_runs(now):
+        try:
+            collected += bool(collect(run, now))
+        except Exception:  # left uncollected: the next tick tries again
+            log.exception("collecting run %s of policy %s failed", run.pk, run.policy_id)
     # Recovery (a worker that died mid-fix, a restart): a fix nobody will verify any more leaves its rows
     # unknown, to be checked again.
     PolicyAgentStatus.objects.filter(status=Status.FIXING, last_fix_at__lt=now - FIX_STALE).update(
