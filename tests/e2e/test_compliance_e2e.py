@@ -9,12 +9,14 @@ client (tests/mcp_client/drive.py in .venv-mcp).
   through the official client report those counts and 50 %;
 - POST …/remediate runs the fix on the non-compliant agent only; the verify step flips it to compliant, and
   the file on disk really changed;
-- a Guardian rule pushed to the agents reports drift.detected, under each agent's authenticated id, within
-  seconds of the watched file disappearing.
+- Guardian rules pushed to the agents report drift.detected, under each agent's authenticated id, within
+  seconds of a watched file changing (its SHA-256 against the baseline captured when armed) and of another
+  disappearing.
 
 The two agents run on one host: each works in its own directory, and the policy checks a path relative to it,
 so their file states differ. Runs on SQLite or PostgreSQL, embedded or on Redis. Every wait has a deadline."""
 
+import hashlib
 import io
 import json
 import os
@@ -203,9 +205,24 @@ def test_policy_verdicts_official_client_remediation_and_guardian_drift_on_real_
             "remediation": {"type": "alert-only"}}})
     assert r.status_code == 201, r.text
     rule_id = r.json()["data"]["rule_id"]
+    hashed = stack.tmp_path / "hashed.conf"
+    hashed.write_text("baseline\n")
+    r = rest.post("/api/v1/guaranteed-state/rules", json={
+        "name": "hashed-conf-unchanged", "spec": {
+            "spark": {"type": "file-change"},
+            "assertion": {"type": "file-hash-equals", "params": {"path": str(hashed), "settle_ms": 100}},
+            "remediation": {"type": "alert-only"}}})
+    hash_rule = r.json()["data"]["rule_id"]
     r = rest.post("/api/v1/guaranteed-state/push", json={"scope": "ostype == linux"})
-    assert r.status_code == 202 and r.json()["data"]["agents"] == 2, r.text
-    wait_for(lambda: "guardian: 1 guard(s) armed" in stack.logs(), 20, "the agents to arm the guard", stack.logs)
+    assert r.status_code == 202 and r.json()["data"] == {"rules": 2, "agents": 2, "full_sync": True,
+                                                         "status": "accepted"}, r.text
+    wait_for(lambda: stack.logs().count("guardian: 2 guard(s) armed") >= 2, 20, "both agents to arm the guards",
+             stack.logs)
+    hashed.write_text("tampered\n")
+    changed = lambda: list(GuardianEvent.objects.filter(rule_id=hash_rule, event_type="drift.detected"))  # noqa: E731
+    wait_for(lambda: len(changed()) == 2, 20, "drift.detected from the hash guard", stack.logs)
+    assert {(e.detected_value, e.expected_value) for e in changed()} == {
+        (hashlib.sha256(b"tampered\n").hexdigest(), hashlib.sha256(b"baseline\n").hexdigest())}
     watched.unlink()
     drifted = lambda: set(GuardianEvent.objects.filter(rule_id=rule_id, event_type="drift.detected")  # noqa: E731
                           .values_list("agent_id", flat=True))
@@ -214,4 +231,4 @@ def test_policy_verdicts_official_client_remediation_and_guardian_drift_on_real_
     assert (event.detected_value, event.expected_value, event.severity) == ("absent", "present", "high")
     listed = rest.get("/api/v1/guaranteed-state/events", params={"rule_id": rule_id}).json()["data"]["events"]
     assert {e["agent_id"] for e in listed} == {bad, good}
-    assert rest.get("/api/v1/guaranteed-state/status").json()["data"]["drifted_rules"] == 2
+    assert rest.get("/api/v1/guaranteed-state/status").json()["data"]["drifted_rules"] == 4  # 2 rules × 2 agents
