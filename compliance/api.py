@@ -28,7 +28,7 @@ REMEDIATE = obj({"agent_ids": array(string(128, minLength=1), max_items=10000, m
 RULE_PROPS = {"name": string(128, minLength=1, pattern="^[A-Za-z0-9][A-Za-z0-9 ._-]{0,127}$"),
               "spec": obj({"spark": {"type": "object"}, "assertion": {"type": "object"},
                            "remediation": {"type": "object"}}, ["spark", "assertion", "remediation"]),
-              "yaml_source": string(MAX_DOCUMENT_BYTES), "enabled": boolean(),
+              "enabled": boolean(),
               "enforcement_mode": enum(GuardRule.Enforcement.values), "severity": enum(GuardRule.Severity.values),
               "os_target": enum(GuardRule.OsTarget.values), "scope_expr": string(8192),
               "prerequisites": array(string(256), max_items=32)}

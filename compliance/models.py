@@ -8,6 +8,7 @@ import secrets
 import uuid
 from datetime import timedelta
 
+import yaml
 from django.db import models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
@@ -412,6 +413,18 @@ class GuardRule(models.Model):
         GuardRule.objects.filter(pk=self.pk).update(version=F("version") + 1, updated_at=timezone.now(),
                                                     updated_by=by)
         self.refresh_from_db()
+
+    def render_yaml(self):
+        """The rule as a YAML document (its yaml_source), rendered from the columns."""
+        return yaml.safe_dump({"apiVersion": documents.API_VERSION, "kind": "GuaranteedStateRule",
+                               "metadata": {"name": self.name},
+                               "spec": {**self.spec_json, "enforcementMode": str(self.enforcement_mode),
+                                        "severity": str(self.severity), "osTarget": str(self.os_target),
+                                        "scope": self.scope_expr, "enabled": bool(self.enabled)}}, sort_keys=False)
+
+    def save(self, *args, **kwargs):
+        self.yaml_source = self.render_yaml()
+        super().save(*args, **kwargs)
 
     def wire(self):
         """The rule as an agent receives it."""

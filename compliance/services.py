@@ -236,8 +236,7 @@ def _check_rule(data):
 
 def create_rule(principal, data, cid=""):
     _check_rule(data)
-    rule = GuardRule(name=data["name"], spec_json=data["spec"], yaml_source=data.get("yaml_source", ""),
-                     created_by=principal.name, updated_by=principal.name,
+    rule = GuardRule(name=data["name"], spec_json=data["spec"], created_by=principal.name, updated_by=principal.name,
                      **{k: data[k] for k in RULE_FIELDS if k in data})
     try:
         with transaction.atomic():

@@ -36,6 +36,7 @@ def test_guard_rules_are_checked_against_the_catalogue_and_versioned(mint):
     assert r.status_code == 201
     rule = r.json()["data"]
     assert rule["version"] == 1 and rule["created_by"] == "comp-admin"
+    assert "kind: GuaranteedStateRule" in rule["yaml_source"] and "path: /etc/passwd" in rule["yaml_source"]
     r = c.put(f"/api/v1/guaranteed-state/rules/{rule['rule_id']}", {"enforcement_mode": "enforce"},
               content_type="application/json")
     assert r.json()["data"]["version"] == 2 and r.json()["data"]["enforcement_mode"] == "enforce"
