@@ -79,6 +79,11 @@ class FragmentForm(YamlForm):
         self.instance.apply_yaml(text)
         if PolicyFragment.objects.filter(name=self.instance.name).exclude(pk=self.instance.pk).exists():
             raise DocumentError(f"a fragment named '{self.instance.name}' exists already")
+        for policy in Policy.objects.filter(fragment_id=self.instance.pk):  # they must still bind every ${input}
+            try:
+                self.instance.check_inputs(policy.inputs())
+            except DocumentError as exc:
+                raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
 
 
 class PolicyForm(YamlForm):

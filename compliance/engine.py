@@ -30,7 +30,7 @@ from fleet.models import Agent, AgentState, Execution, Response
 from yuzu.errors import YuzuError
 from yuzu.metrics import POLICY_EVAL_ERRORS, POLICY_VERDICTS
 
-from .documents import evaluate, result_value
+from .documents import DocumentError, evaluate, result_value
 from .models import MAX_FIX_ATTEMPTS, Policy, PolicyAgentStatus, PolicyRun, PolicyTrigger
 
 log = logging.getLogger("yuzu.compliance")
@@ -61,7 +61,10 @@ def conflict(message, remediation=None):
 
 def dispatch(policy, phase, agent_ids, actor=SYSTEM, cid=""):
     """Send the phase's instruction to ``agent_ids`` through the execution path; returns the PolicyRun."""
-    plugin, action, params, expr = policy.fragment.step(phase, policy.inputs())
+    try:
+        plugin, action, params, expr = policy.fragment.step(phase, policy.inputs())
+    except DocumentError as exc:  # the fragment changed under the policy (the admin refuses that; a safety net)
+        raise conflict(f"the policy cannot be dispatched: {exc.message}", "fix the policy's inputs") from None
     order = Order(plugin, action, params, sorted(agent_ids), expires_in=COMMAND_EXPIRES_S)
     with transaction.atomic():
         receipt = launch(actor, order, cid=cid, definition_id=f"policy/{policy.id}/{phase}"[:128])

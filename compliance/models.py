@@ -95,6 +95,13 @@ class PolicyFragment(models.Model):
         plugin, action = name.split(".", 1)
         return plugin, action, documents.substitute(params, inputs), expr
 
+    def check_inputs(self, inputs):
+        """Raise DocumentError unless ``inputs`` bind every ${input} of every step."""
+        for phase in ("check", "fix", "verify"):
+            if phase == "check" or (phase == "fix" and self.fix_instruction) or \
+                    (phase == "verify" and self.post_check_instruction):
+                self.step(phase, inputs)
+
     def to_dict(self):
         return {"id": self.id, "name": self.name, "description": self.description, "yaml_source": self.yaml_source,
                 "check_instruction": self.check_instruction, "check_compliance": self.check_compliance,
@@ -163,10 +170,7 @@ class Policy(models.Model):
                 raise DocumentError(f"spec.scope is not a valid scope expression: {exc}",
                                     position=getattr(exc, "position", None)) from None
         inputs = spec.get("inputs") or {}
-        for phase in ("check", "fix", "verify"):  # every ${input} the fragment uses must be bound
-            if phase == "check" or (phase == "fix" and fragment.fix_instruction) or \
-                    (phase == "verify" and fragment.post_check_instruction):
-                fragment.step(phase, inputs)
+        fragment.check_inputs(inputs)
         return meta, spec, fragment, groups, inputs
 
     @classmethod

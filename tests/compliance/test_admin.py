@@ -51,6 +51,10 @@ def test_the_admin_edits_policies_as_yaml_and_shows_each_policys_compliance(make
     assert r.status_code == 302
     policy.refresh_from_db()
     assert policy.interval_seconds == 600 and policy.triggers.count() == 3
+    fragment = PolicyFragment.objects.get()
+    r = c.post(f"/admin/compliance/policyfragment/{fragment.pk}/change/",
+               {"yaml_source": FRAGMENT.replace('{path: "${path}"}', '{path: "${directory}/marker"}', 1)})
+    assert "policy 'marker': parameter 'path' uses input '${directory}'" in r.content.decode()  # would orphan it
     assert c.get("/admin/compliance/policyagentstatus/").status_code == 200
     assert c.get(f"/admin/compliance/policyagentstatus/{PolicyAgentStatus.objects.first().pk}/change/")\
         .status_code == 200
