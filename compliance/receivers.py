@@ -2,6 +2,8 @@
 
 import asyncio
 import logging
+import time
+from collections import defaultdict, deque
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -68,14 +70,32 @@ def guardian_frame(frame):
     return {**out, "detail": detail}
 
 
+#: at most this many Guardian reports per agent per minute are stored by one server process (a guard flapping, or
+#: a compromised agent, cannot fill the database); the rest are dropped and counted
+REPORTS_PER_MINUTE = 120
+_recent = defaultdict(deque)
+
+
+def within_budget(agent_id, now=None):
+    now = time.monotonic() if now is None else now
+    seen = _recent[agent_id]
+    while seen and now - seen[0] > 60:
+        seen.popleft()
+    if len(seen) >= REPORTS_PER_MINUTE:
+        return False
+    seen.append(now)
+    return True
+
+
 @receiver(agent_report)
 def guardian_report(sender, agent_id, frame, **kwargs):
     if frame.get("kind") != "guardian":
         return
     GUARDIAN_EVENTS.inc()
     fields = guardian_frame(frame)
-    if fields is None or services.record_event(agent_id, fields) is None:
+    if fields is None or not within_budget(agent_id) or services.record_event(agent_id, fields) is None:
         GUARDIAN_EVENTS_DROPPED.inc()
-        log.info("dropped a guardian report from %s: malformed or naming an unknown rule", agent_id)
+        log.info("dropped a guardian report from %s: malformed, over budget, or naming a rule it was not sent",
+                 agent_id)
         return
     GUARDIAN_EVENTS_WRITTEN.inc()

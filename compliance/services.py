@@ -287,16 +287,16 @@ def get_rule(rule_id):
     return _rule(rule_id).to_dict()
 
 
+def applies(rule, agent):
+    """Does an enabled rule apply to the agent (its OS target and scope)?"""
+    if not rule.enabled or (rule.os_target and rule.os_target not in (agent.os or "").lower()):
+        return False
+    return not rule.scope_expr.strip() or Agent.objects.filter(to_q(rule.scope_expr), pk=agent.pk).exists()
+
+
 def rules_for(agent):
-    """The enabled rules that apply to one agent (its OS and each rule's scope)."""
-    out = []
-    for rule in GuardRule.objects.filter(enabled=True):
-        if rule.os_target and rule.os_target not in (agent.os or "").lower():
-            continue
-        if rule.scope_expr.strip() and not Agent.objects.filter(to_q(rule.scope_expr), pk=agent.pk).exists():
-            continue
-        out.append(rule.wire())
-    return out
+    """The enabled rules that apply to one agent, as it receives them."""
+    return [rule.wire() for rule in GuardRule.objects.filter(enabled=True) if applies(rule, agent)]
 
 
 def push_rules_to(agent_id):
@@ -379,10 +379,12 @@ EVENT_TYPES = ("drift.detected", "drift.remediated", "remediation.failed", "guar
 
 
 def record_event(agent_id, frame):
-    """A guardian.event frame from an agent's authenticated connection (``agent_id`` is the connection's).
-    Returns the stored event, or None when the frame names no known rule."""
+    """A Guardian report from an agent's authenticated connection (``agent_id`` is the connection's). Returns
+    the stored event, or None when it names no rule that applies to that agent (an agent reports only on the
+    rules it was sent)."""
     rule = GuardRule.objects.filter(pk=frame.get("rule_id")).first()
-    if rule is None:
+    agent = Agent.objects.filter(pk=agent_id).first()
+    if rule is None or agent is None or not applies(rule, agent):
         return None
     return GuardianEvent.objects.create(
         rule=rule, rule_name=rule.name, agent_id=agent_id, event_type=frame["event_type"],

@@ -2,11 +2,12 @@
 the connection's agent id, the agent's guards."""
 
 import asyncio
+import time
 
 import pytest
 from channels.db import database_sync_to_async
 
-from compliance import services
+from compliance import receivers, services
 from compliance.models import GuardianEvent, GuardRule
 from fleet.agent.guardian import Guardian
 from fleet.models import Agent
@@ -118,3 +119,18 @@ def test_the_agent_guardian_reports_drift_once_and_recovery(tmp_path):
     failed = next(f for f in sent if f["event_type"] == "remediation.failed")
     assert "guardian_enforce" in failed["detail"]["reason"]  # the operator never allowed enforcement
     assert all(f["type"] == "report" and f["kind"] == "guardian" and "agent_id" not in f for f in sent)
+
+
+def test_reports_on_rules_an_agent_was_not_sent_or_over_budget_are_dropped(monkeypatch):
+    linux = Agent.objects.create(agent_id="lin", hostname="lin", os="linux")
+    Agent.objects.create(agent_id="win", hostname="win", os="windows")
+    rule = GuardRule.objects.create(name="r", os_target="linux", spec_json=RULE["spec"])
+    frame = {"kind": "guardian", "rule_id": rule.pk, "event_type": "drift.detected"}
+    receivers.guardian_report(None, "win", frame)  # a windows agent was never sent a linux rule
+    assert not GuardianEvent.objects.exists()
+    monkeypatch.setattr(receivers, "REPORTS_PER_MINUTE", 3)
+    receivers._recent.clear()
+    for _ in range(5):
+        receivers.guardian_report(None, linux.pk, frame)
+    assert GuardianEvent.objects.filter(agent=linux).count() == 3
+    assert receivers.within_budget(linux.pk, now=time.monotonic() + 61)  # a minute later: room again
