@@ -17,6 +17,7 @@ from django.db import connections
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from compliance import documents, engine, services
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment, PolicyRun
@@ -28,6 +29,10 @@ from tests.support.fuzz import NASTY_STRINGS
 from yuzu.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
+
+
+def metric(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 # --- documents: clear refusals, nothing half-written ------------------------------------------------
@@ -135,6 +140,9 @@ def test_cel_verdicts_are_booleans_or_undecided():
 def test_a_check_writes_one_verdict_per_agent():
     agents("a1", "a2", "a3", "a4")
     agents("off", connected=False)
+    before = {s: metric("yuzu_server_policy_verdicts_total", status=s)
+              for s in ("compliant", "non_compliant", "error", "unknown")}
+    errors_before = metric("yuzu_server_policy_eval_errors_total", phase="check")
     policy = make_policy()
     run = engine.evaluate_now(policy)
     assert run.agent_ids == ["a1", "a2", "a3", "a4"]  # reachable targets only
@@ -147,6 +155,9 @@ def test_a_check_writes_one_verdict_per_agent():
     assert engine.collect(run) == 0  # claimed once
     verdicts = dict(PolicyAgentStatus.objects.values_list("agent_id", "status"))
     assert verdicts == {"a1": "compliant", "a2": "non_compliant", "a3": "error", "a4": "unknown"}
+    for status in ("compliant", "non_compliant", "error", "unknown"):
+        assert metric("yuzu_server_policy_verdicts_total", status=status) == before[status] + 1
+    assert metric("yuzu_server_policy_eval_errors_total", phase="check") == errors_before + 1
     assert policy.summary() == {"policy_id": policy.pk, "compliant": 1, "non_compliant": 1, "unknown": 1,
                                 "fixing": 0, "error": 1, "total": 4}
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from compliance import services
 from compliance.models import PolicyAgentStatus
-from tests.support.compliance import POLICY, agents, make_policy
+from tests.support.compliance import POLICY, admin_client, agents, make_policy
 from tests.support.mcp_http import McpClient
 from yuzu.models import AuditEvent
 
@@ -99,3 +99,12 @@ def test_a_store_fault_is_minus_32603_on_the_tool_and_the_resource(mint, monkeyp
     assert err["code"] == -32603 and err["message"] == "Policy store unavailable"
     err = c.rpc("resources/read", {"uri": "yuzu://compliance/fleet"}).json()["error"]
     assert err["code"] == -32603 and err["message"] == "Policy store unavailable"
+
+
+def test_every_compliance_route_is_in_the_openapi_document(mint):
+    doc = admin_client(mint).get("/api/v1/openapi.json").json()
+    paths = {p for p in doc["paths"] if p.startswith(("/api/v1/polic", "/api/v1/compliance", "/api/v1/guaranteed"))}
+    assert len(paths) == 20, sorted(paths)
+    create = doc["paths"]["/api/v1/policies"]["post"]
+    assert create["requestBody"]["content"]["application/json"]["schema"]["required"] == ["yaml_source"]
+    assert "201" in create["responses"] and "400" in create["responses"]
