@@ -73,7 +73,7 @@ def guardian_frame(frame):
 #: at most this many Guardian reports per agent per minute are stored by one server process (a guard flapping, or
 #: a compromised agent, cannot fill the database); the rest are dropped and counted
 REPORTS_PER_MINUTE = 120
-_recent = defaultdict(deque)
+_recent: defaultdict[str, deque[float]] = defaultdict(deque)
 
 
 def within_budget(agent_id, now=None):
