@@ -68,6 +68,8 @@ def test_a_policy_written_in_the_admin_and_its_compliance_page(daphne, make_user
             if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
                 page.screenshot(path=str(ROOT / "docs" / "img" / "compliance-policy.png"), full_page=True)
             page.click("text=Verdicts per agent")
+            page.wait_for_url(f"**/admin/compliance/policyagentstatus/?policy__id__exact={policy_id}")
+            page.wait_for_selector("#result_list tbody tr")
             assert page.locator("#result_list tbody tr").count() == 4
         finally:
             browser.close()
