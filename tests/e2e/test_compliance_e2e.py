@@ -216,8 +216,9 @@ def test_policy_verdicts_official_client_remediation_and_guardian_drift_on_real_
     r = rest.post("/api/v1/guaranteed-state/push", json={"scope": "ostype == linux"})
     assert r.status_code == 202 and r.json()["data"] == {"rules": 2, "agents": 2, "full_sync": True,
                                                          "status": "accepted"}, r.text
-    wait_for(lambda: stack.logs().count("guardian: 2 guard(s) armed") >= 2, 20, "both agents to arm the guards",
-             stack.logs)
+    armed = lambda: sum("guardian: 2 guard(s) armed" in p.log_path.read_text(errors="replace")  # noqa: E731
+                        for p in stack.procs if p.name.startswith("agent-"))
+    wait_for(lambda: armed() == 2, 20, "both agents to arm the guards", stack.logs)
     hashed.write_text("tampered\n")
     changed = lambda: list(GuardianEvent.objects.filter(rule_id=hash_rule, event_type="drift.detected"))  # noqa: E731
     wait_for(lambda: len(changed()) == 2, 20, "drift.detected from the hash guard", stack.logs)
