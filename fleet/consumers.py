@@ -26,6 +26,7 @@ from .identity import Refused, Superseded
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
 from .responses import RECEIVED, responses
+from .signals import agent_connected, agent_report
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -155,7 +156,7 @@ def _response(msg):
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
-    TYPES = ("enroll", "register", "heartbeat", "inventory", "response", "received")  # handled by on_<type>
+    TYPES = ("enroll", "register", "heartbeat", "inventory", "response", "received", "report")  # on_<type>
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
@@ -281,6 +282,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         for payload in self.held:
             await self.send_json(payload)
         self.held = []
+        await self._announce(agent_connected, agent_id=agent_id)
+
+    async def _announce(self, signal, **kwargs):
+        """Tell the apps listening (fleet.signals); a receiver's failure is logged, never the agent's."""
+        for receiver, result in await signal.asend_robust(sender=AgentConsumer, **kwargs):
+            if isinstance(result, Exception):
+                log.error("%s failed for agent %s: %r", getattr(receiver, "__qualname__", receiver),
+                          self.agent_id, result)
 
     async def on_heartbeat(self, msg):
         await database_sync_to_async(Agent.objects.seen)(self.agent_id)
@@ -295,6 +304,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
+
+    async def on_report(self, msg):
+        """A report for another app (``kind``, e.g. guardian): passed on with the connection's agent_id."""
+        _text(msg, "kind", 32, pattern=re.compile(r"[a-z_]{1,32}"), what="lowercase letters")
+        _json(msg, "report")
+        await self._announce(agent_report, agent_id=self.agent_id, frame=msg)
 
     async def on_received(self, msg):
         """The agent has the command (an acknowledgement; fleet.responses)."""

@@ -23,6 +23,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from . import __version__
+from .guardian import Guardian
 from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
 
 log = logging.getLogger("yuzu.agent")
@@ -55,7 +56,8 @@ def load_config(path):
     """The agent's config: a JSON file (optional), then environment overrides.
 
     Keys: ``tags`` {key: value}, ``script_allow`` [[argv…]…], ``script_timeout_max`` s,
-    ``script_output_cap`` bytes, ``quarantine_enforce`` bool."""
+    ``script_output_cap`` bytes, ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
+    the expected state back), ``guardian_poll_s`` (override the guards' poll intervals)."""
     config = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -114,6 +116,7 @@ class AgentClient:
         self.kept_bytes = 0  # of the terminal frames kept in self.seen
         self.tasks = set()
         self._send_lock = None
+        self.guardian = Guardian(self.send, self.config)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -234,6 +237,8 @@ class AgentClient:
         elif kind == "tags" and isinstance(msg.get("tags"), dict):
             self.tags = msg["tags"]
             log.info("%s: tags now %s", self.hostname, self.tags)
+        elif kind == "guardian.rules" and isinstance(msg.get("rules"), list):
+            self.guardian.apply(msg["rules"], full_sync=msg.get("full_sync", True) is not False)
 
     async def on_command(self, msg):
         """Run a new command_id; answer a repeat (the server re-sends what it has no acknowledgement

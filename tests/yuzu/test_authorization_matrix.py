@@ -38,7 +38,9 @@ from tests.support.authz import (
     expected,
     fleet_wide,
     fleet_wide_or_owner,
+    fragment_yaml,
     open_session,
+    policy_yaml,
 )
 from tests.support.mcp_http import McpClient
 
@@ -151,6 +153,11 @@ V1 = {
     "withdraw_approval": [V("Approval", "Write", lambda w, t, c, tok: {
         "approval_id": w.own_tickets[c.username] if t == IN else w.tickets[t]}, "own", rbac=False)],
     "approve_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
+    # compliance (not confined to management groups: a policy id that does not exist reads as not found)
+    "list_policies": [V("Policy", "Read", lambda w, t, c, tok: {})],
+    "get_compliance_summary": [V("Policy", "Read", lambda w, t, c, tok: {"policy_id": w.policies[t]}, "policy")],
+    "get_fleet_compliance": [V("Policy", "Read", lambda w, t, c, tok: {})],
+    "get_guardian_schemas": [V("GuaranteedState", "Read", lambda w, t, c, tok: {})],
     "reject_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
 }
 
@@ -261,7 +268,7 @@ def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS):
 
 
 def _normalise(message, w, target):
-    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets):
+    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets, w.policies, w.fragments, w.rules):
         message = message.replace(str(ids[target]), "<id>")
     return message.replace(str(w.other_token), "<id>").replace("0" * 24, "<id>")
 
@@ -409,6 +416,68 @@ REST = {
     ("api/v1/bridge/members/<str:pane_id>", "DELETE"): [R("Bridge", "Execute",
                                                           lambda w, t, c, tok: "/api/v1/bridge/members/%25999999")],
 }
+P = lambda w, t: w.policies[t]  # noqa: E731
+NEW_FRAGMENT = lambda w, t, c, tok: {"yaml_source": fragment_yaml("new-fragment")}  # noqa: E731
+NEW_POLICY = lambda w, t, c, tok: {"yaml_source": policy_yaml("new-policy", "authz-fragment")}  # noqa: E731
+RULE = {"name": "new-rule", "spec": {"spark": {"type": "service-status-change"},
+                                     "assertion": {"type": "service-running", "params": {"service_name": "cron"}},
+                                     "remediation": {"type": "alert-only"}}}
+REST.update({
+    ("api/v1/policy-fragments", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/policy-fragments")],
+    ("api/v1/policy-fragments", "POST"): [R("Policy", "Write", lambda w, t, c, tok: "/api/v1/policy-fragments",
+                                            body=NEW_FRAGMENT, ok=201)],
+    ("api/v1/policy-fragments/<str:fragment_id>", "DELETE"): [R(
+        "Policy", "Delete", lambda w, t, c, tok: f"/api/v1/policy-fragments/{w.fragments[t]}", target="policy")],
+    ("api/v1/policies", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/policies")],
+    ("api/v1/policies", "POST"): [R("Policy", "Write", lambda w, t, c, tok: "/api/v1/policies", body=NEW_POLICY,
+                                    ok=201)],
+    ("api/v1/policies/invalidate-all", "POST"): [R("Policy", "Write",
+                                                   lambda w, t, c, tok: "/api/v1/policies/invalidate-all")],
+    ("api/v1/policies/<str:policy_id>", "GET"): [R("Policy", "Read", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}",
+                                                   target="policy")],
+    ("api/v1/policies/<str:policy_id>", "DELETE"): [R("Policy", "Delete",
+                                                      lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}",
+                                                      target="policy")],
+    **{(f"api/v1/policies/<str:policy_id>/{action}", "POST"): [R(
+        "Policy", "Write", lambda w, t, c, tok, action=action: f"/api/v1/policies/{P(w, t)}/{action}",
+        target="policy")] for action in ("enable", "disable", "invalidate")},
+    ("api/v1/policies/<str:policy_id>/evaluate", "POST"): [R(
+        "Policy", "Execute", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}/evaluate", target="policy", ok=202)],
+    ("api/v1/policies/<str:policy_id>/remediate", "POST"): [R(
+        "Policy", "Execute", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}/remediate", target="policy")],
+    ("api/v1/compliance", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/compliance")],
+    ("api/v1/compliance/<str:policy_id>", "GET"): [R("Policy", "Read",
+                                                     lambda w, t, c, tok: f"/api/v1/compliance/{P(w, t)}",
+                                                     target="policy")],
+    ("api/v1/compliance/<str:policy_id>/summary", "GET"): [R(
+        "Policy", "Read", lambda w, t, c, tok: f"/api/v1/compliance/{P(w, t)}/summary", target="policy")],
+    ("api/v1/guaranteed-state/rules", "GET"): [R("GuaranteedState", "Read",
+                                                 lambda w, t, c, tok: "/api/v1/guaranteed-state/rules")],
+    ("api/v1/guaranteed-state/rules", "POST"): [R("GuaranteedState", "Write",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/rules",
+                                                  body=lambda w, t, c, tok: RULE, ok=201)],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "GET"): [R(
+        "GuaranteedState", "Read", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        target="rule")],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "PUT"): [R(
+        "GuaranteedState", "Write", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        body=lambda w, t, c, tok: {"severity": "high"}, target="rule")],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "DELETE"): [R(
+        "GuaranteedState", "Delete", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        target="rule")],
+    ("api/v1/guaranteed-state/push", "POST"): [R("GuaranteedState", "Push",
+                                                 lambda w, t, c, tok: "/api/v1/guaranteed-state/push", ok=202,
+                                                 body=lambda w, t, c, tok: {"scope": "ostype == linux"})],
+    ("api/v1/guaranteed-state/events", "GET"): [R("GuaranteedState", "Read",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/events")],
+    ("api/v1/guaranteed-state/status", "GET"): [R("GuaranteedState", "Read",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/status")],
+    ("api/v1/guaranteed-state/status/<str:agent_id>", "GET"): [R(
+        "GuaranteedState", "Read", lambda w, t, c, tok: f"/api/v1/guaranteed-state/status/{A(w, t)}",
+        target="agent")],
+    ("api/v1/guaranteed-state/schemas", "GET"): [R("GuaranteedState", "Read",
+                                                   lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
+})
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
 PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
 ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
