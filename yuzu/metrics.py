@@ -34,3 +34,11 @@ FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
 AGENT_AUTH_FAILURES = Counter("yuzu_agent_auth_failures_total", "Refused agent enrolments and registers", ["action"])
 AGENT_ORIGIN_REFUSED = Counter("yuzu_agent_origin_refused_total",
                                "Agent WebSocket handshakes refused for carrying an Origin header (a browser)")
+CA_CERT_ISSUED = Counter("yuzu_server_ca_cert_issued_total", "Certificates issued by the internal CA", ["purpose"])
+CA_CRL_PUBLISH_FAILURES = Counter("yuzu_server_ca_crl_publish_failures_total", "CRL publications that failed")
+CA_REISSUE_BLOCKED = Counter("yuzu_server_ca_reissue_blocked_total",
+                             "Agent certificate requests refused while the agent's revocation stands")
+CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
+                          "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
+CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
+                          "Active certificates of the internal CA that expire within 14 days")

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "mcp.apps.McpConfig",
     "fleet",
     "approvals",
+    "pki",
     "bridge",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
