@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db import DatabaseError
 
 
 class PkiConfig(AppConfig):
@@ -9,4 +10,10 @@ class PkiConfig(AppConfig):
         from yuzu.metrics import CA_CERTS_EXPIRING  # deferred: the app registry must be ready first
 
         from .models import IssuedCert  # deferred: models load after apps are ready
-        CA_CERTS_EXPIRING.set_function(IssuedCert.objects.expiring_count)
+        def expiring():
+            try:
+                return IssuedCert.objects.expiring_count()
+            except DatabaseError:  # /metrics keeps answering while the database is away
+                return float("nan")
+
+        CA_CERTS_EXPIRING.set_function(expiring)

@@ -184,6 +184,7 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format: task, schedule, args …
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
+    "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
 }
 
 AUTH_PASSWORD_VALIDATORS = [
