@@ -19,7 +19,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from pki.ca import CertError, authority, new_nonce
+from pki.ca import CertError, new_nonce
 from yuzu.metrics import AGENT_ORIGIN_REFUSED, CA_REVOKED_CERT, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
 
 from . import identity
@@ -155,10 +155,6 @@ def _response(msg):
     if code is not None and (not isinstance(code, int) or isinstance(code, bool) or not -2**31 <= code < 2**31):
         raise Malformed("'exit_code' must be a 32-bit integer or null")
     return frame
-
-
-def _chain():
-    return authority().cert_pem
 
 
 # --- the consumer ------------------------------------------------------------------------------
@@ -319,13 +315,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         connection stays up: an agent without a certificate keeps working on its credential)."""
         csr_pem = _text(msg, "csr_pem", MAX_PEM_BYTES, pattern=PEM_RE, what="a PEM certificate signing request")
         try:
-            row = await database_sync_to_async(identity.enroll_certificate)(self.agent_id, csr_pem, self.cert_serial)
+            row, chain = await database_sync_to_async(identity.enroll_certificate)(self.agent_id, csr_pem,
+                                                                                  self.cert_serial)
         except CertError as exc:
             await self.send_json({"type": "cert.refused", "error": str(exc)})
             return
         self.cert_serial = row.serial_hex
         await self.send_json({"type": "cert.issued", "serial_hex": row.serial_hex, "cert_pem": row.cert_pem,
-                              "chain_pem": await database_sync_to_async(_chain)()})
+                              "chain_pem": chain})
 
     async def on_inventory(self, msg):
         plugin = _text(msg, "plugin", 128)

@@ -123,7 +123,8 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
     """cert.enroll on a registered connection: issue the agent's leaf for its CSR (pki.ca.issue_agent_cert).
     Allowed when the agent has no active certificate, or the one this connection proved is in its renewal
     window (the last third of its life). While a revocation of the agent's certificate stands and it has no
-    active one, re-issue is blocked (audited). Returns the IssuedCert; raises pki.ca.CertError."""
+    active one, re-issue is blocked (audited). Returns (the IssuedCert, the CA chain PEM); raises
+    pki.ca.CertError."""
     mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
     active = mine.active()
     if proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists():
@@ -137,7 +138,7 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
             raise ca.CertError("the current certificate is not yet due for renewal")
     elif active.exists():
         raise ca.CertError("this agent already holds a certificate")
-    return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem))
+    return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem)), ca.authority().cert_pem
 
 
 def heartbeat(agent_id, serial):

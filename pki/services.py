@@ -3,6 +3,7 @@ views (pki.api) and the admin: list the issued certificates, revoke one, issue a
 Each mutating capability has its one validation, ``plan_<capability>`` (yuzu.plans), run before any side
 effect and again, with what the approval pinned, on the approved recall."""
 
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.db import transaction
 
 from fleet.push import send_to_agent
@@ -82,7 +83,7 @@ def revoke_certificate(principal, serial_hex=None, reason="", *, cid="", plan=No
 def plan_issue_code_signing_cert(principal, csr_pem, signer_name, justification, validity_days=365, pinned=None):
     _fleet_wide(principal, "Write")
     try:
-        csr = ca.load_csr(csr_pem, curves=(ca.ec.SECP256R1, ca.ec.SECP384R1))
+        csr = ca.load_csr(csr_pem, curves=(ec.SECP256R1, ec.SECP384R1))
     except ca.CertError as exc:
         raise YuzuError(str(exc)) from None
     active = IssuedCert.objects.active().filter(purpose="code-signing", signer_name=signer_name).count()
