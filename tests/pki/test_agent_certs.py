@@ -4,14 +4,17 @@ certificate closing the live connection at once (and at the next heartbeat if th
 on reconnect, and what a peer without the key gets."""
 
 import base64
+import time
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from django.utils import timezone
 
-from fleet.agent.client import proof
+from fleet.agent.client import proof, renewal_due
 from pki import ca, services
 from pki.models import IssuedCert
 from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg, send
@@ -169,3 +172,23 @@ def test_challenge_only_before_register_and_once():
         assert "after register" in await closed_with(comm, 4400)
 
     __import__("asyncio").run(scenario())
+
+
+def test_renewal_in_the_last_third_of_the_certificate_life():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        assert (await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]}))["type"] == "cert.refused"
+        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
+                                                              not_after=timezone.now() + timedelta(days=115))
+        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert renewed["type"] == "cert.issued" and renewed["serial_hex"] != serial
+        await comm.disconnect()
+        return serial, renewed["cert_pem"]
+
+    old, new_pem = __import__("asyncio").run(scenario())
+    assert IssuedCert.objects.get(pk=old).status == "active"  # the old one runs out on its own
+    assert not renewal_due(new_pem) and renewal_due(new_pem, now=time.time() + 250 * 86400)

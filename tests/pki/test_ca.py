@@ -281,3 +281,22 @@ def test_issue_code_signing_cert(mint, approver):
     assert out["chain_pem"] == ca.authority().cert_pem and out["purpose"] == "code-signing"
     row = IssuedCert.objects.get(pk=out["serial_hex"])
     assert row.issued_by == "rel" and row.signer_name == "release-team"
+
+
+def test_crl_refresh_near_next_update_and_the_expiring_metric(principal):
+    from prometheus_client import REGISTRY
+
+    from pki.tasks import refresh_crl
+    refresh_crl()  # no CA yet: nothing is created by the background check
+    assert not CaRoot.objects.exists()
+    ca.authority()
+    first = CrlVersion.objects.latest_published()
+    refresh_crl()
+    assert CrlVersion.objects.latest_published().pk == first.pk  # a week left: nothing to do
+    CrlVersion.objects.filter(pk=first.pk).update(next_update=timezone.now() + timedelta(hours=20))
+    refresh_crl()
+    assert CrlVersion.objects.latest_published().version == first.version + 1
+    _, row = agent_leaf()
+    assert REGISTRY.get_sample_value("yuzu_server_ca_certs_expiring_14d") == 0
+    IssuedCert.objects.filter(pk=row.pk).update(not_after=timezone.now() + timedelta(days=10))
+    assert REGISTRY.get_sample_value("yuzu_server_ca_certs_expiring_14d") == 1
