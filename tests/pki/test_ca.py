@@ -300,3 +300,15 @@ def test_crl_refresh_near_next_update_and_the_expiring_metric(principal):
     assert REGISTRY.get_sample_value("yuzu_server_ca_certs_expiring_14d") == 0
     IssuedCert.objects.filter(pk=row.pk).update(not_after=timezone.now() + timedelta(days=10))
     assert REGISTRY.get_sample_value("yuzu_server_ca_certs_expiring_14d") == 1
+
+
+def test_a_kek_rotation_rewraps_the_ca_key_and_it_still_signs():
+    from yuzu import secrets
+
+    ca.authority()
+    old = secrets.kek_version_of(bytes(CaRoot.objects.get().key_sealed))
+    new = secrets.create_version()
+    assert secrets.rewrap_all(new) >= 1
+    assert secrets.kek_version_of(bytes(CaRoot.objects.get().key_sealed)) == new != old
+    _, row = agent_leaf()  # signed with the re-wrapped key
+    x509.load_pem_x509_certificate(row.cert_pem.encode()).verify_directly_issued_by(ca.ca_cert())
