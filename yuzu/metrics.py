@@ -46,3 +46,11 @@ GUARDIAN_EVENTS_DROPPED = Counter("yuzu_server_guardian_events_dropped_total",
                                   "Guardian events refused (malformed, or naming an unknown rule)")
 GUARDIAN_EVENTS_REAPED = Counter("yuzu_server_guardian_events_reaped_total",
                                  "Guardian events deleted by the retention sweep")
+CA_CERT_ISSUED = Counter("yuzu_server_ca_cert_issued_total", "Certificates issued by the internal CA", ["purpose"])
+CA_CRL_PUBLISH_FAILURES = Counter("yuzu_server_ca_crl_publish_failures_total", "CRL publications that failed")
+CA_REISSUE_BLOCKED = Counter("yuzu_server_ca_reissue_blocked_total",
+                             "Agent certificate requests refused while the agent's revocation stands")
+CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
+                          "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
+CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
+                          "Active certificates of the internal CA that expire within 14 days")

@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "mcp.apps.McpConfig",
     "fleet",
     "approvals",
+    "pki",
     "bridge",
     "compliance",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
@@ -185,6 +186,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format: task, schedule, args …
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
     "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
+    "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
 }
 # Compliance (docs/compliance.md): the evaluator's tick, its grace window for answers, and how long the
 # fleet-wide counts are cached. With Redis the tick is a Celery beat task; embedded, it runs on the server's

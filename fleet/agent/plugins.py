@@ -428,7 +428,10 @@ PLUGINS = {p.name: p for p in [
     Plugin("service.status", READ, schema({"name": {"type": "string", "pattern": r"^[A-Za-z0-9@._:\\-]{1,256}$"}},
                                           ["name"]), service_status, "Reports whether one system service is running."),
     Plugin("script.run", WRITE, schema({"argv": {"type": "string", "minLength": 1, "maxLength": 65536},
-                                        "timeout": DIGITS}, ["argv"]), script_run,
+                                        "timeout": DIGITS,
+                                        "signature": {"type": "string", "maxLength": 512,
+                                                      "pattern": "^[A-Za-z0-9+/=]*$"},
+                                        "signer_cert": {"type": "string", "maxLength": 8192}}, ["argv"]), script_run,
            "Runs one command line from the agent's allow-list (no shell) and returns its output; the command may "
            "change the system."),
     Plugin("quarantine.quarantine", DESTRUCTIVE,

@@ -23,6 +23,9 @@ code under test:
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
@@ -42,6 +45,7 @@ from fleet.models import (
     Tag,
 )
 from mcp.server import Request, handle
+from pki import ca
 from yuzu.models import AccountLockout, ApiToken
 from yuzu.rbac import BUILTIN_ROLES, assign_role
 
@@ -196,6 +200,7 @@ class World:
     policies: dict = field(default_factory=dict)  # IN/OUT/GHOST -> policy id (not confined to groups)
     fragments: dict = field(default_factory=dict)  # IN/OUT/GHOST -> a fragment no policy uses
     rules: dict = field(default_factory=dict)  # IN/OUT/GHOST -> guard rule id
+    cert: str = ""  # an active agent certificate's serial (the CA's certificates are fleet-wide: no in/out)
 
     def token_of(self, caller, tier):
         return self.tokens[(caller.username, tier)]
@@ -276,6 +281,7 @@ def build_world(callers=CALLERS, tiers=TIERS):
     w.bundles = {IN: "bundle-in", OUT: "bundle-out", GHOST: "bundle-ghost"}
     w.tickets = {IN: ticket("zed", a_in.pk).pk, OUT: ticket("zed", a_out.pk).pk, GHOST: "d" * 32}
     w.other_token = ApiToken.mint(zed, "zed-token")[0].pk
+    w.cert = ca.issue_agent_cert(a_in.pk, ca.load_csr(csr_pem())).serial_hex
     locked = User.objects.create_user("locked-user")
     AccountLockout.objects.create(user=locked, failed_attempts=5, locked_until=timezone.now() + timedelta(minutes=15))
     InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
@@ -296,6 +302,13 @@ def build_world(callers=CALLERS, tiers=TIERS):
             token.save(update_fields=["rotated_from"])
             w.tokens[(caller.username, tier)] = (token, raw)
     return w
+
+
+def csr_pem(curve=ec.SECP256R1):
+    """A CSR for a fresh EC key (the key is thrown away: the matrix asks who may, not what is signed)."""
+    key = ec.generate_private_key(curve())
+    return (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM).decode())
 
 
 # --- calling mcp.server.handle in process ----------------------------------------------------------

@@ -35,6 +35,7 @@ from tests.support.authz import (
     Rule,
     _headers,
     build_world,
+    csr_pem,
     expected,
     fleet_wide,
     fleet_wide_or_owner,
@@ -70,6 +71,7 @@ def group(w, t):
 ISO_TOMORROW = lambda: (timezone.now() + timedelta(days=1)).isoformat()  # noqa: E731
 OWN = lambda w, t, c, tok: tok.pk if t == IN else (w.other_token if t == OUT else "0" * 24)  # noqa: E731
 MG_WRITE_FLEET_WIDE = fleet_wide("ManagementGroup", "Write")
+CODE_SIGNING_ARGS = {"csr_pem": csr_pem(), "signer_name": "matrix", "justification": "the matrix"}
 
 V1 = {
     # agents, tags
@@ -133,6 +135,12 @@ V1 = {
     "preview_scope_targets": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"})],
     "discover_scope_kinds": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
     "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    # the CA: fleet-wide, so a Security grant held on one group does not reach it
+    "list_issued_certs": [V("Security", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("Security", "Read"))],
+    "revoke_certificate": [V("Security", "Delete", lambda w, t, c, tok: {"serial_hex": w.cert, "reason": "matrix"},
+                             compound=fleet_wide("Security", "Delete"))],
+    "issue_code_signing_cert": [V("Security", "Write", lambda w, t, c, tok: CODE_SIGNING_ARGS,
+                                  compound=fleet_wide("Security", "Write"))],
     # audit, permissions, tokens, accounts
     "query_audit_log": [V("AuditLog", "Read", lambda w, t, c, tok: {})],
     "check_permission": [V("Infrastructure", "Read", lambda w, t, c, tok: {"securable_type": "Tag", "operation": "Read"},
@@ -394,6 +402,14 @@ REST = {
         R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/routes", label="routes")],
     ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
                                       body=lambda w, t, c, tok: {"agent_id": A(w, t)})],
+    ("api/v1/ca/issued", "GET"): [R("Security", "Read", lambda w, t, c, tok: "/api/v1/ca/issued",
+                                    compound=fleet_wide("Security", "Read"))],
+    ("api/v1/ca/revoke", "POST"): [R("Security", "Delete", lambda w, t, c, tok: "/api/v1/ca/revoke",
+                                     body=lambda w, t, c, tok: {"serial_hex": w.cert},
+                                     compound=fleet_wide("Security", "Delete"))],
+    ("api/v1/ca/issue", "POST"): [R("Security", "Write", lambda w, t, c, tok: "/api/v1/ca/issue", ok=201,
+                                    body=lambda w, t, c, tok: CODE_SIGNING_ARGS,
+                                    compound=fleet_wide("Security", "Write"))],
     ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
     ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
     ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
@@ -479,7 +495,8 @@ REST.update({
                                                    lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
 })
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
-PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
+PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET"),
+          ("api/v1/ca/root", "GET"), ("api/v1/ca/crl", "GET")}  # what agents and signers trust: public by design
 ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
 #: the OAuth 2.1 authorization server (oauth/): protocol endpoints whose answers to a bare GET the RFCs fix —
 #: discovery documents are public, an authorize request without client_id is a 400, token / registration /
