@@ -33,7 +33,7 @@ from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 
 from . import jsonrpc as rpc
-from . import security
+from . import modern, modern_transport, security
 from .pipeline import finish, hop, internal_error
 from .registry import AsyncHandler, ToolFailure, catalogue
 from .server import (
@@ -170,12 +170,13 @@ class McpConsumer(AsyncHttpConsumer):
         err = security.check(method, self.headers)
         if err is not None:
             return error_reply(None, err)
-        msg = None
-        if method == "POST":
-            msg = rpc.parse_message(body)
-            if msg.get("method") == "server/discover":
-                # A 2026 client's probe: answer so it falls back to the initialize handshake.
-                raise rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400)
+        msg = rpc.parse_message(body) if method == "POST" else None
+        era = modern.era(method, self.headers, self.scope.get("headers", []), msg)
+        if isinstance(era, Reply):
+            return era
+        if era == "modern":
+            assert msg is not None
+            return await modern_transport.serve(self, msg, self.catalogue, self.scope.get("headers", []))
         version = self.headers.get("mcp-protocol-version")
         if version is not None and version not in SUPPORTED_VERSIONS and streaming_on():
             return error_reply((msg or {}).get("id"), rpc.RpcError(

@@ -1,0 +1,74 @@
+"""A modern (2026-07-28) request from the transport's side: the ladder, the one worker-thread hop, and the
+outcome written as HTTP — a JSON reply, an async tool awaited on the event loop, a streamed tools/call, or a
+subscriptions/listen stream (mcp.streaming.modern). mcp.transport calls ``serve`` once ``mcp.modern.era`` said
+"modern"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import cast
+
+from django.http import parse_cookie
+
+from yuzu.errors import YuzuError
+from yuzu.jsondata import JsonObject
+from yuzu.metrics import MCP_REQUESTS
+
+from . import jsonrpc as rpc
+from .modern import Listen, handle, ladder, modern_error, stamp, streamed
+from .pipeline import finish, hop, internal_error
+from .registry import AsyncHandler, ToolFailure, catalogue
+from .server import Continuation, Reply, Request, error_reply, streaming_on
+from .streaming.admission import release_modern_post
+from .streaming.modern import listen, respond_streamed
+from .streaming.stream import Connection
+
+
+async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: Iterable[tuple[bytes, bytes]]) -> Reply | None:
+    """Answer one modern POST on ``conn`` (None: a stream is answering)."""
+    if "method" not in msg or "id" not in msg:
+        # Notifications (notifications/cancelled included: on HTTP the client cancels by closing the response,
+        # and a caller-chosen id could name another client's request) and posted responses: nothing to do.
+        MCP_REQUESTS.labels(msg.get("method") or "response", "accepted").inc()
+        return Reply(202)
+    try:
+        ladder(msg, conn.headers, raw_headers)
+    except rpc.RpcError as err:
+        return error_reply(msg.get("id"), err)
+    mode = "modern" if streamed(conn.headers, msg, cat_name) else None
+    req = Request(http_method="POST", headers=conn.headers, cookies=parse_cookie(conn.headers.get("cookie", "")),
+                  catalogue=cat_name, msg=msg, progress_mode=mode)
+    outcome = await hop(handle)(req)
+    if isinstance(outcome, Listen):
+        meta = {"io.modelcontextprotocol/subscriptionId": outcome.request_id}
+        try:
+            await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on())
+        except rpc.RpcError as err:
+            return error_reply(outcome.request_id, err)
+        return None
+    cat = catalogue(cat_name)
+    if isinstance(outcome, Continuation):
+        return await _run_async_tool(outcome, cat_name)
+    ctx = outcome.ctx
+    if ctx is not None and "admitted" in ctx.extra:
+        return await respond_streamed(conn, outcome, ctx, partial(stamp, "tools/call", cat=cat))
+    return outcome
+
+
+async def _run_async_tool(cont: Continuation, cat_name: str) -> Reply:
+    """An async tool (the bridge's blocking ones) awaited here; then its audit row, in a second hop."""
+    release_modern_post(cont.ctx)  # an async tool answers once, without progress
+    result: JsonObject | ToolFailure | YuzuError
+    try:
+        result = await cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args)
+    except (ToolFailure, YuzuError) as exc:
+        result = exc
+    except Exception:
+        result = internal_error(cont.ctx)
+    try:
+        final = await hop(finish)(cont.ctx, cont.tool, result)
+    except rpc.RpcError as err:
+        return error_reply(cont.req_id, modern_error(err))
+    return Reply(200, rpc.result_response(cont.req_id, stamp("tools/call", final, catalogue(cat_name))))
+
