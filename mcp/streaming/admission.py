@@ -192,7 +192,7 @@ def admit_modern_post(ctx: ToolContext) -> None:
     """A modern request's streamed response: a POST slot and a progress record (there is no session, so no ring
     and no pin slot) — or the 429, having kept nothing. The admitted call's record key is in
     ``ctx.extra["admitted"]``."""
-    key = f"modern:{secrets.token_hex(8)}"
+    key = f"modern-{secrets.token_hex(12)}"  # also a channel-layer group name (mcp.streaming.wake): no colon
     reason = post_budget.acquire(ctx.principal.key, POST_PER_PRINCIPAL, POST_GLOBAL)
     if reason is not None:
         reason = "post_" + reason

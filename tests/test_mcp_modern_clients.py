@@ -1,0 +1,122 @@
+"""Both eras end to end with the official clients (issue 14): the MCP Python SDK (`mcp` 2.3.0, .venv-mcp) in
+``mode="auto"`` (which now lands on 2026-07-28), pinned ``"2026-07-28"`` and ``"legacy"`` run one script —
+lists, a resource, a read tool, an execution with progress from real agents, the approval flow — against a real
+daphne; the bridge's delegation flow runs in each mode too."""
+
+import json
+import subprocess
+import time
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Approval
+from fleet.models import Agent, Tag
+from yuzu.models import AuditEvent
+
+from .test_mcp_official_clients import DRIVE, MCP_PY, client_log
+from .test_streaming_e2e import client_env, fleet, progress_stack, sleep_args  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
+
+MODERN = "2026-07-28"
+MODES = {"auto": MODERN, MODERN: MODERN, "legacy": "2025-11-25"}
+
+
+def run_eras(server, token, mode, tmp_path, agent_id):
+    asked, approved = tmp_path / f"asked-{mode}", tmp_path / f"approved-{mode}"
+    cmd = [str(MCP_PY), str(DRIVE), "--url", server.mcp, "--token", token, "--mode", mode, "--scenario", "eras",
+           "--param", f"agent_id={agent_id}", "--param", f"argv={sleep_args()['params']['argv']}",
+           "--param", f"asked={asked}", "--param", f"approved={approved}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while not asked.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    approved_ids = []
+    if asked.exists():  # a human approves the pending ticket (another person than the caller)
+        for ticket in Approval.objects.filter(status=Approval.PENDING):
+            Approval.objects.filter(pk=ticket.pk).update(status=Approval.APPROVED, reviewed_by="rita",
+                                                         reviewed_at=timezone.now())
+            approved_ids.append(ticket.pk)
+        approved.touch()
+    stdout, stderr = proc.communicate(timeout=180)
+    try:
+        obs = json.loads(stdout)
+    except ValueError:
+        pytest.fail(f"drive.py printed no JSON (exit {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    assert "fatal" not in obs, f"{mode}: {obs['fatal']}\n{server.log.name}"
+    return obs, approved_ids
+
+
+def test_python_sdk_in_every_mode(fleet, mint, tmp_path):  # noqa: F811
+    if not MCP_PY.exists():
+        pytest.fail(f"{MCP_PY} is missing: run `make test` (it builds .venv-mcp)")
+    server = progress_stack(fleet)  # 7 targets: a swarm of 5, two real agents sleeping 1 s and 2 s
+    token = mint("eras", role="Operator", tier="operator")  # delete_tag is approval-gated for MCP tokens
+    target = Agent.objects.filter(connected=True).order_by("agent_id").first().agent_id
+    for mode, era in MODES.items():
+        Tag.objects.update_or_create(agent_id=target, key="role", defaults={"value": "web"})
+        obs, approved = run_eras(server, token, mode, tmp_path, target)
+        where = f"mode={mode}"
+
+        assert obs["protocol_version"] == era, where
+        http = obs["http"]
+        assert all(e["authorized"] for e in http), where
+        if era == MODERN:
+            assert not any(e["rpc"] == "initialize" for e in http), where
+            assert not any(e["session"] or e.get("session_header") for e in http), where
+            posts = [e for e in http if e["method"] == "POST"]
+            assert all(e["protocol_version"] == MODERN and e["mcp_method"] == e["rpc"] for e in posts), where
+            assert not any(e["method"] in ("GET", "DELETE") for e in http), where
+            if mode == "auto":
+                assert http[0]["rpc"] == "server/discover" and http[0]["status"] == 200, where
+                assert obs["server_info"]["name"] == "yuzu-server", where
+                assert "classify_operational_question" in obs["instructions"], where
+            else:
+                assert not any(e["rpc"] == "server/discover" for e in http), where  # a pin sends no probe
+        else:
+            assert [e["rpc"] for e in http[:2]] == ["initialize", "notifications/initialized"], where
+
+        lists = obs["lists"]
+        assert "list_agents" in lists["tools"]["names"] and lists["tools"]["pages"] == 1, where
+        assert "yuzu://about" in lists["resources"]["uris"], where
+        assert lists["resource_templates"]["uri_templates"] == [], where
+        assert {"investigate_agent", "fleet_overview"} <= set(lists["prompts"]["names"]), where
+        assert obs["resources_read"]["yuzu://about"]["contents"][0]["mimeType"] == "text/markdown", where
+        missing = obs["resources_read"]["missing_resource"]["error"]
+        assert missing["code"] == (-32602 if era == MODERN else -32002), where
+        assert missing["data"]["uri"] == "yuzu://no-such-resource", where
+        assert obs["prompts_got"]["investigate_agent"]["messages"][0]["role"] == "user", where
+
+        calls = obs["calls"]
+        assert calls["list_agents"]["schema_valid"] and calls["list_agents"]["structured"]["count"] == 7, where
+        assert calls["unknown_tool"]["error"]["code"] == -32602, where
+
+        execution = calls["execution"]
+        assert "error" not in execution and execution["is_error"] is False, (where, execution)
+        values = [p["progress"] for p in execution["progress"]]
+        assert values[0] == 0 and values[-1] == 7 and all(a < b for a, b in zip(values, values[1:])), (where, values)
+        assert execution["structured"]["status"] == "succeeded", (where, execution["structured"])
+        assert execution["structured"]["agents_responded"] == 7, where
+        streamed = [e for e in http if e["rpc"] == "tools/call" and e.get("content_type") == "text/event-stream"]
+        assert len(streamed) == 1, (where, http)
+
+        gated = calls["gated"]
+        assert "error" not in gated and gated["structured"]["deleted"] is True, (where, gated)
+        assert len(approved) == 1, where
+        ticket = Approval.objects.get(pk=approved[0])
+        assert ticket.consumed_at is not None and ticket.requester["token_name"], where
+        if era == MODERN:
+            assert gated["via"] == "elicitation", where
+            elicitation = obs["elicitations"][0]
+            assert elicitation["mode"] == "url" and ticket.pk in elicitation["url"], (where, elicitation)
+        else:
+            assert gated["via"] == "ticket" and gated["first"]["error"]["data"]["approval_id"] == ticket.pk, where
+        assert not Tag.objects.filter(agent_id=target, key="role").exists(), where
+        assert client_log(obs) == [], (where, obs["log"])
+
+    rows = AuditEvent.objects.filter(principal="eras")
+    assert rows.filter(action="mcp.delete_tag", result="approved").count() == 3
+    assert rows.filter(action="mcp.execute_instruction", result="success").count() == 3
+    assert rows.filter(action="mcp.session.open").count() == 1  # only the legacy run opened a session
