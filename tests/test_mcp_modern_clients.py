@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import Approval
+from bridge.testing.fixtures import bridge, needs_tmux, stack  # noqa: F401  (fixtures)
 from fleet.models import Agent, Tag
 from yuzu.models import AuditEvent
 
@@ -120,3 +121,30 @@ def test_python_sdk_in_every_mode(fleet, mint, tmp_path):  # noqa: F811
     assert rows.filter(action="mcp.delete_tag", result="approved").count() == 3
     assert rows.filter(action="mcp.execute_instruction", result="success").count() == 3
     assert rows.filter(action="mcp.session.open").count() == 1  # only the legacy run opened a session
+
+
+BRIDGE_DRIVE = DRIVE.parent / "bridge_drive.py"
+
+
+@needs_tmux
+@pytest.mark.parametrize("mode", list(MODES))
+def test_bridge_delegation_in_every_mode(bridge, mint, mode):  # noqa: F811
+    """The bridge's blocking rendezvous tools (bridge_send waits for the worker's reply) for a modern client too."""
+    token = mint("alice", role="Operator")
+    proc = subprocess.run([str(MCP_PY), str(BRIDGE_DRIVE), "--url", bridge.bridge_url, "--token", token,
+                           "--flow", "both", "--mode", mode], capture_output=True, text=True, timeout=150, cwd="/")
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:], bridge.logs())
+    obs = json.loads(proc.stdout)
+    assert obs["protocol_version"] == MODES[mode]
+    if mode != MODERN:  # a pinned client sends no probe, so it learns no server name
+        assert obs["server_info"]["name"] == "yuzu-bridge"
+    calls = {c["as"]: c for c in obs["calls"]}
+    for rec in calls.values():
+        assert not rec.get("error") and not rec["is_error"], rec
+        assert rec.get("schema_valid", True), rec
+    assert calls["delegation"]["structured"]["outcome"] == "reply"
+    assert calls["delegation"]["structured"]["text"] == "from the official client"
+    q = calls["question"]["structured"]
+    assert q["outcome"] == "question" and q["text"] == "which branch?"
+    assert calls["answer"]["structured"]["text"] == "answered:main"
+    assert calls["bridge_stop"]["structured"]["wasRunning"] is True
