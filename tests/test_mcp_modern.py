@@ -429,3 +429,47 @@ def test_declined_elicitation_keeps_ticket(supervised):
                                           "inputResponses": {"approval": {"action": "decline"}}},
                capabilities=URL_ELICITATION)
     assert r.error["code"] == -32003 and Approval.objects.get().status == Approval.PENDING
+
+
+# --- long-running work: the streamed response always ends with a response ---------------------------------
+
+def sse_frames(body):
+    return [json.loads(line[len("data: "):]) for line in body.decode().splitlines() if line.startswith("data: ")]
+
+
+def test_streamed_call_at_the_cap_ends_with_a_result_carrying_execution_id(token, monkeypatch):
+    """No agent ever answers (the agent row exists, no process behind it): at the response cap the client gets
+    a success-shaped result naming the execution, never a silent close that would make it re-send the call."""
+    from mcp.streaming import follower  # deferred: patched for this test only
+
+    monkeypatch.setattr(follower, "RESPONSE_CAP_SECONDS", 1)
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    r = modern(token, "tools/call", {"name": "execute_instruction", "_meta": {"progressToken": "p1"},
+                                     "arguments": {"plugin": "os", "action": "info", "agent_ids": ["a1"]}},
+               rid="x1")
+    assert r.status == 200 and r.headers["content-type"] == "text/event-stream"
+    assert "id:" not in r.body.decode()  # no event ids, no resumption in 2026-07-28
+    frames = sse_frames(r.body)
+    progress = [f for f in frames if f.get("method") == "notifications/progress"]
+    assert progress and progress[0]["params"]["progress"] == 0 and progress[0]["params"]["progressToken"] == "p1"
+    last = frames[-1]
+    assert last["id"] == "x1" and last["result"]["resultType"] == "complete"
+    structured = last["result"]["structuredContent"]
+    assert structured["execution_id"] and structured["still_running"] is True and "get_execution_status" in \
+        structured["note"]
+    assert last["result"]["_meta"][SERVER_INFO]["name"] == "yuzu-server"
+
+
+def test_streamed_call_with_nothing_to_follow_answers_json(token):
+    r = modern(token, "tools/call", {"name": "execute_instruction", "_meta": {"progressToken": "p1"},
+                                     "arguments": {"plugin": "os", "action": "info", "agent_ids": ["nobody"]}})
+    assert r.headers["content-type"] == "application/json"
+
+
+def test_progress_token_without_sse_accept_is_plain_json(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    r = modern(token, "tools/call", {"name": "execute_instruction", "_meta": {"progressToken": "p1"},
+                                     "arguments": {"plugin": "os", "action": "info", "agent_ids": ["a1"]}},
+               headers={"accept": "application/json"})
+    assert r.status == 200 and r.headers["content-type"] == "application/json"
+    assert r.json()["result"]["structuredContent"]["execution_id"]

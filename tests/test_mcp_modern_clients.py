@@ -12,11 +12,19 @@ from django.utils import timezone
 
 from approvals.models import Approval
 from bridge.testing.fixtures import bridge, needs_tmux, stack  # noqa: F401  (fixtures)
-from fleet.models import Agent, Tag
-from yuzu.models import AuditEvent
+from fleet.models import Agent, Execution, Tag
+from yuzu.models import ApiToken, AuditEvent, hash_secret
+from yuzu.testing import wait_until
 
 from .test_mcp_official_clients import DRIVE, MCP_PY, client_log
-from .test_streaming_e2e import client_env, fleet, progress_stack, sleep_args  # noqa: F401  (fixture)
+from .test_streaming_e2e import (  # noqa: F401  (fleet: the fixture)
+    Http,
+    client_env,
+    fleet,
+    progress_of,
+    progress_stack,
+    sleep_args,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -148,3 +156,78 @@ def test_bridge_delegation_in_every_mode(bridge, mint, mode):  # noqa: F811
     assert q["outcome"] == "question" and q["text"] == "which branch?"
     assert calls["answer"]["structured"]["text"] == "answered:main"
     assert calls["bridge_stop"]["structured"]["wasRunning"] is True
+
+
+# --- raw modern HTTP against a live daphne: closing the response cancels the request, not the fleet work ------
+
+def modern_post(port, token, rid, method, params=None, accept="application/json, text/event-stream"):
+    params = dict(params or {})
+    params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                       "io.modelcontextprotocol/clientCapabilities": {}, **params.get("_meta", {})}
+    headers = {"authorization": f"Bearer {token}", "mcp-protocol-version": MODERN, "mcp-method": method,
+               "accept": accept}
+    if method == "tools/call":
+        headers["mcp-name"] = params["name"]
+    return Http(port, "POST", headers=headers, body={"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+
+
+def test_dropping_a_modern_stream_cancels_the_request_not_the_work(fleet, mint):  # noqa: F811
+    server = fleet.server()
+    fleet.worker()
+    fleet.agents(server, [1, 3])
+    fleet.wait_connected()
+    token = mint("modern-drop", role="Operator", tier="operator")
+    r = modern_post(server.port, token, 5, "tools/call", {"name": "execute_instruction",
+                                                          "arguments": sleep_args(), "_meta": {"progressToken": "d"}})
+    assert r.is_sse and "mcp-session-id" not in r.headers
+    r.until(lambda f: progress_of(f) == [0])
+    eid = r.frames()[0]["params"]["_meta"]["yuzu.execution_id"]
+    r.drop()
+    row = wait_until(lambda: AuditEvent.objects.filter(principal="modern-drop", action="mcp.execute_instruction",
+                                                       result="cancelled").first(), 10, what="the cancel audit row")
+    assert f"execution_id={eid}" in row.detail and "client_disconnect" in row.detail
+    done = wait_until(lambda: Execution.objects.filter(pk=eid, status="succeeded").first(), 20,
+                      what="the execution to finish anyway")
+    assert done.agents_responded == 2
+
+
+def test_modern_stream_reports_progress_then_the_result(fleet, mint):  # noqa: F811
+    server = fleet.server()
+    fleet.worker()
+    fleet.agents(server, [1, 2])
+    fleet.wait_connected()
+    token = mint("modern-progress", role="Operator", tier="operator")
+    r = modern_post(server.port, token, "p", "tools/call", {"name": "execute_instruction",
+                                                            "arguments": sleep_args(), "_meta": {"progressToken": 7}})
+    r.to_eof(30)
+    frames = r.frames()
+    assert progress_of(frames) == [0, 1, 2]
+    assert all(f["params"]["progressToken"] == 7 for f in frames[:-1])
+    final = frames[-1]
+    assert final["id"] == "p" and final["result"]["resultType"] == "complete"
+    assert final["result"]["structuredContent"]["status"] == "succeeded"
+    assert not any(e.get("id") for e in r.events())  # no SSE event ids in 2026-07-28
+
+
+def test_listen_stream_acknowledges_beats_and_ends_on_revocation(fleet, mint):  # noqa: F811
+    server = fleet.server()
+    token = mint("modern-listen", role="Operator", tier="operator")
+    r = modern_post(server.port, token, "L", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
+    assert r.is_sse
+    ack = r.until(lambda f: len(f) >= 1)[0]
+    assert ack["method"] == "notifications/subscriptions/acknowledged" and ack["params"]["notifications"] == {}
+    assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+    deadline = time.monotonic() + 10
+    while b": heartbeat" not in r.body and time.monotonic() < deadline:
+        r.pump(0.5)
+    assert b": heartbeat" in r.body
+    # the per-principal cap: 4 listen streams (the GET budget), the fifth is refused before it opens
+    more = [modern_post(server.port, token, f"L{i}", "subscriptions/listen") for i in range(3)]
+    refused = modern_post(server.port, token, "L9", "subscriptions/listen")
+    assert refused.status == 429 and refused.json()["error"]["code"] == -32012
+    ApiToken.objects.filter(token_hash=hash_secret(token)).update(revoked_at=timezone.now())
+    r.to_eof(10)
+    assert r.frames()[-1] == {"jsonrpc": "2.0", "id": "L", "result": {
+        "resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "L"}}}
+    for m in more:
+        m.drop()
