@@ -37,7 +37,7 @@ from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_REQUESTS
 
 from . import jsonrpc as rpc
-from . import mrtr
+from . import mrtr, tasks
 from .context import ToolContext
 from .pipeline import a4
 from .registry import Catalogue, catalogue
@@ -69,7 +69,8 @@ META_SERVER = "io.modelcontextprotocol/serverInfo"
 META_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 
 #: which body field a method's ``Mcp-Name`` header repeats
-NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+               "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 ROUTING_HEADERS = ("mcp-protocol-version", "mcp-method", "mcp-name")
 _B64 = re.compile(r"^=\?base64\?(?P<payload>.*)\?=$")
 
@@ -225,6 +226,12 @@ def handle(req: Request) -> Reply | Continuation | Listen:
             return Listen(principal, req_id, ctx.cid)
         if method == "tools/call":
             result = mrtr.call_tool(ctx, req, params, capabilities, _call)
+            if isinstance(result, dict) and tasks.declared(capabilities) and "resultType" not in result:
+                result = tasks.as_task(ctx, params.get("name"), result)
+        elif method.startswith("tasks/"):
+            if not tasks.declared(capabilities):
+                raise tasks.required(ctx, method)
+            result = handler(ctx, req, params)
         else:
             result = handler(ctx, req, params)
     except rpc.RpcError as err:
@@ -288,6 +295,7 @@ def _discover(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
             "resources": {"listChanged": False},
             "prompts": {"listChanged": False},
             "completions": {},
+            "extensions": {tasks.EXTENSION: {}},  # fleet executions, for clients that declare it too
         },
         "instructions": cat.instructions,
     }
@@ -297,10 +305,14 @@ def _not_here(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     raise AssertionError("answered by the transport")  # subscriptions/listen: see handle
 
 
-#: the methods of a modern request: the handshake era's, less initialize, ping and logging/setLevel
+#: the methods of a modern request: the handshake era's, less initialize, ping and logging/setLevel; the Tasks
+#: extension's for clients that declare it
 MODERN_METHODS = {
     "server/discover": _discover,
     "subscriptions/listen": _not_here,
+    "tasks/get": lambda ctx, req, params: tasks.get(ctx, params),
+    "tasks/update": lambda ctx, req, params: tasks.update(ctx, params),
+    "tasks/cancel": lambda ctx, req, params: tasks.cancel(ctx, params),
     **{name: fn for name, fn in METHODS.items() if name not in ("initialize", "ping", "logging/setLevel")},
 }
 
@@ -316,5 +328,8 @@ def streamed(headers: Mapping[str, str], msg: JsonObject, cat_name: str) -> bool
     name = params.get("name")
     tool = catalogue(cat_name).tools.get(name) if isinstance(name, str) else None
     meta = params.get("_meta")
+    capabilities = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
+    if isinstance(capabilities, dict) and tasks.declared(capabilities):
+        return False  # answered with a task, which carries no progress
     return tool is not None and tool.progress and isinstance(meta, dict) and "progressToken" in meta \
         and "text/event-stream" in headers.get("accept", "")

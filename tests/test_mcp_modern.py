@@ -11,7 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from approvals.models import Approval
-from fleet.models import Agent, Tag
+from fleet.models import Agent, Execution, Tag
 from mcp import mrtr
 from yuzu.models import AuditEvent
 from yuzu.rbac import seed_builtin_roles
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 V = "2026-07-28"
 SERVER_INFO = "io.modelcontextprotocol/serverInfo"
-NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+NAME_FIELDS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri", "tasks/get": "taskId",
+               "tasks/update": "taskId", "tasks/cancel": "taskId"}
 
 
 def meta(capabilities=None, version=V, **extra):
@@ -473,3 +474,77 @@ def test_progress_token_without_sse_accept_is_plain_json(token):
                headers={"accept": "application/json"})
     assert r.status == 200 and r.headers["content-type"] == "application/json"
     assert r.json()["result"]["structuredContent"]["execution_id"]
+
+
+# --- the Tasks extension for fleet executions ---------------------------------------------------------------
+
+TASKS = {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+EXECUTE = {"name": "execute_instruction", "arguments": {"plugin": "os", "action": "info", "agent_ids": ["a1"]}}
+
+
+@pytest.fixture
+def task(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    r = modern(token, "tools/call", EXECUTE, capabilities=TASKS)
+    assert r.status == 200, r.body
+    return r.json()["result"]
+
+
+def test_execution_as_a_task(token, task):
+    assert task["resultType"] == "task" and task["status"] == "working"
+    assert task["pollIntervalMs"] == 2000 and task["ttlMs"] > 0 and task["createdAt"].endswith("Z")
+    assert task["statusMessage"] == "0/1 agents responded"
+    assert task["_meta"][SERVER_INFO]["name"] == "yuzu-server"
+    assert AuditEvent.objects.filter(principal="alice", action="mcp.execute_instruction", result="success").exists()
+    got = modern(token, "tasks/get", {"taskId": task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["resultType"] == "complete" and got["status"] == "working" and "result" not in got
+    execution = Execution.objects.get()
+    Execution.objects.filter(pk=execution.pk).update(status="succeeded", agents_responded=1, agents_success=1)
+    got = modern(token, "tasks/get", {"taskId": task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "completed" and got["result"]["structuredContent"]["id"] == execution.pk
+    assert got["result"]["structuredContent"]["status"] == "succeeded"
+
+
+def test_task_cancel_stops_the_execution(token, task):
+    r = modern(token, "tasks/cancel", {"taskId": task["taskId"]}, capabilities=TASKS)
+    assert r.status == 200 and r.json()["result"]["resultType"] == "complete"
+    assert Execution.objects.get().status == "cancelled"
+    got = modern(token, "tasks/get", {"taskId": task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "cancelled"
+    assert modern(token, "tasks/update", {"taskId": task["taskId"], "inputResponses": {}},
+                  capabilities=TASKS).json()["result"] == {
+        "resultType": "complete", "_meta": {SERVER_INFO: {"name": "yuzu-server", "version": "0.1.0"}}}
+
+
+@pytest.mark.parametrize("method", ["tasks/get", "tasks/update", "tasks/cancel"])
+def test_tasks_without_the_extension_is_32021(token, task, method):
+    r = modern(token, method, {"taskId": task["taskId"]})
+    assert r.status == 400 and r.error["code"] == -32021
+    assert r.error["data"]["requiredCapabilities"] == {"extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+
+def test_another_principals_task_reads_like_an_unknown_one(token, task, mint):
+    other = mint("mallory", role="Operator", tier="operator")
+    forged = task["taskId"][:-4] + ("AAAA" if not task["taskId"].endswith("AAAA") else "BBBB")
+    answers = [modern(other, "tasks/get", {"taskId": task["taskId"]}, capabilities=TASKS),
+               modern(token, "tasks/get", {"taskId": forged}, capabilities=TASKS),
+               modern(token, "tasks/get", {"taskId": "nope"}, capabilities=TASKS),
+               modern(other, "tasks/cancel", {"taskId": task["taskId"]}, capabilities=TASKS)]
+    assert {(a.status, a.error["code"], a.error["message"]) for a in answers} == {(400, -32602, "Unknown task")}
+    assert Execution.objects.get().status == "running"  # mallory's cancel did nothing
+
+
+def test_task_headers_are_checked(token, task):
+    r = modern(token, "tasks/get", {"taskId": task["taskId"]}, capabilities=TASKS, headers={"mcp-name": "other"})
+    assert r.error["code"] == -32020
+
+
+def test_without_the_extension_the_call_answers_its_receipt(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    result = modern(token, "tools/call", EXECUTE).json()["result"]
+    assert result["resultType"] == "complete" and result["structuredContent"]["execution_id"]
+
+
+def test_discover_advertises_tasks(token):
+    caps = modern(token, "server/discover").json()["result"]["capabilities"]
+    assert caps["extensions"] == {"io.modelcontextprotocol/tasks": {}}
