@@ -5,12 +5,14 @@ subscriptions/listen stream (mcp.streaming.modern). mcp.transport calls ``serve`
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from functools import partial
 from typing import cast
 
 from django.http import parse_cookie
 
+from yuzu.audit import audit
 from yuzu.errors import YuzuError
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_REQUESTS
@@ -49,19 +51,35 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
         return None
     cat = catalogue(cat_name)
     if isinstance(outcome, Continuation):
-        return await _run_async_tool(outcome, cat_name)
+        return await _run_async_tool(conn, outcome, cat_name)
     ctx = outcome.ctx
     if ctx is not None and "admitted" in ctx.extra:
         return await respond_streamed(conn, outcome, ctx, partial(stamp, "tools/call", cat=cat))
     return outcome
 
 
-async def _run_async_tool(cont: Continuation, cat_name: str) -> Reply:
-    """An async tool (the bridge's blocking ones) awaited here; then its audit row, in a second hop."""
+async def _run_async_tool(conn: Connection, cont: Continuation, cat_name: str) -> Reply | None:
+    """An async tool (the bridge's blocking ones) awaited here, then its audit row in a second hop. The client
+    closing the response cancels the request (2026-07-28): the handler is cancelled — a bridge wait gives its
+    turn back, so the outcome lands in bridge_poll and a re-send with the turnId finds it — and the drop is
+    audited; nothing is written to the closed connection (None)."""
     release_modern_post(cont.ctx)  # an async tool answers once, without progress
+    work = asyncio.ensure_future(cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args))
+    gone = asyncio.ensure_future(conn.until_disconnect())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        await hop(audit)(cont.ctx.principal, f"mcp.{cont.tool.name}", "cancelled", target_type="mcp_tool",
+                         target_id=cont.tool.name, detail=" ".join(["client_disconnect"] + cont.ctx.detail),
+                         correlation_id=cont.ctx.cid)
+        return None
     result: JsonObject | ToolFailure | YuzuError
     try:
-        result = await cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args)
+        result = work.result()
     except (ToolFailure, YuzuError) as exc:
         result = exc
     except Exception:
@@ -71,4 +89,3 @@ async def _run_async_tool(cont: Continuation, cat_name: str) -> Reply:
     except rpc.RpcError as err:
         return error_reply(cont.req_id, modern_error(err))
     return Reply(200, rpc.result_response(cont.req_id, stamp("tools/call", final, catalogue(cat_name))))
-

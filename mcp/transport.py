@@ -97,6 +97,12 @@ class McpConsumer(AsyncHttpConsumer):
     def post(self, message: Message) -> None:
         self._inbox.put_nowait(message)
 
+    async def until_disconnect(self) -> None:
+        """Returns when the peer goes away. Only while the request's handler holds the dispatch loop (an async
+        tool awaited for a modern request, mcp.modern_transport): then nothing else reads the inbox."""
+        while (await self._inbox.get())["type"] != "http.disconnect":
+            pass
+
     async def dispatch(self, message: Message) -> None:
         """Route by message type — HTTP to the handlers below, ``mcp.*`` to the live stream — without Channels'
         per-message connection sweep: every database hop this consumer makes (mcp.pipeline.hop) already does

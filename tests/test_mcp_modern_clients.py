@@ -4,13 +4,16 @@ lists, a resource, a read tool, an execution with progress from real agents, the
 daphne; the bridge's delegation flow runs in each mode too."""
 
 import json
+import socket
 import subprocess
 import time
+from urllib.parse import urlsplit
 
 import pytest
 from django.utils import timezone
 
 from approvals.models import Approval
+from bridge.models import Turn as BridgeTurn
 from bridge.testing.fixtures import bridge, needs_tmux, stack  # noqa: F401  (fixtures)
 from fleet.models import Agent, Execution, Tag
 from yuzu.models import ApiToken, AuditEvent, hash_secret
@@ -160,7 +163,15 @@ def test_bridge_delegation_in_every_mode(bridge, mint, mode):  # noqa: F811
 
 # --- raw modern HTTP against a live daphne: closing the response cancels the request, not the fleet work ------
 
-def modern_post(port, token, rid, method, params=None, accept="application/json, text/event-stream"):
+def modern_body(rid, method, params=None):
+    params = dict(params or {})
+    params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                       "io.modelcontextprotocol/clientCapabilities": {}, **params.get("_meta", {})}
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+def modern_post(port, token, rid, method, params=None, accept="application/json, text/event-stream",
+                path="/mcp/v1/"):
     params = dict(params or {})
     params["_meta"] = {"io.modelcontextprotocol/protocolVersion": MODERN,
                        "io.modelcontextprotocol/clientCapabilities": {}, **params.get("_meta", {})}
@@ -168,7 +179,8 @@ def modern_post(port, token, rid, method, params=None, accept="application/json,
                "accept": accept}
     if method == "tools/call":
         headers["mcp-name"] = params["name"]
-    return Http(port, "POST", headers=headers, body={"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+    return Http(port, "POST", path, headers=headers, body={"jsonrpc": "2.0", "id": rid, "method": method,
+                                                           "params": params})
 
 
 def test_dropping_a_modern_stream_cancels_the_request_not_the_work(fleet, mint):  # noqa: F811
@@ -231,3 +243,71 @@ def test_listen_stream_acknowledges_beats_and_ends_on_revocation(fleet, mint):  
         "resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "L"}}}
     for m in more:
         m.drop()
+
+
+@needs_tmux
+def test_bridge_resend_with_the_same_turn_id_is_idempotent(bridge, mint):  # noqa: F811
+    """A 2026-07-28 client whose bridge_send response dropped re-sends it (the spec's rule): the answer reaches
+    the worker once, and the re-send gets the turn's outcome."""
+    token = mint("alice", role="Operator")
+    port = urlsplit(bridge.bridge_url).port
+
+    def call(rid, name, args):
+        r = modern_post(port, token, rid, "tools/call", {"name": name, "arguments": args}, path="/mcp/bridge/")
+        body = r.json()
+        assert "result" in body, body
+        return body["result"]["structuredContent"]
+
+    sid = call(1, "bridge_spawn", {"profile": "standin"})["sessionId"]
+    question = call(2, "bridge_send", {"content": "ask:which branch?", "sessionId": sid, "timeoutMs": 30000})
+    assert question["outcome"] == "question"
+    turn = question["turnId"]
+    answer = {"name": "bridge_send", "arguments": {"content": "main", "sessionId": sid, "turnId": turn,
+                                                   "timeoutMs": 30000}}
+    body = json.dumps(modern_body(3, "tools/call", answer)).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall((f"POST /mcp/bridge/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nMCP-Protocol-Version: {MODERN}"
+                  f"\r\nMcp-Method: tools/call\r\nMcp-Name: bridge_send\r\n\r\n").encode() + body)
+    wait_until(lambda: BridgeTurn.objects.filter(turn_id=turn, answer_seq=1).exists(), 10, what="the answer")
+    sock.close()  # the response is lost (the worker may have replied before the server saw the drop, or after)
+    wait_until(lambda: BridgeTurn.objects.filter(turn_id=turn, state=BridgeTurn.State.REPLIED).exists(), 15,
+               what="the worker's reply")
+    again = call(4, "bridge_send", answer["arguments"])
+    assert again["outcome"] == "reply" and again["text"] == "answered:main" and again["turnId"] == turn, again
+    t = BridgeTurn.objects.get(turn_id=turn)
+    assert t.ask_seq == 1 and t.answer_seq == 1  # answered once
+    assert AuditEvent.objects.filter(action="bridge.send", detail__startswith=f"resend turn={turn}").exists()
+    other = modern_post(port, token, 5, "tools/call", {"name": "bridge_send", "arguments": {
+        "content": "something else", "sessionId": sid, "turnId": turn, "timeoutMs": 1000}}, path="/mcp/bridge/")
+    assert other.json()["result"]["isError"] is True  # another answer to an answered question: no_question
+    call(6, "bridge_stop", {"paneId": sid})
+
+
+def raw_send(port, token, path, msg, name):
+    """Send one modern tools/call on a socket of its own and return the socket (to drop it)."""
+    body = json.dumps(msg).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nMCP-Protocol-Version: {MODERN}"
+                  f"\r\nMcp-Method: tools/call\r\nMcp-Name: {name}\r\n\r\n").encode() + body)
+    return sock
+
+
+@needs_tmux
+def test_closing_a_blocked_bridge_send_cancels_the_wait(bridge, mint):  # noqa: F811
+    """On 2026-07-28 closing the response cancels the request: the blocked bridge_send stops waiting (audited),
+    the turn's waiter is released so a later outcome goes to bridge_poll, and the worker keeps its turn."""
+    token = mint("alice", role="Operator")
+    port = urlsplit(bridge.bridge_url).port
+    spawned = modern_post(port, token, 1, "tools/call", {"name": "bridge_spawn", "arguments": {"profile": "standin"}},
+                          path="/mcp/bridge/").json()["result"]["structuredContent"]
+    sock = raw_send(port, token, "/mcp/bridge/", modern_body(2, "tools/call", {"name": "bridge_send", "arguments": {
+        "content": "stall", "sessionId": spawned["sessionId"], "timeoutMs": 60000}}), "bridge_send")
+    turn = wait_until(lambda: BridgeTurn.objects.filter(waiter_until__isnull=False).first(), 10, what="the wait")
+    sock.close()
+    row = wait_until(lambda: AuditEvent.objects.filter(principal="alice", action="mcp.bridge_send",
+                                                       result="cancelled").first(), 10, what="the cancel audit row")
+    assert "client_disconnect" in row.detail and turn.turn_id in row.detail
+    turn.refresh_from_db()
+    assert turn.waiter_until is None and turn.active  # released; the worker's turn goes on
