@@ -4,6 +4,7 @@ lists, a resource, a read tool, an execution with progress from real agents, the
 daphne; the bridge's delegation flow runs in each mode too."""
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -19,6 +20,7 @@ from fleet.models import Agent, Execution, Tag
 from yuzu.models import ApiToken, AuditEvent, hash_secret
 from yuzu.testing import wait_until
 
+from .conftest import ROOT
 from .test_mcp_official_clients import DRIVE, MCP_PY, client_log
 from .test_streaming_e2e import (  # noqa: F401  (fleet: the fixture)
     Http,
@@ -311,3 +313,64 @@ def test_closing_a_blocked_bridge_send_cancels_the_wait(bridge, mint):  # noqa: 
     assert "client_disconnect" in row.detail and turn.turn_id in row.detail
     turn.refresh_from_db()
     assert turn.waiter_until is None and turn.active  # released; the worker's turn goes on
+
+
+# --- the TypeScript client v2 (@modelcontextprotocol/client) in both eras ----------------------------------
+
+TS_ERAS = ROOT / "tests" / "ts-client" / "eras.mjs"
+TS_MODES = {"auto": "modern", "pin": "modern", "legacy": "legacy"}
+
+
+def approve_when_asked(proc, asked, approved, timeout=120):
+    deadline = time.time() + timeout
+    while not asked.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    ids = []
+    if asked.exists():
+        for ticket in Approval.objects.filter(status=Approval.PENDING):
+            Approval.objects.filter(pk=ticket.pk).update(status=Approval.APPROVED, reviewed_by="rita",
+                                                         reviewed_at=timezone.now())
+            ids.append(ticket.pk)
+        approved.touch()
+    return ids
+
+
+def test_typescript_client_in_both_eras(fleet, mint, tmp_path):  # noqa: F811
+    node = shutil.which("node")
+    if node is None or not (ROOT / "tests" / "ts-client" / "node_modules" / "@modelcontextprotocol" / "client").exists():
+        pytest.fail("node and tests/ts-client/node_modules are needed: run `make test` (npm ci in tests/ts-client)")
+    server = progress_stack(fleet)
+    token = mint("ts-eras", role="Operator", tier="operator")
+    target = Agent.objects.filter(connected=True).order_by("agent_id").first().agent_id
+    for mode, era in TS_MODES.items():
+        Tag.objects.update_or_create(agent_id=target, key="role", defaults={"value": "web"})
+        asked, approved = tmp_path / f"ts-asked-{mode}", tmp_path / f"ts-approved-{mode}"
+        env = client_env(MCP_URL=server.mcp, MCP_TOKEN=token, MCP_MODE=mode, AGENT_ID=target, ASKED=str(asked),
+                         APPROVED=str(approved), EXEC_ARGS=json.dumps(sleep_args()))
+        proc = subprocess.Popen([node, str(TS_ERAS)], cwd=TS_ERAS.parent, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        approved_ids = approve_when_asked(proc, asked, approved)
+        stdout, stderr = proc.communicate(timeout=180)
+        try:
+            obs = json.loads(stdout)
+        except ValueError:
+            pytest.fail(f"eras.mjs printed no JSON (exit {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
+        where = f"mode={mode}"
+        assert "fatal" not in obs, (where, obs["fatal"], stderr[-2000:])
+        assert obs["era"] == era, (where, obs["era"])
+        if era == "modern":
+            assert not any(e["rpc"] == "initialize" or e["session"] for e in obs["http"]), where
+            assert all(e["protocol_version"] == MODERN for e in obs["http"] if e["method"] == "POST"), where
+        assert "list_agents" in obs["tools"] and "yuzu://about" in obs["resources"], where
+        assert "investigate_agent" in obs["prompts"] and obs["about_mime"] == "text/markdown", where
+        # the v2 client reads a handshake-era -32002 as its ResourceNotFoundError, which carries -32602
+        assert obs["missing_resource"]["code"] == -32602, where
+        assert obs["calls"]["list_agents"]["structured"]["count"] == 7, where
+        execution = obs["calls"]["execution"]
+        assert "error" not in execution and execution["structured"]["status"] == "succeeded", (where, execution)
+        values = execution["progress"]
+        assert values and values[-1] == 7 and all(a < b for a, b in zip(values, values[1:])), (where, values)
+        gated = obs["calls"]["gated"]
+        assert "error" not in gated and gated["structured"]["deleted"] is True, (where, gated)
+        assert gated["via"] == ("elicitation" if era == "modern" else "ticket"), where
+        assert len(approved_ids) == 1 and Approval.objects.get(pk=approved_ids[0]).consumed_at is not None, where
