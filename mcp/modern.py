@@ -13,8 +13,9 @@ The routing rule (spec/mcp-2026.md §1.1), after the Host/Origin/Content-Type ch
 - POST with no version header, or a handshake version → legacy, unchanged — unless the body claims a modern
   version in ``params._meta`` (400, ``-32020``).
 - POST with ``2026-07-28`` → modern.
-- Any other value → 400, ``-32022`` with ``supported`` and ``requested`` — except on a request of a live legacy
-  session (it carries ``Mcp-Session-Id``), which keeps its handshake-era answer (``-32009``).
+- Any other value → 400, ``-32022`` with ``supported`` (the modern versions, as server/discover lists them: a
+  handshake client is told by the 400 alone) and ``requested`` — except on a request of a live legacy session
+  (it carries ``Mcp-Session-Id``), which keeps its handshake-era answer (``-32009``).
 
 The modern ladder, first failure wins: ``params._meta`` shape (``-32602``), the headers against the body
 (``-32020``: missing, different, malformed or repeated), the version (``-32022``). Then authentication, then the
@@ -59,8 +60,6 @@ from .streaming.admission import admit_modern_post, release_modern_post
 
 MODERN_VERSION = "2026-07-28"
 MODERN_VERSIONS = (MODERN_VERSION,)
-#: every revision this server speaks, newest first (the -32022 answer's ``supported``)
-ALL_VERSIONS = MODERN_VERSIONS + SUPPORTED_VERSIONS
 
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
@@ -141,7 +140,7 @@ def header_mismatch(message: str, msg: JsonObject | None) -> rpc.RpcError:
 def unsupported(requested: object, msg: JsonObject | None) -> rpc.RpcError:
     text = str(requested)[:40]
     return rpc.RpcError(rpc.UNSUPPORTED_VERSION, f"Unsupported protocol version: {text}",
-                        {"supported": list(ALL_VERSIONS), "requested": text}, http_status=400)
+                        {"supported": list(MODERN_VERSIONS), "requested": text}, http_status=400)
 
 
 # --- the modern ladder ------------------------------------------------------------------------------------

@@ -177,7 +177,10 @@ class McpConsumer(AsyncHttpConsumer):
         if err is not None:
             return error_reply(None, err)
         msg = rpc.parse_message(body) if method == "POST" else None
-        era = modern.era(method, self.headers, self.scope.get("headers", []), msg)
+        try:
+            era = modern.era(method, self.headers, self.scope.get("headers", []), msg)
+        except rpc.RpcError as err:  # -32020 / -32022: echo the request's id
+            return error_reply(msg.get("id") if msg is not None else None, err)
         if isinstance(era, Reply):
             return era
         if era == "modern":
