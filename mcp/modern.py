@@ -290,7 +290,7 @@ def _discover(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     return {
         "supportedVersions": list(MODERN_VERSIONS),
         "capabilities": {
-            "tools": {"listChanged": False},  # no listen-stream event for it yet: list again (ttlMs says when)
+            "tools": {"listChanged": True},  # on subscriptions/listen, when a role change alters your list
             "resources": {"listChanged": False},
             "prompts": {"listChanged": False},
             "completions": {},

@@ -44,8 +44,10 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
     outcome = await hop(handle)(req)
     if isinstance(outcome, Listen):
         meta = {"io.modelcontextprotocol/subscriptionId": outcome.request_id}
+        wanted = (msg.get("params") or {}).get("notifications")
         try:
-            await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on())
+            await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on(),
+                         wanted if isinstance(wanted, dict) else {}, cat_name)
         except rpc.RpcError as err:
             return error_reply(outcome.request_id, err)
         return None

@@ -179,8 +179,8 @@ class McpConsumer(AsyncHttpConsumer):
         msg = rpc.parse_message(body) if method == "POST" else None
         try:
             era = modern.era(method, self.headers, self.scope.get("headers", []), msg)
-        except rpc.RpcError as err:  # -32020 / -32022: echo the request's id
-            return error_reply(msg.get("id") if msg is not None else None, err)
+        except rpc.RpcError as refused:  # -32020 / -32022: echo the request's id
+            return error_reply(msg.get("id") if msg is not None else None, refused)
         if isinstance(era, Reply):
             return era
         if era == "modern":

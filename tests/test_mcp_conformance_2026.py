@@ -43,6 +43,11 @@ NEEDS_FIXTURE: dict[tuple[str, str], str] = {
     ("server-stateless", "sep-2575-missing-capability-http-400"): "'test_missing_capability'",
     ("server-stateless", "sep-2575-http-server-no-independent-requests-on-stream"): "'test_streaming_elicitation'",
     ("server-stateless", "sep-2575-server-no-log-without-loglevel"): "'test_logging_tool'",
+    # it "mutates the tool list" by calling the fixture's test_trigger_tool_change (unknown here: -32602), then waits
+    # for the notification (a SHOULD: reported as a warning). yuzu's own trigger is a role change:
+    # test_mcp_modern_clients.py::test_listen_stream_hears_tools_list_changed_after_a_role_change
+    ("server-stateless", "sep-2575-server-sends-tools-list-changed-on-subscription"):
+        "no notifications/tools/list_changed arrived",
     # it calls the first listed tool with no arguments and expects a result; a Viewer's first tool
     # (aggregate_responses) requires group_by, so yuzu answers -32602 (the header itself was accepted: the
     # whitespace-padded Mcp-Name passed the header rung, tests/test_mcp_modern.py checks that directly)
@@ -74,7 +79,8 @@ def test_conformance_2026_scenario(conformance_server, tmp_path, scenario):  # n
     for (where, check_id), words in NEEDS_FIXTURE.items():
         if where == scenario:
             found = [c for c in checks if c["id"] == check_id]
-            assert found and all(c["status"] == "FAILURE" and words in c.get("errorMessage", "") for c in found), \
+            assert found and all(c["status"] in ("FAILURE", "WARNING") and words in c.get("errorMessage", "")
+                                 for c in found), \
                 f"{scenario}:{check_id} no longer fails for want of a fixture: {found}"
     assert any(c["status"] == "SUCCESS" for c in checks)
     # the suite really reached yuzu with the Viewer's token, and spoke 2026-07-28 (no session was opened)

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
@@ -16,7 +17,7 @@ from django.utils import timezone
 from approvals.models import Approval
 from bridge.models import Turn as BridgeTurn
 from bridge.testing.fixtures import bridge, needs_tmux, stack  # noqa: F401  (fixtures)
-from fleet.models import Agent, Execution, Tag
+from fleet.models import Agent, Execution, ManagementGroup, Tag
 from yuzu.models import ApiToken, AuditEvent, hash_secret
 from yuzu.testing import wait_until
 
@@ -229,7 +230,8 @@ def test_listen_stream_acknowledges_beats_and_ends_on_revocation(fleet, mint):  
     r = modern_post(server.port, token, "L", "subscriptions/listen", {"notifications": {"toolsListChanged": True}})
     assert r.is_sse
     ack = r.until(lambda f: len(f) >= 1)[0]
-    assert ack["method"] == "notifications/subscriptions/acknowledged" and ack["params"]["notifications"] == {}
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"] == {"toolsListChanged": True}
     assert ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
     deadline = time.monotonic() + 10
     while b": heartbeat" not in r.body and time.monotonic() < deadline:
@@ -374,3 +376,25 @@ def test_typescript_client_in_both_eras(fleet, mint, tmp_path):  # noqa: F811
         assert "error" not in gated and gated["structured"]["deleted"] is True, (where, gated)
         assert gated["via"] == ("elicitation" if era == "modern" else "ticket"), where
         assert len(approved_ids) == 1 and Approval.objects.get(pk=approved_ids[0]).consumed_at is not None, where
+
+
+def test_listen_stream_hears_tools_list_changed_after_a_role_change(fleet, mint):  # noqa: F811
+    """The 2026-07-28 counterpart of the GET channel's notification: a role assigned while the stream is open
+    alters what the token is listed, and the stream that asked for toolsListChanged is told."""
+    server = fleet.server()
+    token = mint("modern-roles", role="Viewer", tier="operator")
+    r = modern_post(server.port, token, "L", "subscriptions/listen", {"notifications": {"toolsListChanged": True,
+                                                                                        "promptsListChanged": True}})
+    ack = r.until(lambda f: len(f) >= 1)[0]
+    assert ack["params"]["notifications"] == {"toolsListChanged": True}  # prompts never change: left out
+    group = ManagementGroup.objects.create(name="web")
+    admin = mint("modern-admin", role="Administrator")
+    req = urllib.request.Request(f"{server.base}/api/v1/management-groups/{group.id}/roles", method="POST",
+                                 data=json.dumps({"username": "modern-roles", "role": "ITServiceOwner"}).encode(),
+                                 headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:  # in the server's process, like an admin would
+        assert resp.status == 201
+    frames = r.until(lambda f: any(x.get("method") == "notifications/tools/list_changed" for x in f), 15)
+    changed = next(x for x in frames if x.get("method") == "notifications/tools/list_changed")
+    assert changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L"
+    r.drop()

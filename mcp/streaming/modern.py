@@ -9,17 +9,21 @@ No session, no ring, no event ids, no resumption: a frame is written to the resp
   execution's state so far (``still_running``: poll get_execution_status); on a revoked credential or a
   stopping server, an error naming ``execution_id``. The client closing the response cancels the *request*:
   reporting stops and the drop is audited, but fleet work already dispatched continues.
-- **subscriptions/listen**: the acknowledgement first, then a heartbeat comment on every tick (the credential
-  re-validated each time), and a graceful ``{"resultType": "complete"}`` result when the server ends it
-  (revocation, shutdown). It counts against the GET stream budget (4 per principal; 429 ``-32012``).
+- **subscriptions/listen**: the acknowledgement first (honouring ``toolsListChanged`` only), then
+  ``notifications/tools/list_changed`` when a role change alters what the token is listed, a heartbeat comment on
+  every tick (the credential re-validated each time), and a graceful ``{"resultType": "complete"}`` result when the
+  server ends it (revocation, shutdown). It counts against the GET stream budget (4 per principal; 429 ``-32012``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from channels.layers import BaseChannelLayer
 
 from yuzu.audit import audit
 from yuzu.errors import correlation_id
@@ -29,12 +33,15 @@ from yuzu.rbac import Principal
 from .. import jsonrpc as rpc
 from ..context import FollowSpec, ToolContext
 from ..jsonrpc import RequestId
+from ..listing import fingerprint, tools_for
 from ..pipeline import hop, tool_result
+from ..registry import catalogue
 from .admission import admit_get, post_budget, release_get, release_record
 from .follower import Follower, spawn
 from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE, STREAMS_ACTIVE
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, track, untrack
 from .stream import SSE_HEADERS, Connection, Message
+from .wake import channel_layer, listen_group
 from .watch import CredentialWatch, every_tick
 
 if TYPE_CHECKING:
@@ -224,18 +231,23 @@ class ModernPostStream:
 # --- subscriptions/listen ----------------------------------------------------------------------------------
 
 async def listen(conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
-                 streaming: bool) -> None:
-    """Open a listen stream on ``conn``, or raise the refusal (406 without an SSE Accept, 429 at the cap)."""
+                 streaming: bool, wanted: JsonObject, cat_name: str) -> None:
+    """Open a listen stream on ``conn``, or raise the refusal (406 without an SSE Accept, 429 at the cap).
+    ``wanted``: the request's ``notifications`` filter."""
     ranges = [part.split(";")[0].strip().lower() for part in conn.headers.get("accept", "").split(",")]
     if "text/event-stream" not in ranges:
         raise rpc.RpcError(rpc.NOT_ACCEPTABLE, "Not Acceptable: subscriptions/listen needs Accept: text/event-stream",
                            http_status=406)
     admit_get(principal.key, handover_pending=False)
-    stream = ListenStream(conn, principal, request_id, meta)
+    stream = ListenStream(conn, principal, request_id, meta, cat_name,
+                          tools_changed=wanted.get("toolsListChanged") is True and streaming)
     try:
+        if stream.tools_changed:
+            await stream.subscribe()
         await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
         await conn.send_body(frame(stream.acknowledgement()), more_body=True)
     except Exception:
+        await stream.unsubscribe()
         stream.release()
         return
     if not streaming:  # YUZU_MCP_NO_STREAMING: the acknowledgement, the graceful end, at once
@@ -245,22 +257,64 @@ async def listen(conn: Connection, principal: Principal, request_id: RequestId, 
     stream.ticker = every_tick(stream.tick)
 
 
-class ListenStream:
-    """One subscriptions/listen response. yuzu has no list-changed or resource-update events for modern
-    clients yet, so it acknowledges an empty filter and carries heartbeats until it ends."""
+def _listed(principal: Principal, cat_name: str) -> str:
+    """What the token is listed now: re-read (a Principal caches its grants), "" for a token gone."""
+    fresh = Principal.from_key(principal.key)
+    return fingerprint(cat_name, tools_for(fresh, catalogue(cat_name))) if fresh is not None else ""
 
-    def __init__(self, conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject) -> None:
+
+class ListenStream:
+    """One subscriptions/listen response: ``toolsListChanged`` is the one notification yuzu honours (a role
+    change that alters what the token is listed); every other type is left out of the acknowledgement and
+    never sent. Heartbeats carry it until it ends."""
+
+    def __init__(self, conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
+                 cat_name: str = "v1", tools_changed: bool = False) -> None:
         self.conn, self.principal, self.request_id, self.meta = conn, principal, request_id, meta
+        self.cat_name, self.tools_changed = cat_name, tools_changed
         self.open = True
         self.leased = True
         self.ticker: asyncio.Future[None] | None = None
         self.watch = CredentialWatch(principal, "")
+        self.layer: BaseChannelLayer | None = None
+        self.channel: str | None = None
+        self.listed = ""
         STREAMS_ACTIVE.inc()
         track(self)
 
     def acknowledgement(self) -> JsonObject:
+        honoured = {"toolsListChanged": True} if self.tools_changed else {}
         return {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
-                "params": {"notifications": {}, "_meta": dict(self.meta)}}
+                "params": {"notifications": honoured, "_meta": dict(self.meta)}}
+
+    async def subscribe(self) -> None:
+        """Join the user's listen group (role changes, in any process) and remember what the token is listed."""
+        self.listed = await hop(_listed)(self.principal, self.cat_name)
+        self.layer = channel_layer()
+        self.channel = await self.layer.new_channel()
+        self.conn.listen(functools.partial(self.layer.receive, self.channel))
+        await self.layer.group_add(listen_group(self.principal.user.pk), self.channel)
+
+    async def unsubscribe(self) -> None:
+        if self.layer is not None and self.channel is not None:
+            channel, self.channel = self.channel, None
+            await self.layer.group_discard(listen_group(self.principal.user.pk), channel)
+
+    async def on_message(self, message: Message) -> None:
+        if message.get("type") != "mcp.rbac_changed" or not self.open or not self.tools_changed:
+            return
+        try:
+            now = await hop(_listed)(self.principal, self.cat_name)
+        except Exception:  # e.g. a token revoked meanwhile: the tick ends the stream
+            return
+        if now == self.listed:
+            return
+        self.listed = now
+        try:
+            await self.conn.send_body(frame({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+                                             "params": {"_meta": dict(self.meta)}}), more_body=True)
+        except Exception:
+            self.open = False
 
     async def tick(self) -> bool:
         if not self.open:
@@ -288,6 +342,7 @@ class ListenStream:
                 await self.conn.send_body(b"", more_body=False)
             except Exception:
                 pass
+        await self.unsubscribe()
         self.release()
         if self.conn.stream is self:
             self.conn.stream = None
@@ -302,13 +357,11 @@ class ListenStream:
             release_get(self.principal.key)
             STREAMS_ACTIVE.dec()
 
-    async def on_message(self, message: Message) -> None:
-        return None
-
     async def gone(self) -> None:
         if self.open:
             self.open = False
             CLOSES.labels("client_disconnect").inc()
+        await self.unsubscribe()
         self.release()
         if self.conn.stream is self:
             self.conn.stream = None
