@@ -549,3 +549,21 @@ def test_without_the_extension_the_call_answers_its_receipt(token):
 def test_discover_advertises_tasks(token):
     caps = modern(token, "server/discover").json()["result"]["capabilities"]
     assert caps["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+
+
+def test_body_bounds_apply_to_modern_requests(token):
+    big = {"name": "classify_operational_question", "arguments": {"question": "q" * (4 * 1024 * 1024)}}
+    r = modern(token, "tools/call", big)
+    assert r.status == 413
+    r = modern(token, "server/discover", headers={"content-length": None})
+    assert r.status == 411
+    r = modern(token, "server/discover", headers={"content-encoding": "gzip"})
+    assert r.status == 415
+
+
+def test_batches_and_framing_errors_echo_nothing(token):
+    r = request(body=[{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta()}}],
+                headers={"authorization": f"Bearer {token}", "mcp-protocol-version": V, "mcp-method": "tools/list"})
+    assert r.status == 400 and r.error["code"] == -32600
+    r = request(body=b"{not json", headers={"authorization": f"Bearer {token}", "mcp-protocol-version": V})
+    assert r.status == 400 and r.error["code"] == -32700
