@@ -44,10 +44,10 @@ from .pipeline import a4
 from .registry import Catalogue, catalogue
 from .server import (
     METHODS,
-    MethodResult,
     SERVER_VERSION,
     SUPPORTED_VERSIONS,
     Continuation,
+    MethodResult,
     Reply,
     Request,
     _principal,
