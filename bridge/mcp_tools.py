@@ -101,6 +101,8 @@ async def bridge_send(ctx, args):
     except BridgeFailure as exc:
         raise _fail(exc) from None
     ctx.note(f"turn={prepared.turn_id} session={prepared.session_id}")
+    if prepared.outcome is not None:
+        return _result(prepared.outcome)
     if not wait:
         return {"outcome": "dispatched", "dispatchId": prepared.turn_id, "turnId": prepared.turn_id,
                 "sessionId": prepared.session_id}

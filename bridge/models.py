@@ -418,6 +418,17 @@ class Turn(models.Model):
         self.save()
         wake_on_commit(self.ask_group)
 
+    def resume(self, deadline=None, now=None):
+        """The primary re-sent the answer it already gave (its response was lost: a dropped stream, which a
+        2026-07-28 client answers by re-sending): the question is not answered twice. An ended turn's outcome
+        is returned at once (None otherwise); an active one gets this waiter (``deadline``; None: detached)."""
+        if not self.active:
+            return self.outcome
+        self.waiter_until, self.updated_at = deadline, now or timezone.now()
+        self.detached = self.detached or deadline is None
+        self.save(update_fields=["waiter_until", "detached", "updated_at"])
+        return None
+
     def cancel(self, now=None):
         """Abandon the turn: its queued messages fail, a live waiter gets ``cancelled`` (no inbox item).
         Returns whether a message of it had already reached the pane (so the worker should be interrupted)."""

@@ -14,7 +14,9 @@ Invariants:
   outcome after that goes to the inbox; an outcome stranded on a waiter whose process died is swept
   there (``sweep``). The inbox returns an item on every bridge_poll until bridge_ack.
 * **A question is answered once**: ``answer_seq`` catches up with ``ask_seq``; answering a turn with no
-  open question is ``no_question``.
+  open question is ``no_question`` — except a re-send of the very answer it got (same turnId, same text): that
+  waits again on the turn, or returns its outcome if it has ended. A worker re-sending the question still open
+  waits for the same answer instead of asking twice. (A dropped response is re-sent by 2026-07-28 clients.)
 * **Lock order: Member, then Turn** (bridge/models.py).
 """
 
@@ -57,6 +59,7 @@ class Prepared:
     session_id: str
     wait: bool
     deadline: object = None  # aware datetime
+    outcome: dict | None = None  # a re-sent answer on a turn that has already ended: its outcome, no wait
 
 
 def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True, auto_spawn=True, turn_id=None,
@@ -77,6 +80,13 @@ def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True,
                 raise BridgeFailure("unknown_turn", f"turn '{turn_id}' is not with worker '{session}'")
             if t.state == Turn.State.GONE or not t.member.live:
                 raise BridgeFailure("worker_gone", f"worker {t.member.session_id} is gone")
+            if not t.open_question and t.answer_seq and t.answer_seq == t.ask_seq and t.answer == content:
+                # A re-send of the answer already given (idempotent on turnId): wait again, or get the outcome.
+                outcome = t.resume(deadline if wait else None, now)
+                audit(caller.principal, "bridge.send", "success", target_type="BridgeMember",
+                      target_id=t.member.session_id, detail=f"resend turn={t.turn_id} wait={wait}",
+                      correlation_id=cid)
+                return Prepared(t.pk, t.turn_id, t.member.session_id, wait, deadline, outcome)
             if not t.open_question:
                 raise BridgeFailure("no_question", f"turn '{turn_id}' has no open question (state {t.state}); "
                                                    "send without turnId to start a new turn")
@@ -143,6 +153,11 @@ def prepare_ask(caller, content, *, cid=""):
     with transaction.atomic():
         m = Member.objects.select_for_update().get(pk=caller.member.pk)
         t = m.locked_current_turn()
+        if t is not None and t.open_question and t.question == content:
+            # A re-send of the question still open (the worker's response was lost): wait for the same answer.
+            audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
+                  detail=f"turn={t.turn_id} resend", correlation_id=cid)
+            return t.pk, t.turn_id, t.ask_seq
         if t is None or not t.active:
             t = m.open_own_turn()
         mode = t.ask(content)

@@ -3,7 +3,7 @@ handler over the same fleet.services function its REST twin uses."""
 
 from functools import partial
 
-from mcp.registry import resource, tool
+from mcp.registry import TaskHooks, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 from yuzu.metrics import MCP_POLL
 
@@ -273,8 +273,19 @@ def _final(execution_id, receipt):
             "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
 
 
+def _task_state(ctx, execution_id):
+    """An execution as a task (mcp.tasks): running → working; succeeded / completed → completed (with the status
+    get_execution_status returns); cancelled → cancelled. Read with the caller's own visibility."""
+    view = executions.execution_status(ctx.principal, execution_id)
+    return {"running": "working", "cancelled": "cancelled"}.get(view["status"], "completed"), view
+
+
+EXECUTION_TASK = TaskHooks(id_field="execution_id", state=_task_state,
+                           cancel=lambda ctx, eid: executions.cancel_execution(ctx.principal, eid, cid=ctx.cid))
+
+
 @tool(name="execute_instruction", title="Execute an instruction", securable="Execution", operation="Execute",
-      effect="destructive", idempotent=False, service_scope="confined", progress=True,
+      effect="destructive", idempotent=False, service_scope="confined", progress=True, task=EXECUTION_TASK,
       prepare=lambda ctx, a, pinned=None: executions.plan_execution(
           ctx.principal, plugin=a["plugin"], action=a["action"], params=a.get("params"), scope=a.get("scope"),
           agent_ids=a.get("agent_ids"), pinned=pinned),

@@ -30,7 +30,7 @@ class FollowSpec:
 class CallExtras(TypedDict, total=False):
     """What the transport tells a call besides its arguments."""
 
-    protocol_version: str  # the session's negotiated MCP revision
+    protocol_version: str  # the session's negotiated MCP revision, or the modern request's own
     client: dict[str, str | None]  # the session's clientInfo: {"name", "version"} (shown to approvers; never trusted)
     progress_mode: str | None  # "post" (SSE on this response) | "get" (progress on the GET channel) | None
     admitted: str  # the ring key of a streamed POST admitted before the tool ran (mcp.streaming.admission)
@@ -61,7 +61,8 @@ class ToolContext:
                meta: JsonObject | None = None, message: str = "") -> None:
         """Report progress of the work this call started: ``group`` is the channel-layer group announcing
         changes; ``snapshot()`` → (progress, total, terminal); ``final()`` → the structured result sent
-        last on a streamed POST. A no-op unless the caller sent a progressToken on a session."""
-        if self.progress_token is None or self.session_id is None:
+        last on a streamed POST. A no-op unless the caller sent a progressToken on a session, or on a modern
+        (2026-07-28) request admitted to stream its response."""
+        if self.progress_token is None or (self.session_id is None and "admitted" not in self.extra):
             return
         self.following = FollowSpec(group=group, snapshot=snapshot, final=final, meta=meta or {}, message=message)

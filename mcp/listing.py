@@ -8,7 +8,8 @@ on the caller's tier is marked in its annotations and description.
 
 A session that listed the fitted catalogue remembers a fingerprint of it; when a role change (or a
 user's superuser/active flag) alters what that session would be listed, the session's GET stream gets
-``notifications/tools/list_changed``.
+``notifications/tools/list_changed``. A 2026-07-28 ``subscriptions/listen`` stream that asked for
+``toolsListChanged`` keeps its own fingerprint and is woken the same way (its user's listen group).
 """
 
 import hashlib
@@ -31,7 +32,7 @@ from .pipeline import standing_refusal
 from .registry import Catalogue, Tool, catalogue
 from .streaming.ring import ring_key, rings
 from .streaming.sessions import store
-from .streaming.wake import wake
+from .streaming.wake import wake, wake_listeners
 
 if TYPE_CHECKING:
     from yuzu.models import RoleAssignment, RolePermission
@@ -140,6 +141,7 @@ def _flush() -> None:
     for user_id in sorted(ids):
         try:
             refresh_user(user_id)
+            wake_listeners(user_id)  # 2026-07-28 listen streams re-fit their own list (mcp.streaming.modern)
         except Exception:  # a notification must never fail the change that caused it
             log.exception("tools/list_changed for user %s failed", user_id)
 

@@ -65,6 +65,18 @@ Render = Callable[[dict[str, str | None]], str]
 P = TypeVar("P", bound=Render)
 
 
+@dataclass(frozen=True)
+class TaskHooks:
+    """How a tool's long-running work is read back as a task (the 2026-07-28 Tasks extension, mcp.tasks):
+    ``id_field`` names the work's id in the tool's result; ``state(ctx, id)`` → ("working" | "completed" |
+    "cancelled", the structured result a status read returns) and ``cancel(ctx, id)`` run with the caller's own
+    permissions (each raises yuzu.errors.YuzuError — e.g. not found — for work the caller may not see)."""
+
+    id_field: str
+    state: Callable[[ToolContext, str], tuple[str, JsonObject]]
+    cancel: Callable[[ToolContext, str], object]
+
+
 class Prepare(Protocol):
     """A tool's one validation: its Plan, or a refusal (yuzu.plans). ``pinned``: what an approval pinned."""
 
@@ -102,6 +114,7 @@ class Tool:
     precondition: Precondition | None = None
     prepare: Prepare | None = None
     progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
+    task: TaskHooks | None = None  # may answer a modern client that declares the Tasks extension with a task
     module: str = ""
 
     @property
@@ -212,14 +225,15 @@ def tool(*, name: str, title: str, description: str, securable: str, operation: 
          output_schema: Schema | None = None, effect: str | None = None, idempotent: bool | None = None,
          service_scope: str = "denied", rbac: bool = True, object_permission: ObjectPermission | None = None,
          catalogue: str = DEFAULT_CATALOGUE, poll: bool = False, precondition: Precondition | None = None,
-         prepare: Prepare | None = None, progress: bool = False) -> Callable[[H], H]:
+         prepare: Prepare | None = None, progress: bool = False, task: TaskHooks | None = None) -> Callable[[H], H]:
     def register(fn: H) -> H:
         eff = effect or ("read" if operation == "Read" else "destructive")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
                  idempotent=(operation == "Read") if idempotent is None else idempotent,
                  service_scope=service_scope, rbac=rbac, object_permission=object_permission, catalogue=catalogue,
-                 poll=poll, precondition=precondition, prepare=prepare, progress=progress, module=fn.__module__)
+                 poll=poll, precondition=precondition, prepare=prepare, progress=progress, task=task,
+                 module=fn.__module__)
         cat = _cat(catalogue)
         if name in cat.tools and cat.tools[name].module != t.module:
             cat.duplicates.append(name)

@@ -33,7 +33,7 @@ from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 
 from . import jsonrpc as rpc
-from . import security
+from . import modern, modern_transport, security
 from .pipeline import finish, hop, internal_error
 from .registry import AsyncHandler, ToolFailure, catalogue
 from .server import (
@@ -96,6 +96,12 @@ class McpConsumer(AsyncHttpConsumer):
 
     def post(self, message: Message) -> None:
         self._inbox.put_nowait(message)
+
+    async def until_disconnect(self) -> None:
+        """Returns when the peer goes away. Only while the request's handler holds the dispatch loop (an async
+        tool awaited for a modern request, mcp.modern_transport): then nothing else reads the inbox."""
+        while (await self._inbox.get())["type"] != "http.disconnect":
+            pass
 
     async def dispatch(self, message: Message) -> None:
         """Route by message type — HTTP to the handlers below, ``mcp.*`` to the live stream — without Channels'
@@ -170,12 +176,16 @@ class McpConsumer(AsyncHttpConsumer):
         err = security.check(method, self.headers)
         if err is not None:
             return error_reply(None, err)
-        msg = None
-        if method == "POST":
-            msg = rpc.parse_message(body)
-            if msg.get("method") == "server/discover":
-                # A 2026 client's probe: answer so it falls back to the initialize handshake.
-                raise rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID", http_status=400)
+        msg = rpc.parse_message(body) if method == "POST" else None
+        try:
+            era = modern.era(method, self.headers, self.scope.get("headers", []), msg)
+        except rpc.RpcError as refused:  # -32020 / -32022: echo the request's id
+            return error_reply(msg.get("id") if msg is not None else None, refused)
+        if isinstance(era, Reply):
+            return era
+        if era == "modern":
+            assert msg is not None
+            return await modern_transport.serve(self, msg, self.catalogue, self.scope.get("headers", []))
         version = self.headers.get("mcp-protocol-version")
         if version is not None and version not in SUPPORTED_VERSIONS and streaming_on():
             return error_reply((msg or {}).get("id"), rpc.RpcError(

@@ -13,6 +13,7 @@ notifications/cancelled finds a follower in this process.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from typing import TYPE_CHECKING
 
@@ -183,3 +184,34 @@ def _claim_pin_slot(key: str) -> str | None:
         PIN_DISPLACED.inc()
         return None
     return "post_pin_slots"
+
+
+# --- modern (2026-07-28) streamed responses -------------------------------------------------------------
+
+def admit_modern_post(ctx: ToolContext) -> None:
+    """A modern request's streamed response: a POST slot and a progress record (there is no session, so no ring
+    and no pin slot) — or the 429, having kept nothing. The admitted call's record key is in
+    ``ctx.extra["admitted"]``."""
+    key = f"modern-{secrets.token_hex(12)}"  # also a channel-layer group name (mcp.streaming.wake): no colon
+    reason = post_budget.acquire(ctx.principal.key, POST_PER_PRINCIPAL, POST_GLOBAL)
+    if reason is not None:
+        reason = "post_" + reason
+    else:
+        reason = admit_record(key, ctx.request_id)
+        if reason is not None:
+            post_budget.release(ctx.principal.key)
+    if reason is None:
+        ctx.extra["admitted"] = key
+        return
+    reject(reason)
+    raise rpc.RpcError(rpc.STREAM_CAP, f"streamed call refused ({reason})",
+                       a4(ctx.cid, POST_STREAM_CAP_RETRY_MS,
+                          "retry later, or retry without an SSE Accept for a plain response"),
+                       http_status=429, headers={"Retry-After": str(POST_STREAM_CAP_RETRY_MS // 1000)})
+
+
+def release_modern_post(ctx: ToolContext) -> None:
+    """Give back what admit_modern_post took (the call will not stream after all)."""
+    key = ctx.extra.pop("admitted", None)
+    if key is not None:
+        release_streamed_post(ctx, key)

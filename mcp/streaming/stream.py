@@ -64,6 +64,9 @@ class Connection(Protocol):
     def post(self, message: Message) -> None:
         """Queue ``message`` on the dispatch loop (``mcp.stopped`` ends the connection once no stream is live)."""
 
+    async def until_disconnect(self) -> None:
+        """Returns when the peer goes away (while a request handler holds the dispatch loop)."""
+
 
 def says_why(reason: str) -> bool:
     """Whether a stream closing for ``reason`` ends with a close frame. Every server-side close does; a

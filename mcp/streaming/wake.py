@@ -6,6 +6,10 @@ is in the ring and the session store.
 - ``mcp.close`` (``reason``): the session ended (``session_deleted``: by its client's DELETE);
 - ``mcp.superseded`` (``stream``): another GET took the session's stream over;
 - ``mcp.cancel`` (``request_id``): notifications/cancelled for a streamed call followed elsewhere.
+
+A user's 2026-07-28 listen streams (they have no session) join the user's listen group instead:
+
+- ``mcp.rbac_changed``: a role change may have altered what the user's tokens are listed.
 """
 
 from asgiref.sync import async_to_sync
@@ -50,3 +54,14 @@ def close_session_streams(principal_key: str, session_id: str) -> None:
         wake(key, {"type": "mcp.close", "reason": "session_deleted"})
     finally:
         rings().drop(key)
+
+
+def listen_group(user_id: int) -> str:
+    return f"mcp.listen.u{user_id}"
+
+
+def wake_listeners(user_id: int) -> None:
+    """Tell the user's listen streams, in any process, that what they are listed may have changed (sync)."""
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(listen_group(user_id), {"type": "mcp.rbac_changed"})

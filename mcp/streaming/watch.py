@@ -47,7 +47,7 @@ def revalidate(principal: Principal, session_id: str) -> str:
         user.refresh_from_db(fields=["is_active"])
         if not user.is_active:
             return "credential_revoked"
-        if store().validate(session_id, principal.key) is None:
+        if session_id and store().validate(session_id, principal.key) is None:  # "": a modern, session-less stream
             return "session_deleted" if store().deleted_by_client(session_id, principal.key) else "session_terminated"
         return "ok"
     except ObjectDoesNotExist:

@@ -89,7 +89,8 @@ class Fleet:
         proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args,
                                  "yuzu.asgi:application"], cwd=ROOT, env=server_env(**env), stdout=log,
                                 stderr=subprocess.STDOUT)
-        server = Daphne(port, Proc("daphne", proc, log_path))
+        log.close()
+        server = Daphne(port, Proc(f"daphne-{port}", proc, log_path))  # tests/support/servers.Daphne takes a Proc
         self.servers.append(server)
         deadline = time.time() + 30
         while time.time() < deadline:

@@ -102,10 +102,13 @@ def test_unsupported_protocol_header_is_400(client):
     assert r.status == 400 and r.error["code"] == -32009
 
 
-def test_discover_probe_gets_400_invalid_request(token):
-    r = request(body={"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {}},
+def test_discover_probe_gets_a_modern_answer(token):
+    """Issue 14 retired the refusal of the 2026 probe (spec/mcp-protocol.md §8): server/discover is answered
+    (tests/test_mcp_modern.py has the era's rules)."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    r = request(body={"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}},
                 headers={**auth(token), "mcp-protocol-version": "2026-07-28", "mcp-method": "server/discover"})
-    assert r.status == 400 and r.error["code"] == -32600 and r.json()["id"] is None
+    assert r.status == 200 and r.json()["result"]["supportedVersions"] == ["2026-07-28"]
     assert "mcp-session-id" not in r.headers
 
 

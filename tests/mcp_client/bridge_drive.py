@@ -4,7 +4,7 @@ itself failed). Run it with the SDK's own interpreter, never the project's (the 
 clashes with the project's `mcp` app)::
 
     .venv-mcp/bin/python tests/mcp_client/bridge_drive.py --url http://127.0.0.1:8000/mcp/bridge/ \\
-        --token yuzu_… [--profile standin] [--flow delegation|clarification|both]
+        --token yuzu_… [--profile standin] [--flow delegation|clarification|both] [--mode legacy|auto|2026-07-28]
 
 Flows (spec §4): delegation — bridge_spawn(profile), bridge_send("reply:…") blocks → outcome reply;
 clarification — bridge_send("ask:…") → outcome question → bridge_send(turnId) → outcome reply. Every
@@ -62,11 +62,12 @@ class Driver:
         return rec
 
 
-async def drive(url: str, token: str, profile: str, flow: str, obs: dict[str, Any]) -> None:
+async def drive(url: str, token: str, profile: str, flow: str, obs: dict[str, Any], mode: str = "legacy") -> None:
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
                                   timeout=httpx2.Timeout(30.0, read=120.0), trust_env=False) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode="legacy",
+        async with Client(streamable_http_client(url, http_client=http), mode=mode,
                           read_timeout_seconds=90) as client:
+            obs["protocol_version"] = client.protocol_version
             obs["server_info"] = client.server_info.model_dump(mode="json", exclude_none=True) \
                 if client.server_info else None
             obs["instructions"] = client.instructions
@@ -98,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token", required=True)
     ap.add_argument("--profile", default="standin")
     ap.add_argument("--flow", choices=["delegation", "clarification", "both"], default="both")
+    ap.add_argument("--mode", choices=["legacy", "auto", "2026-07-28"], default="legacy")
     a = ap.parse_args(argv)
-    obs: dict[str, Any] = {"flow": a.flow}
-    return run_and_report(drive(a.url, a.token, a.profile, a.flow, obs), obs)
+    obs: dict[str, Any] = {"flow": a.flow, "mode": a.mode}
+    return run_and_report(drive(a.url, a.token, a.profile, a.flow, obs, a.mode), obs)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,15 @@ SCENARIOS (or pass ``--steps`` with a JSON list for a one-off). Step ops:
 - ``{"op": "wait_for_notification", "method": M, "timeout": S}`` — pause (bounded) until the server has sent
   notification M (``notifications`` lists, in order, the methods of every notification the client got).
 - ``list`` takes ``"as": LABEL`` to keep a second listing beside the first.
+- ``{"op": "call_gated", "tool": NAME, "args": {...}, "as": LABEL}`` — an approval-gated call, whichever way the
+  era asks for the approval: on 2026-07-28 the server answers ``input_required`` with a URL elicitation, which
+  the client hands to its elicitation callback (below) and then retries by itself; on the handshake era it
+  answers -32006, and this op touches ``$asked``, waits for ``$approved`` and re-calls with ``approval_id``.
+  Records ``via`` ("elicitation" or "ticket") besides what ``call`` records.
+
+The client always has an elicitation callback (so it declares URL elicitation on 2026-07-28): it records each
+request in ``elicitations``, touches ``$asked`` when that param is given, waits (bounded) for ``$approved`` to
+exist, and accepts.
 
 A string value ``"$name"`` is replaced by ``--param name=value``; ``"@a.b.c"`` by that path in the
 observations so far, e.g. ``"@calls.delete_tag.error.data.approval_id"`` to re-call a gated tool.
@@ -57,7 +66,7 @@ from jsonschema import Draft202012Validator
 
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import PromptReference
+from mcp.types import ElicitResult, PromptReference
 
 warnings.simplefilter("ignore")  # MCPDeprecationWarning for ping/logging (deprecated only in 2026-07-28)
 
@@ -140,6 +149,22 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         {"op": "wait_for_notification", "method": "notifications/tools/list_changed", "timeout": 30},
         {"op": "list", "kind": "tools", "as": "tools_after"},
         {"op": "call", "tool": "set_tag", "args": {"agent_id": "$agent_id", "key": "role", "value": "web"}},
+    ],
+    # One script for every era (tests/test_mcp_modern_clients.py): lists, a resource, a read tool, an execution
+    # with progress, the approval flow.
+    "eras": [
+        {"op": "list", "kind": "tools"},
+        {"op": "list", "kind": "resources"},
+        {"op": "list", "kind": "resource_templates"},
+        {"op": "list", "kind": "prompts"},
+        {"op": "read", "uri": "yuzu://about"},
+        {"op": "read", "uri": "yuzu://no-such-resource", "as": "missing_resource"},
+        {"op": "prompt", "name": "investigate_agent", "args": {"agent_id": "$agent_id"}},
+        {"op": "call", "tool": "list_agents", "args": {}},
+        {"op": "call", "tool": "no_such_tool", "args": {}, "as": "unknown_tool"},
+        {"op": "call", "tool": "execute_instruction", "as": "execution", "progress": True,
+         "args": {"plugin": "script", "action": "run", "params": {"argv": "$argv"}}},
+        {"op": "call_gated", "tool": "delete_tag", "as": "gated", "args": {"agent_id": "$agent_id", "key": "role"}},
     ],
     # The smallest useful session: what the TS client and the benchmark also do.
     "smoke": [
@@ -243,6 +268,7 @@ class Driver:
         else:
             structured = result.structured_content
             rec["is_error"] = bool(result.is_error)
+            rec["meta"] = getattr(result, "meta", None)
             rec["structured"] = structured
             texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
             try:
@@ -311,6 +337,22 @@ class Driver:
         rec["polls"] = polls
         rec["reached"] = polls[-1]["value"] in wanted
 
+    async def op_call_gated(self, step):
+        label = step.get("as", step["tool"])
+        asked_before = len(self.obs.get("elicitations", []))
+        await self.op_call(step)
+        rec = self.obs["calls"][label]
+        if rec.get("error", {}).get("code") == -32006:
+            first = rec
+            await self.op_touch({"path": self.params["asked"]})
+            await self.op_wait_for_file({"path": self.params["approved"], "timeout": 60})
+            args = {**step.get("args", {}), "approval_id": first["error"]["data"]["approval_id"]}
+            await self.op_call({**step, "args": args})
+            rec = self.obs["calls"][label]
+            rec["via"], rec["first"] = "ticket", first
+        else:
+            rec["via"] = "elicitation" if len(self.obs.get("elicitations", [])) > asked_before else None
+
     async def op_wait_for_file(self, step):
         path, deadline = Path(step["path"]), time.monotonic() + min(float(step.get("timeout", 60)), 600)
         while not path.exists() and time.monotonic() < deadline:
@@ -351,7 +393,7 @@ async def drive(url: str, token: str, mode: str, steps: list[dict[str, Any]], pa
                 rpc = json.loads(request.content).get("method")
             except (ValueError, AttributeError, httpx2.RequestNotRead):
                 rpc = None
-        http_log.append({"method": request.method, "rpc": rpc,
+        http_log.append({"method": request.method, "rpc": rpc, "mcp_method": request.headers.get("mcp-method"),
                          "session": request.headers.get("mcp-session-id") is not None,
                          "protocol_version": request.headers.get("mcp-protocol-version"),
                          "authorized": request.headers.get("authorization", "").startswith("Bearer ")})
@@ -361,13 +403,25 @@ async def drive(url: str, token: str, mode: str, steps: list[dict[str, Any]], pa
             if "status" not in entry and entry["method"] == response.request.method:
                 entry["status"] = response.status_code
                 entry["session_header"] = response.headers.get("mcp-session-id") is not None
+                entry["content_type"] = response.headers.get("content-type", "").split(";")[0]
                 break
+
+    async def on_elicit(context: Any, request: Any) -> ElicitResult:
+        obs.setdefault("elicitations", []).append(request.model_dump(mode="json", by_alias=True, exclude_none=True))
+        if "asked" in params:
+            Path(params["asked"]).touch()
+        if "approved" in params:
+            deadline = time.monotonic() + 60
+            while not Path(params["approved"]).exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        return ElicitResult(action="accept")
 
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
                                   timeout=httpx2.Timeout(30.0, read=120.0),
                                   event_hooks={"request": [on_request], "response": [on_response]}) as http:
         transport = streamable_http_client(url, http_client=http)  # terminate_on_close: DELETE on exit
-        async with Client(transport, mode=mode, read_timeout_seconds=60, message_handler=on_message) as client:
+        async with Client(transport, mode=mode, read_timeout_seconds=60, message_handler=on_message,
+                          elicitation_callback=on_elicit) as client:
             obs["protocol_version"] = client.protocol_version
             info = client.server_info
             obs["server_info"] = info.model_dump(mode="json", exclude_none=True) if info else None
@@ -385,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True)
     ap.add_argument("--token", required=True)
-    ap.add_argument("--mode", choices=["legacy", "auto"], default="auto")
+    ap.add_argument("--mode", choices=["legacy", "auto", "2026-07-28"], default="auto")
     ap.add_argument("--scenario", default="core", help=f"one of {', '.join(SCENARIOS)} (ignored with --steps)")
     ap.add_argument("--steps", help="a JSON list of steps to run instead of a named scenario")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")

@@ -168,3 +168,48 @@ def bodies(cat_name, large=False):
             '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"classify_operational_question",'
             '"arguments":{"question":"' + "q" * n + '"}}}').encode()), 1))
     return weighted(*options)
+
+
+# --- 2026-07-28 requests: the envelope in _meta and the headers that must repeat it -------------------------
+
+MODERN = "2026-07-28"
+header_text = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=40)
+client_capabilities = weighted((st.just({}), 4), (st.just({"elicitation": {"url": {}}}), 2),
+                               (st.just({"extensions": {"io.modelcontextprotocol/tasks": {}}}), 2), (any_json, 1))
+
+
+def modern_meta():
+    envelope = st.fixed_dictionaries(
+        {"io.modelcontextprotocol/protocolVersion": weighted((st.just(MODERN), 8), (any_json, 1)),
+         "io.modelcontextprotocol/clientCapabilities": client_capabilities},
+        optional={"io.modelcontextprotocol/clientInfo": st.one_of(any_json, st.fixed_dictionaries(
+            {"name": text, "version": text})), "progressToken": st.one_of(st.integers(), text)})
+    return weighted((envelope, 12), (any_json, 1))
+
+
+def modern_requests(cat_name):
+    """(body, headers) of 2026-07-28 requests: mostly well-formed, with headers agreeing with the body, then
+    headers that lie, are missing or carry junk, and envelopes that are wrong."""
+    per_method = params_for(cat_name)
+    methods = st.sampled_from(["tools/call"] * 12 + sorted(per_method) + [
+        "server/discover", "tasks/get", "tasks/cancel", "tasks/update", "ping", "initialize"])
+
+    def build(method, params, meta, rid, state, lie):
+        params = dict(params) if isinstance(params, dict) else {}
+        params["_meta"] = meta
+        if state is not None:
+            params["requestState" if method == "tools/call" else "taskId"] = state
+        msg = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        headers = {"mcp-protocol-version": MODERN, "mcp-method": method}
+        name = params.get({"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}.get(method, "taskId"))
+        if isinstance(name, str) and name.isascii() and name.isprintable():
+            headers["mcp-name"] = name
+        headers.update(lie)
+        return json.dumps(msg).encode("utf-8", "surrogatepass"), {k: v for k, v in headers.items() if v is not None}
+
+    lies = weighted((st.just({}), 10), (st.dictionaries(
+        st.sampled_from(["mcp-protocol-version", "mcp-method", "mcp-name"]), st.one_of(st.none(), header_text),
+        max_size=3), 2))
+    return st.builds(build, methods, st.deferred(lambda: st.one_of(*per_method.values(), any_json)), modern_meta(),
+                     st.one_of(st.integers(0, 2 ** 31), st.text(max_size=20)),
+                     weighted((st.none(), 6), (text, 1), (st.just("e30:1:x"), 1)), lies)

@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from mcp import modern
 from mcp.registry import catalogue
 from mcp.server import Continuation, Request, handle
 from tests.support.authz import (
@@ -190,11 +191,21 @@ TABLES = {"v1": V1, "bridge": BRIDGE}
 # --- calling and classifying -----------------------------------------------------------------------
 
 
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+
+
 def call(raw, sid, cat, name, args):
-    """One tools/call through mcp.server.handle, rolled back afterwards."""
-    msg = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}
+    """One tools/call through mcp.server.handle — or, with ``sid`` MODERN, as a 2026-07-28 request through
+    mcp.modern.handle (the same pipeline, the other framing) — rolled back afterwards."""
+    params = {"name": name, "arguments": args}
+    if sid is MODERN:
+        params["_meta"] = MODERN_META
+    msg = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     with transaction.atomic():
-        out = handle(Request("POST", _headers(raw, sid), {}, cat, msg))
+        if sid is MODERN:
+            out = modern.handle(Request("POST", _headers(raw), {}, cat, msg))
+        else:
+            out = handle(Request("POST", _headers(raw, sid), {}, cat, msg))
         transaction.set_rollback(True)
     return out
 
@@ -231,7 +242,10 @@ def rule_for(tool, variant):
     return r, (tool.securable, tool.operation) == (r.securable, r.operation)
 
 
-def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS):
+MODERN = object()  # the "session" of a 2026-07-28 caller: none, every request stands alone
+
+
+def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS, era="legacy"):
     cat = catalogue(cat_name)
     table = TABLES[cat_name]
     missing = sorted(set(cat.tools) - set(table))
@@ -245,7 +259,7 @@ def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS):
     for caller in callers:
         for tier in tiers:
             token, raw = w.token_of(caller, tier)
-            sid = open_session(raw, cat_name)
+            sid = open_session(raw, cat_name) if era == "legacy" else MODERN
             for name in sorted(set(cat.tools) & set(table)):
                 tool = cat.tools[name]
                 for variant in table[name]:
@@ -290,9 +304,10 @@ def mismatch_table(rows):
                      + [fmt.format(*map(str, r)) for r in rows])
 
 
+@pytest.mark.parametrize("era", ["legacy", "modern"])
 @pytest.mark.parametrize("cat_name", ["v1", "bridge"])
-def test_mcp_matrix(cat_name):
-    rows, cells = run_mcp_matrix(cat_name)
+def test_mcp_matrix(cat_name, era):
+    rows, cells = run_mcp_matrix(cat_name, era=era)
     assert cells > (800 if cat_name == "v1" else 100)
     if rows:
         pytest.fail(f"{len(rows)} of {cells} cells disagree with the rule table:\n" + mismatch_table(rows),

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from fleet.agent.plugins import catalogue as plugin_catalogue
 from fleet.models import Agent, AgentInventory, ManagementGroup, Tag
-from tests.support.fuzz import bodies
+from tests.support.fuzz import bodies, modern_requests
 from tests.support.mcp_http import McpClient, request
 from yuzu.models import ApiToken
 
@@ -107,6 +107,28 @@ def run_bodies(path, cat, make_user, mint, error_log):
 def test_mcp_v1_bodies(make_user, mint, error_log):
     run_bodies("/mcp/v1/", "v1", make_user, mint, error_log)
     assert COUNTS["v1"] >= BODIES
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path,cat", [("/mcp/v1/", "v1"), ("/mcp/bridge/", "bridge")])
+def test_mcp_modern_requests(make_user, mint, error_log, path, cat):
+    """2026-07-28 requests (issue 14): hostile envelopes and headers get a clear error, never a 500 or a trace."""
+    tokens = fuzz_world(make_user, mint)
+
+    @settings(max_examples=BODIES, derandomize=not FULL, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(req=modern_requests(cat), who=st.sampled_from(sorted(tokens)))
+    def one(req, who):
+        channel_layers.backends.clear()
+        body, headers = req
+        resp = request(body=body, headers={**headers, "authorization": f"Bearer {tokens[who]}",
+                                           "accept": "application/json"}, path=path)
+        COUNTS[f"modern-{cat}"] = COUNTS.get(f"modern-{cat}", 0) + 1
+        check(resp, f"{path} {headers} {body[:200]!r}")
+        assert "mcp-session-id" not in resp.headers
+
+    one()
+    assert not error_log.records, f"logged at ERROR while fuzzing {path}:\n{error_log.report()}"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,93 @@
+"""A modern (2026-07-28) request from the transport's side: the ladder, the one worker-thread hop, and the
+outcome written as HTTP — a JSON reply, an async tool awaited on the event loop, a streamed tools/call, or a
+subscriptions/listen stream (mcp.streaming.modern). mcp.transport calls ``serve`` once ``mcp.modern.era`` said
+"modern"."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from functools import partial
+from typing import cast
+
+from django.http import parse_cookie
+
+from yuzu.audit import audit
+from yuzu.errors import YuzuError
+from yuzu.jsondata import JsonObject
+from yuzu.metrics import MCP_REQUESTS
+
+from . import jsonrpc as rpc
+from .modern import Listen, handle, ladder, modern_error, stamp, streamed
+from .pipeline import finish, hop, internal_error
+from .registry import AsyncHandler, ToolFailure, catalogue
+from .server import Continuation, Reply, Request, error_reply, streaming_on
+from .streaming.admission import release_modern_post
+from .streaming.modern import listen, respond_streamed
+from .streaming.stream import Connection
+
+
+async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: Iterable[tuple[bytes, bytes]]) -> Reply | None:
+    """Answer one modern POST on ``conn`` (None: a stream is answering)."""
+    if "method" not in msg or "id" not in msg:
+        # Notifications (notifications/cancelled included: on HTTP the client cancels by closing the response,
+        # and a caller-chosen id could name another client's request) and posted responses: nothing to do.
+        MCP_REQUESTS.labels(msg.get("method") or "response", "accepted").inc()
+        return Reply(202)
+    try:
+        ladder(msg, conn.headers, raw_headers)
+    except rpc.RpcError as err:
+        return error_reply(msg.get("id"), err)
+    mode = "modern" if streamed(conn.headers, msg, cat_name) else None
+    req = Request(http_method="POST", headers=conn.headers, cookies=parse_cookie(conn.headers.get("cookie", "")),
+                  catalogue=cat_name, msg=msg, progress_mode=mode)
+    outcome = await hop(handle)(req)
+    if isinstance(outcome, Listen):
+        meta = {"io.modelcontextprotocol/subscriptionId": outcome.request_id}
+        wanted = (msg.get("params") or {}).get("notifications")
+        try:
+            await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on(),
+                         wanted if isinstance(wanted, dict) else {}, cat_name)
+        except rpc.RpcError as err:
+            return error_reply(outcome.request_id, err)
+        return None
+    cat = catalogue(cat_name)
+    if isinstance(outcome, Continuation):
+        return await _run_async_tool(conn, outcome, cat_name)
+    ctx = outcome.ctx
+    if ctx is not None and "admitted" in ctx.extra:
+        return await respond_streamed(conn, outcome, ctx, partial(stamp, "tools/call", cat=cat))
+    return outcome
+
+
+async def _run_async_tool(conn: Connection, cont: Continuation, cat_name: str) -> Reply | None:
+    """An async tool (the bridge's blocking ones) awaited here, then its audit row in a second hop. The client
+    closing the response cancels the request (2026-07-28): the handler is cancelled — a bridge wait gives its
+    turn back, so the outcome lands in bridge_poll and a re-send with the turnId finds it — and the drop is
+    audited; nothing is written to the closed connection (None)."""
+    release_modern_post(cont.ctx)  # an async tool answers once, without progress
+    work = asyncio.ensure_future(cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args))
+    gone = asyncio.ensure_future(conn.until_disconnect())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        await hop(audit)(cont.ctx.principal, f"mcp.{cont.tool.name}", "cancelled", target_type="mcp_tool",
+                         target_id=cont.tool.name, detail=" ".join(["client_disconnect"] + cont.ctx.detail),
+                         correlation_id=cont.ctx.cid)
+        return None
+    result: JsonObject | ToolFailure | YuzuError
+    try:
+        result = work.result()
+    except (ToolFailure, YuzuError) as exc:
+        result = exc
+    except Exception:
+        result = internal_error(cont.ctx)
+    try:
+        final = await hop(finish)(cont.ctx, cont.tool, result)
+    except rpc.RpcError as err:
+        return error_reply(cont.req_id, modern_error(err))
+    return Reply(200, rpc.result_response(cont.req_id, stamp("tools/call", final, catalogue(cat_name))))

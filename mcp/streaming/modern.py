@@ -1,0 +1,371 @@
+"""The held-open responses of modern (2026-07-28) requests: a streamed tools/call and subscriptions/listen.
+
+No session, no ring, no event ids, no resumption: a frame is written to the response or not at all.
+
+- **Streamed tools/call** (a progress tool, a progressToken, an SSE Accept): ``notifications/progress`` frames as
+  the handshake era gets them, then the result, then EOF. Whatever ends the response ends it with a JSON-RPC
+  response — a client whose stream ends without one re-issues the call, which for fleet work would run it
+  twice. At the 120 s cap that response is a success-shaped result carrying ``execution_id`` and the
+  execution's state so far (``still_running``: poll get_execution_status); on a revoked credential or a
+  stopping server, an error naming ``execution_id``. The client closing the response cancels the *request*:
+  reporting stops and the drop is audited, but fleet work already dispatched continues.
+- **subscriptions/listen**: the acknowledgement first (honouring ``toolsListChanged`` only), then
+  ``notifications/tools/list_changed`` when a role change alters what the token is listed, a heartbeat comment on
+  every tick (the credential re-validated each time), and a graceful ``{"resultType": "complete"}`` result when the
+  server ends it (revocation, shutdown). It counts against the GET stream budget (4 per principal; 429 ``-32012``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from channels.layers import BaseChannelLayer
+
+from yuzu.audit import audit
+from yuzu.errors import correlation_id
+from yuzu.jsondata import JsonObject
+from yuzu.rbac import Principal
+
+from .. import jsonrpc as rpc
+from ..context import FollowSpec, ToolContext
+from ..jsonrpc import RequestId
+from ..listing import fingerprint, tools_for
+from ..pipeline import hop, tool_result
+from ..registry import catalogue
+from .admission import admit_get, post_budget, release_get, release_record
+from .follower import Follower, spawn
+from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE, STREAMS_ACTIVE
+from .shutdown import SHUTDOWN_FLUSH_SECONDS, track, untrack
+from .stream import SSE_HEADERS, Connection, Message
+from .wake import channel_layer, listen_group
+from .watch import CredentialWatch, every_tick
+
+if TYPE_CHECKING:
+    from ..server import Reply
+
+log = logging.getLogger("yuzu.mcp")
+
+#: result → the modern result shape (mcp.modern.stamp, bound to the call's method and catalogue)
+Stamp = Callable[[JsonObject], JsonObject]
+HEARTBEAT = b": heartbeat\n\n"
+CAP_NOTE = ("the 120 s response cap elapsed; the execution continues on the agents: poll get_execution_status "
+            "with execution_id (do not re-send this call)")
+
+
+def frame(obj: JsonObject) -> bytes:
+    return b"event: message\ndata: " + rpc.dumps(obj) + b"\n\n"
+
+
+async def respond_streamed(conn: Connection, reply: Reply, ctx: ToolContext, stamp: Stamp) -> Reply | None:
+    """Answer an admitted modern call: its SSE response when there is work to follow, else ``reply`` itself."""
+    key = ctx.extra.get("admitted", "")
+    spec = ctx.following
+    if spec is None or "error" in (reply.body or {}):
+        _release(ctx, key)
+        return reply
+    try:
+        await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", ctx.cid.encode())])
+    except Exception:
+        _release(ctx, key)
+        return None
+    post = ModernPostStream(conn, ctx, key, spec, stamp)
+    conn.stream = post
+    spawn(post.run())
+    return None
+
+
+def _release(ctx: ToolContext, key: str) -> None:
+    release_record(key, ctx.request_id)
+    post_budget.release(ctx.principal.key)
+
+
+class _WireFollower(Follower):
+    """A follower whose frames go to the response only (a modern request has no ring to resume from)."""
+
+    async def _emit(self, frame: JsonObject, pin: bool = False) -> None:
+        if self.writer is not None:
+            await self.writer(0, frame)
+
+
+class ModernPostStream:
+    """One modern streamed tools/call: its wire, its POST-budget lease, the follower feeding it."""
+
+    def __init__(self, conn: Connection, ctx: ToolContext, key: str, spec: FollowSpec, stamp: Stamp) -> None:
+        self.conn, self.ctx, self.key, self.spec, self.stamp = conn, ctx, key, spec, stamp
+        self.wire_open = True
+        self.leased = True
+        self.answered = False
+        POST_STREAMS_ACTIVE.inc()
+        track(self)
+        self.follower = _WireFollower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
+                                      mode="post", stream_tag="modern", writer=self.write_frame)
+        self.watch = CredentialWatch(ctx.principal, "")
+
+    @property
+    def execution_id(self) -> object:
+        return self.spec.meta.get("yuzu.execution_id")
+
+    async def write_frame(self, eid: int, obj: JsonObject) -> bool:
+        if not self.wire_open:
+            return False
+        if "result" in obj:
+            obj = {**obj, "result": self.stamp(obj["result"])}
+            self.answered = True
+        try:
+            await self.conn.send_body(frame(obj), more_body=True)
+            return True
+        except Exception:
+            self.wire_open = False
+            DROPPED.inc()
+            return False
+
+    async def _tick(self) -> bool:
+        if self.follower.closed is not None:
+            return False
+        reason = await self.watch.check()
+        if reason is not None:
+            self.follower.detach(reason)
+            return False
+        if self.wire_open:
+            try:
+                await self.conn.send_body(HEARTBEAT, more_body=True)
+            except Exception:
+                self.wire_open = False
+        return True
+
+    async def run(self) -> None:
+        ticker = every_tick(self._tick)
+        try:
+            try:
+                reason = await self.follower.run()
+            except Exception:
+                log.exception("modern streamed call failed after dispatch (%s)", self.ctx.cid)
+                reason = "internal_error"
+            if self.wire_open:
+                await self._last_word(reason)
+                CLOSES.labels(reason).inc()
+                await self._end()
+        finally:
+            ticker.cancel()
+            self._release_lease()
+
+    async def _last_word(self, reason: str) -> None:
+        """Never end without a response: the client would re-issue the call."""
+        if self.answered:
+            return
+        if reason == "cap_expired":
+            try:
+                final = await hop(self.spec.final)()
+            except Exception:
+                final = {"execution_id": self.execution_id}
+            result = tool_result({**final, "still_running": final.get("status") not in ("succeeded", "completed",
+                                                                                        "failed", "cancelled"),
+                                  "note": CAP_NOTE})
+            await self.write_frame(0, {"jsonrpc": "2.0", "id": self.ctx.request_id, "result": result})
+            return
+        code, message = {
+            "credential_revoked": (rpc.UNAUTHORIZED, "the credential was revoked while the call streamed"),
+            "auth_unavailable": (rpc.INTERNAL_ERROR, "the credential could not be checked"),
+        }.get(reason, (rpc.INTERNAL_ERROR, f"the response ended early ({reason})"))
+        err = rpc.RpcError(code, message, {"correlation_id": correlation_id(), "execution_id": self.execution_id,
+                                           "remediation": "the work continues: fetch it by execution_id with "
+                                                          "get_execution_status; do not re-send this call"})
+        try:
+            await self.conn.send_body(frame(rpc.error_response(self.ctx.request_id, err)), more_body=True)
+        except Exception:
+            self.wire_open = False
+
+    async def _end(self) -> None:
+        self.wire_open = False
+        try:
+            await self.conn.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        if self.conn.stream is self:
+            self.conn.stream = None
+            self.conn.post({"type": "mcp.stopped"})
+
+    def _release_lease(self) -> None:
+        untrack(self)
+        if self.leased:
+            self.leased = False
+            post_budget.release(self.ctx.principal.key)
+            POST_STREAMS_ACTIVE.dec()
+
+    async def on_message(self, message: Message) -> None:
+        return None
+
+    async def gone(self) -> None:
+        """The client closed the response: that cancels the request — reporting stops, the drop is audited —
+        never the fleet work it dispatched."""
+        if self.wire_open:
+            self.wire_open = False
+            CLOSES.labels("client_disconnect").inc()
+            self.follower.detach("client_disconnect")
+            await hop(audit)(self.ctx.principal, f"mcp.{self.ctx.tool}", "cancelled", target_type="mcp_tool",
+                             target_id=self.ctx.tool, detail=f"client_disconnect execution_id={self.execution_id} "
+                                                             "(dispatched work continues)", correlation_id=self.ctx.cid)
+        self._release_lease()
+        if self.conn.stream is self:
+            self.conn.stream = None
+
+    async def shutdown(self) -> None:
+        if not self.wire_open:
+            return
+        await self._last_word("server_stopping")
+        self.wire_open = False
+        CLOSES.labels("session_terminated").inc()
+        try:
+            await self.conn.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
+        self._release_lease()
+        self.conn.stream = None
+
+
+# --- subscriptions/listen ----------------------------------------------------------------------------------
+
+async def listen(conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
+                 streaming: bool, wanted: JsonObject, cat_name: str) -> None:
+    """Open a listen stream on ``conn``, or raise the refusal (406 without an SSE Accept, 429 at the cap).
+    ``wanted``: the request's ``notifications`` filter."""
+    ranges = [part.split(";")[0].strip().lower() for part in conn.headers.get("accept", "").split(",")]
+    if "text/event-stream" not in ranges:
+        raise rpc.RpcError(rpc.NOT_ACCEPTABLE, "Not Acceptable: subscriptions/listen needs Accept: text/event-stream",
+                           http_status=406)
+    admit_get(principal.key, handover_pending=False)
+    stream = ListenStream(conn, principal, request_id, meta, cat_name,
+                          tools_changed=wanted.get("toolsListChanged") is True and streaming)
+    try:
+        if stream.tools_changed:
+            await stream.subscribe()
+        await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
+        await conn.send_body(frame(stream.acknowledgement()), more_body=True)
+    except Exception:
+        await stream.unsubscribe()
+        stream.release()
+        return
+    if not streaming:  # YUZU_MCP_NO_STREAMING: the acknowledgement, the graceful end, at once
+        await stream.end("streaming_off")
+        return
+    conn.stream = stream
+    stream.ticker = every_tick(stream.tick)
+
+
+def _listed(principal: Principal, cat_name: str) -> str:
+    """What the token is listed now: re-read (a Principal caches its grants), "" for a token gone."""
+    fresh = Principal.from_key(principal.key)
+    return fingerprint(cat_name, tools_for(fresh, catalogue(cat_name))) if fresh is not None else ""
+
+
+class ListenStream:
+    """One subscriptions/listen response: ``toolsListChanged`` is the one notification yuzu honours (a role
+    change that alters what the token is listed); every other type is left out of the acknowledgement and
+    never sent. Heartbeats carry it until it ends."""
+
+    def __init__(self, conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
+                 cat_name: str = "v1", tools_changed: bool = False) -> None:
+        self.conn, self.principal, self.request_id, self.meta = conn, principal, request_id, meta
+        self.cat_name, self.tools_changed = cat_name, tools_changed
+        self.open = True
+        self.leased = True
+        self.ticker: asyncio.Future[None] | None = None
+        self.watch = CredentialWatch(principal, "")
+        self.layer: BaseChannelLayer | None = None
+        self.channel: str | None = None
+        self.listed = ""
+        STREAMS_ACTIVE.inc()
+        track(self)
+
+    def acknowledgement(self) -> JsonObject:
+        honoured = {"toolsListChanged": True} if self.tools_changed else {}
+        return {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                "params": {"notifications": honoured, "_meta": dict(self.meta)}}
+
+    async def subscribe(self) -> None:
+        """Join the user's listen group (role changes, in any process) and remember what the token is listed."""
+        self.listed = await hop(_listed)(self.principal, self.cat_name)
+        self.layer = channel_layer()
+        self.channel = await self.layer.new_channel()
+        self.conn.listen(functools.partial(self.layer.receive, self.channel))
+        await self.layer.group_add(listen_group(self.principal.user.pk), self.channel)
+
+    async def unsubscribe(self) -> None:
+        if self.layer is not None and self.channel is not None:
+            channel, self.channel = self.channel, None
+            await self.layer.group_discard(listen_group(self.principal.user.pk), channel)
+
+    async def on_message(self, message: Message) -> None:
+        if message.get("type") != "mcp.rbac_changed" or not self.open or not self.tools_changed:
+            return
+        try:
+            now = await hop(_listed)(self.principal, self.cat_name)
+        except Exception:  # e.g. a token revoked meanwhile: the tick ends the stream
+            return
+        if now == self.listed:
+            return
+        self.listed = now
+        try:
+            await self.conn.send_body(frame({"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+                                             "params": {"_meta": dict(self.meta)}}), more_body=True)
+        except Exception:
+            self.open = False
+
+    async def tick(self) -> bool:
+        if not self.open:
+            return False
+        reason = await self.watch.check()
+        if reason is not None:
+            await self.end(reason)
+            return False
+        try:
+            await self.conn.send_body(HEARTBEAT, more_body=True)
+        except Exception:
+            self.open = False
+            DROPPED.inc()
+            return False
+        return True
+
+    async def end(self, reason: str) -> None:
+        """The server ends the subscription: the graceful result, then EOF."""
+        if self.open:
+            self.open = False
+            CLOSES.labels(reason).inc()
+            try:
+                await self.conn.send_body(frame(rpc.result_response(self.request_id, {
+                    "resultType": "complete", "_meta": dict(self.meta)})), more_body=True)
+                await self.conn.send_body(b"", more_body=False)
+            except Exception:
+                pass
+        await self.unsubscribe()
+        self.release()
+        if self.conn.stream is self:
+            self.conn.stream = None
+            self.conn.post({"type": "mcp.stopped"})
+
+    def release(self) -> None:
+        untrack(self)
+        if self.ticker is not None:
+            self.ticker.cancel()
+        if self.leased:
+            self.leased = False
+            release_get(self.principal.key)
+            STREAMS_ACTIVE.dec()
+
+    async def gone(self) -> None:
+        if self.open:
+            self.open = False
+            CLOSES.labels("client_disconnect").inc()
+        await self.unsubscribe()
+        self.release()
+        if self.conn.stream is self:
+            self.conn.stream = None
+
+    async def shutdown(self) -> None:
+        await self.end("session_terminated")
+        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
