@@ -17,7 +17,8 @@ CERT = obj({"serial_hex": string(64), "subject": string(512), "san": string(1024
 @tool(name="list_issued_certs", title="List issued certificates", securable="Security", operation="Read",
       description="List certificates issued by the internal CA with serial, subject, purpose, status, expiry and "
                   "revocation details (paged). Times are epoch seconds; revoked_at is 0 while active. PEM is never "
-                  "returned. Needs a fleet-wide Security:Read.",
+                  "returned. An empty items list means the CA has issued nothing yet (or offset is past the end: see "
+                  "count). Needs a fleet-wide Security:Read.",
       input_schema=obj({"limit": integer(1, 1000, "Page size (default 200)"),
                         "offset": integer(0, 10**9, "Rows to skip (default 0)")}),
       output_schema=obj({"items": array(CERT), "count": integer(), "limit": integer(), "offset": integer(),

@@ -1,11 +1,14 @@
 """Shared fixtures: users with roles, tokens, principals, and real server processes."""
 
+import shutil
+import subprocess
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from bridge.conf import socket_name
 from tests.support.servers import start_daphne
 from yuzu.celery import app as celery_app
 from yuzu.models import ApiToken
@@ -68,6 +71,19 @@ def daphne(transactional_db, tmp_path):
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bridge_tmux_server():
+    """In-process bridge calls (the fuzz, the authorization matrix) may auto-spawn stand-in workers on this
+    installation's tmux server: end that server after the session, unless it was running before it began (a
+    `make run` of this checkout keeps its workers)."""
+    tmux = shutil.which("tmux")
+    name = socket_name()
+    was_running = bool(tmux) and subprocess.run([tmux, "-L", name, "list-sessions"], capture_output=True).returncode == 0
+    yield
+    if tmux and not was_running:
+        subprocess.run([tmux, "-L", name, "kill-server"], capture_output=True)
 
 
 @pytest.fixture
