@@ -68,7 +68,11 @@ class Guard:
             "service" if self.assertion.startswith("service") else "file"
         self.interval = SERVICE_POLL_S if self.category == "service" else FILE_POLL_S
         self.ok = None  # unknown until the first poll
+        # A hash guard without expected_hash compares with the file as it is when armed: read it now, so that
+        # a change made right after "armed" is logged is drift, not the baseline (spec §4: captured when armed).
         self.baseline = None
+        if self.assertion == "file-hash-equals" and not self.params.get("expected_hash"):
+            self.baseline = sha256(self.params["path"], int(self.params.get("max_bytes", 67108864)))
         self.last_ok_at = time.monotonic()
 
 
@@ -126,9 +130,6 @@ class Guardian:
             ok, detected, expected = await loop.run_in_executor(
                 None, service_state, guard.params, guard.assertion == "service-running")
         else:
-            if guard.assertion == "file-hash-equals" and not guard.params.get("expected_hash") and guard.baseline is None:
-                guard.baseline = await loop.run_in_executor(None, sha256, guard.params["path"],
-                                                            int(guard.params.get("max_bytes", 67108864)))
             ok, detected, expected = await loop.run_in_executor(None, file_state, guard.params, guard.baseline)
             if not ok and guard.ok and guard.assertion == "file-hash-equals":
                 await asyncio.sleep(int(guard.params.get("settle_ms", 750)) / 1000)  # let a writer finish
