@@ -1,6 +1,8 @@
 """The auth version counter (yuzu.models.AuthVersion) and the triggers that move it."""
 
+from django.apps.registry import Apps
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 # (table, event, columns): what a cached principal depends on. A new token or user changes no cached entry.
 WATCHED = [
@@ -19,7 +21,7 @@ WATCHED = [
 BUMP = "UPDATE yuzu_authversion SET n = n + 1 WHERE id = 1"
 
 
-def install(apps, schema_editor):
+def install(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     apps.get_model("yuzu", "AuthVersion").objects.using(schema_editor.connection.alias).create(id=1, n=0)
     vendor = schema_editor.connection.vendor
     if vendor == "postgresql":
@@ -35,7 +37,7 @@ def install(apps, schema_editor):
         raise NotImplementedError(f"auth version triggers for {vendor}")
 
 
-def uninstall(apps, schema_editor):
+def uninstall(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     for _table, _event, name in WATCHED:
         on = f" ON {_table}" if schema_editor.connection.vendor == "postgresql" else ""
         schema_editor.execute(f"DROP TRIGGER IF EXISTS yuzu_authv_{name}{on}")
