@@ -173,7 +173,9 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = False
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' InMemoryChannelLayer sweeps the whole layer on every group send and receive (O(N²) fan-out):
+    # yuzu's own in-process layer sweeps once a second instead (yuzu/channel_layer.py).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "yuzu.channel_layer.LocalChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     # Embedded mode: tasks run in-process, so nothing else must be installed.
     CELERY_TASK_ALWAYS_EAGER = True
