@@ -10,6 +10,7 @@ to N agents O(N). It is our own implementation of the public ``BaseChannelLayer`
 
 import asyncio
 import random
+import re
 import string
 import time
 from collections import deque
@@ -31,11 +32,11 @@ class _Channel:
         self.waiters: deque[asyncio.Future[Message]] = deque()
 
 
-class LocalChannelLayer(BaseChannelLayer):  # type: ignore[misc]
+class LocalChannelLayer(BaseChannelLayer):
     extensions = ["groups", "flush"]
 
     def __init__(self, expiry: int = 60, group_expiry: int = 86400, capacity: int = 100,
-                 channel_capacity: dict[str, int] | None = None, **kwargs: Any) -> None:
+                 channel_capacity: dict[re.Pattern[str] | str, int] | None = None, **kwargs: Any) -> None:
         super().__init__(expiry=expiry, capacity=capacity, channel_capacity=channel_capacity, **kwargs)
         self.group_expiry = group_expiry
         self.channels: dict[str, _Channel] = {}
