@@ -1,15 +1,25 @@
 """A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (not revoked,
 expired or retired; its owner still active) and the session still exists (which also slides its idle
 expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with
-auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace."""
+auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace.
+
+Every stream of the process ticks at the same moments (multiples of TICK_SECONDS on the event loop's clock),
+and the checks due together are answered in one worker-thread hop (``revalidate_all``) with one query: the
+auth version (yuzu.models.AuthVersion). Only when it moved since the credentials were last read — a token,
+user or role changed somewhere — does the hop read the tokens and users of the batch, in one query each.
+5,000 streams cost one hop and one query per tick, not 5,000 hops and 10,000 queries."""
 
 import asyncio
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError
+from django.utils import timezone
 
+from yuzu.models import ApiToken, AuthVersion
 from yuzu.rbac import Principal
 
 from ..pipeline import hop
@@ -17,15 +27,18 @@ from .sessions import store
 
 TICK_SECONDS = 3.0
 AUTH_GRACE_SECONDS = 60
+BATCH_SECONDS = 0.02  # how long a batch waits for the other checks of the same tick
 
 
 def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
-    """Run ``await step()`` every TICK_SECONDS until it returns False; the task to cancel when done."""
+    """Run ``await step()`` on every tick until it returns False; the task to cancel when done. Ticks fall on
+    multiples of TICK_SECONDS, the same moments for every stream, so their checks share one batch."""
 
     async def loop() -> None:
+        clock = asyncio.get_running_loop()
         try:
             while True:
-                await asyncio.sleep(TICK_SECONDS)
+                await asyncio.sleep(TICK_SECONDS - clock.time() % TICK_SECONDS)
                 if await step() is False:
                     return
         except asyncio.CancelledError:
@@ -34,26 +47,111 @@ def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
     return asyncio.ensure_future(loop())
 
 
-def revalidate(principal: Principal, session_id: str) -> str:
-    """"ok", "credential_revoked", "session_terminated", "session_deleted" (by its client's own DELETE), or
-    "indeterminate" (the backend did not answer). Runs in a worker thread."""
+class _Verified:
+    """The principals whose credentials were read at ``version`` (cleared when it moves). One batch at a time
+    reads and marks them (``lock``): a batch that read before a change must not mark after it."""
+
+    version = -1
+    keys: set[str] = set()
+    lock = threading.Lock()
+
+
+def _credentials(principals: list[Principal]) -> dict[str, bool]:
+    """principal key → credential still good. Reads the tokens and users only when the auth version moved
+    since they were last read; refreshes the principals' token objects with what it read."""
+    with _Verified.lock:
+        return _read_credentials(principals)
+
+
+def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
+    now = timezone.now()
+    version = AuthVersion.current()
+    if version != _Verified.version or version < 0:
+        _Verified.version, _Verified.keys = version, set()
+    stale = [p for p in principals if p.key not in _Verified.keys]
+    if stale:
+        token_ids = {p.token.pk for p in stale if p.token is not None}
+        user_ids = {p.user.pk for p in stale if p.token is None}
+        tokens = {row[0]: row[1:] for row in ApiToken.objects.filter(pk__in=token_ids).values_list(
+            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active")} if token_ids else {}
+        users = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "is_active")) if user_ids else {}
+        gone = set()
+        for p in stale:
+            if p.token is not None:
+                row = tokens.get(p.token.pk)
+                if row is None or not row[3]:
+                    gone.add(p.key)
+                else:
+                    p.token.revoked_at, p.token.expires_at, p.token.retire_at = row[:3]
+            elif not users.get(p.user.pk):
+                gone.add(p.key)
+        _Verified.keys |= {p.key for p in stale} - gone
+    return {p.key: p.key in _Verified.keys and (p.token is None or p.token.is_live(now)) for p in principals}
+
+
+def revalidate_all(checks: list[tuple[Principal, str]]) -> list[str]:
+    """For each (principal, session id): "ok", "credential_revoked", "session_terminated", "session_deleted" (by
+    its client's own DELETE), or "indeterminate" (the backend did not answer). Runs in a worker thread."""
     try:
-        token = principal.token
-        if token is not None:
-            token.refresh_from_db(fields=["revoked_at", "expires_at", "retire_at"])
-            if not token.is_live():
-                return "credential_revoked"
-        user = principal.user
-        user.refresh_from_db(fields=["is_active"])
-        if not user.is_active:
-            return "credential_revoked"
-        if store().validate(session_id, principal.key) is None:
-            return "session_deleted" if store().deleted_by_client(session_id, principal.key) else "session_terminated"
-        return "ok"
-    except ObjectDoesNotExist:
-        return "credential_revoked"
+        good = _credentials([p for p, _ in checks])
     except (DatabaseError, OSError):
-        return "indeterminate"
+        return ["indeterminate"] * len(checks)
+    verdicts = []
+    for principal, session_id in checks:
+        if not good[principal.key]:
+            verdicts.append("credential_revoked")
+            continue
+        try:
+            if store().validate(session_id, principal.key) is not None:
+                verdicts.append("ok")
+            elif store().deleted_by_client(session_id, principal.key):
+                verdicts.append("session_deleted")
+            else:
+                verdicts.append("session_terminated")
+        except (DatabaseError, OSError):
+            verdicts.append("indeterminate")
+    return verdicts
+
+
+def revalidate(principal: Principal, session_id: str) -> str:
+    """One stream's verdict (see revalidate_all)."""
+    return revalidate_all([(principal, session_id)])[0]
+
+
+class _Batch:
+    """The checks of one event loop due together, answered by one hop."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Principal, str, asyncio.Future[str]]] = []
+
+    def add(self, principal: Principal, session_id: str) -> asyncio.Future[str]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        if not self.pending:
+            loop.call_later(BATCH_SECONDS, lambda: asyncio.ensure_future(self.run()))
+        self.pending.append((principal, session_id, future))
+        return future
+
+    async def run(self) -> None:
+        batch, self.pending = self.pending, []
+        try:
+            verdicts = await hop(revalidate_all)([(p, sid) for p, sid, _ in batch])
+        except Exception:
+            verdicts = ["indeterminate"] * len(batch)
+        for (_, _, future), verdict in zip(batch, verdicts):
+            if not future.done():
+                future.set_result(verdict)
+
+
+_batches: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batch]" = weakref.WeakKeyDictionary()
+
+
+async def check_together(principal: Principal, session_id: str) -> str:
+    loop = asyncio.get_running_loop()
+    batch = _batches.get(loop)
+    if batch is None:
+        batch = _batches[loop] = _Batch()
+    return await batch.add(principal, session_id)
 
 
 class CredentialWatch:
@@ -64,7 +162,7 @@ class CredentialWatch:
         self.failing_since: float | None = None
 
     async def check(self) -> str | None:
-        verdict = await hop(revalidate)(self.principal, self.session_id)
+        verdict = await check_together(self.principal, self.session_id)
         if verdict == "ok":
             self.failing_since = None
             return None

@@ -1,0 +1,67 @@
+"""Held-open streams re-check their credentials together (mcp.streaming.watch): one hop and one query per tick
+for every stream of the process, more only when a token, user or role changed."""
+
+import asyncio
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from mcp.streaming import watch
+from mcp.streaming.sessions import store
+from yuzu.auth import principal_for_token
+from yuzu.models import ApiToken
+from yuzu.rbac import Principal
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def streams(mint):
+    out = []
+    for i in range(30):
+        p = principal_for_token(mint(f"user{i}", tier="operator"))
+        out.append((p, store().create(p.key, "2025-11-25", "t", "0").id))
+    yield out
+    store().clear()
+
+
+def test_one_query_per_tick_for_every_stream(streams, django_assert_num_queries):
+    watch.revalidate_all(streams)  # the credentials are read once
+    with django_assert_num_queries(1):  # then only the auth version
+        assert watch.revalidate_all(streams) == ["ok"] * 30
+    ApiToken.objects.filter(owner__username="user7").update(revoked_at=timezone.now())
+    with django_assert_num_queries(2):  # the version moved: the batch's tokens, in one query
+        verdicts = watch.revalidate_all(streams)
+    assert verdicts[7] == "credential_revoked" and verdicts.count("ok") == 29
+    get_user_model().objects.filter(username="user3").update(is_active=False)
+    store().delete(streams[5][1], streams[5][0].key, by_client=True)
+    verdicts = watch.revalidate_all(streams)
+    assert (verdicts[3], verdicts[5], verdicts[7]) == ("credential_revoked", "session_deleted", "credential_revoked")
+
+
+def test_expiry_is_noticed_without_a_change(streams):
+    p, sid = streams[0]
+    assert watch.revalidate_all([(p, sid)]) == ["ok"]
+    p.token.expires_at = timezone.now()  # as if the clock passed it
+    assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
+
+
+def test_an_admin_session_principal_is_checked_by_its_user(make_user):
+    p = Principal(user=make_user("root", superuser=True), via="session")
+    sid = store().create(p.key, "2025-11-25", "t", "0").id
+    assert watch.revalidate_all([(p, sid)]) == ["ok"]
+    get_user_model().objects.filter(username="root").update(is_active=False)
+    assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
+
+
+def test_checks_due_together_share_one_hop(streams, monkeypatch):
+    batches = []
+    real = watch.revalidate_all
+    monkeypatch.setattr(watch, "revalidate_all", lambda checks: batches.append(len(checks)) or real(checks))
+
+    async def go():
+        return await asyncio.gather(*(watch.CredentialWatch(p, sid).check() for p, sid in streams))
+
+    assert asyncio.run(go()) == [None] * 30
+    assert batches == [30]
