@@ -47,7 +47,10 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
 
 def _write(events: list[AuditEvent]) -> bool:
     try:
-        AuditEvent.objects.bulk_create(events)
+        if len(events) == 1:
+            events[0].save()  # one statement, committed by itself: no BEGIN/COMMIT round trips around it
+        else:
+            AuditEvent.objects.bulk_create(events)  # one INSERT (per 100s of rows), in one transaction
         return True
     except Exception:  # set-and-proceed: the caller reports audit_persisted:false
         log.exception("audit write failed for %s", ", ".join(sorted({e.action for e in events})))

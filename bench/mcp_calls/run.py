@@ -165,9 +165,9 @@ def wait_ready(proc, probe, what, log, timeout=40):
 
 def stop(proc):
     if proc is not None and proc.poll() is None:
-        proc.terminate()
+        proc.terminate()  # serve stops everything it started
         try:
-            proc.wait(10)
+            proc.wait(45)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -197,6 +197,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds per cell not counted")
     ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--processes", type=int, help="server processes (serve --processes); default: serve's own")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
@@ -210,7 +211,9 @@ def main():
     if not env.get("YUZU_DATABASE_URL"):
         env["YUZU_SQLITE_PATH"] = str(tmp / "bench.sqlite3")
     database = "PostgreSQL (YUZU_DATABASE_URL)" if env.get("YUZU_DATABASE_URL") else "SQLite (temp file, WAL)"
+    database += ", Redis (YUZU_REDIS_URL)" if env.get("YUZU_REDIS_URL") else ", in-process layer"
     ours = ref = None
+    load_before = f"{os.getloadavg()[0]:.2f}"
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
         n_tokens = max(a.concurrency)
@@ -224,9 +227,12 @@ def main():
         ours_url = f"http://127.0.0.1:{p_ours}/mcp/v1/"
         ref_url = f"http://127.0.0.1:{p_ref}/mcp"
         log_ours, log_ref = tmp / "daphne.log", tmp / "reference.log"
-        ours = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(p_ours),
-                                 "yuzu.asgi:application"], cwd=ROOT, env=env, stdout=open(log_ours, "w"),
-                                stderr=subprocess.STDOUT)
+        # the server as `make run` starts it: `manage.py serve` (one daphne per core with Redis, one embedded,
+        # plus the background workers), without the local agent
+        serve = [sys.executable, "manage.py", "serve", "--no-agent"] + (
+            ["--processes", str(a.processes)] if a.processes else [])
+        ours = subprocess.Popen(serve, cwd=ROOT, env={**env, "YUZU_BIND": f"127.0.0.1:{p_ours}"},
+                                stdout=open(log_ours, "w"), stderr=subprocess.STDOUT)
         ref_env = {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_"))}
         ref = subprocess.Popen([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(p_ref), "--agents",
                                 str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
@@ -247,7 +253,8 @@ def main():
 
     print(f"tools/call list_agents — {setup['total_agents']} agents in the database ({database}); "
           f"{a.duration:g}s per cell after {a.warmup:g}s warm-up")
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
+    print(f"server: {' '.join(serve[1:])}")
     print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} {'agents':>6}")
     for (name, c), r in results.items():
         print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
@@ -263,7 +270,8 @@ def main():
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
-                                            "ratios": {str(c): v for c, v in ratios.items()}}, indent=2))
+                                            "ratios": {str(c): v for c, v in ratios.items()},
+                                            "server": serve[1:], "load": [load_before, os.getloadavg()[0]]}, indent=2))
     bad = [k for k, r in results.items() if r["errors"] or not r["requests"]]
     if bad:
         print(f"\nerrors in: {bad}", file=sys.stderr)
