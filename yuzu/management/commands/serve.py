@@ -25,11 +25,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--no-agent", action="store_true", help="do not start the local agent")
+        parser.add_argument("--no-beat", action="store_true",
+                            help="do not start celery beat (on every host but one, when several hosts serve)")
         parser.add_argument("--processes", type=int, default=None,
                             help="server (daphne) processes on the one port; default: YUZU_SERVE_PROCESSES, else "
                                  "the number of cores with Redis, 1 in embedded mode")
 
-    def handle(self, *args: str, no_agent: bool, processes: int | None, **opts: object) -> None:
+    def handle(self, *args: str, no_agent: bool, no_beat: bool, processes: int | None, **opts: object) -> None:
         # The checks that need the database too (e.g. yuzu.E010: the secrets' key files match it): refuse to
         # serve with keys that cannot open what is stored.
         self.check(databases=["default"], display_num_errors=True)
@@ -46,8 +48,9 @@ class Command(BaseCommand):
             procs = {f"daphne-{i + 1}": daphne[:3] + ["--fd", str(listener.fileno())] + daphne[3:] for i in range(n)}
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
-            procs["celery-beat"] = [py, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
-                                    "-s", str(settings.VAR_DIR / "celerybeat-schedule")]
+            if not no_beat:
+                procs["celery-beat"] = [py, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
+                                        "-s", str(settings.VAR_DIR / "celerybeat-schedule")]
         else:
             procs["sweeper"] = [py, manage, "run_periodic"]
         for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
