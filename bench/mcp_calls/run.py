@@ -137,13 +137,36 @@ async def worker(url, token, cell, deadline, max_requests, warmup_until, counter
             await client.delete(url, headers=h)
 
 
+async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, counter):
+    """GET /api/v1/agents: the REST face of the same capability (same service function, same checks but the
+    MCP session and the audit row: a read through REST is not audited)."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    h = {"authorization": f"Bearer {token}", "accept": "application/json"}
+    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        while time.perf_counter() < deadline and cell.issued < max_requests:
+            t0 = time.perf_counter()
+            r = await client.get(url, headers=h)
+            dt = time.perf_counter() - t0
+            ok = r.status_code == 200 and b'"agent_id"' in r.content
+            if ok and cell.checked is None:
+                cell.checked = len(r.json()["data"])
+            if t0 < warmup_until:
+                continue
+            cell.issued += 1
+            if ok:
+                cell.latencies.append(dt)
+            else:
+                cell.errors += 1
+
+
 async def measure(url, tokens, concurrency, duration, warmup, max_requests):
     cell = Cell()
     start = time.perf_counter()
     warmup_until = start + warmup
     deadline = warmup_until + duration
     counter = [0]
-    await asyncio.gather(*(worker(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
+    work = rest_worker if url.endswith("/api/v1/agents") else worker
+    await asyncio.gather(*(work(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
                            for i in range(concurrency)))
     elapsed = min(time.perf_counter(), deadline) - warmup_until
     return cell.summary(elapsed)
@@ -225,6 +248,7 @@ def main():
 
         p_ours, p_ref = free_port(), free_port()
         ours_url = f"http://127.0.0.1:{p_ours}/mcp/v1/"
+        rest_url = f"http://127.0.0.1:{p_ours}/api/v1/agents"
         ref_url = f"http://127.0.0.1:{p_ref}/mcp"
         log_ours, log_ref = tmp / "daphne.log", tmp / "reference.log"
         # the server as `make run` starts it: `manage.py serve` (one daphne per core with Redis, one embedded,
@@ -243,7 +267,7 @@ def main():
 
         results = {}
         for c in a.concurrency:
-            for name, url in (("yuzu", ours_url), ("reference", ref_url)):
+            for name, url in (("yuzu", ours_url), ("reference", ref_url), ("yuzu-rest", rest_url)):
                 results[(name, c)] = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
     finally:
         stop(ours)
@@ -262,15 +286,17 @@ def main():
     print("\nratio ours/reference (req/s: higher is better for us; latency: lower is better for us)")
     ratios = {}
     for c in a.concurrency:
-        o, r = results[("yuzu", c)], results[("reference", c)]
-        ratios[c] = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
-                     "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
-                     "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None}
-        print(f"  {c:>2} conn: req/s x{ratios[c]['rps']:.2f}   p50 x{ratios[c]['p50']:.2f}   p99 x{ratios[c]['p99']:.2f}")
+        r = results[("reference", c)]
+        for ours_name in ("yuzu", "yuzu-rest"):
+            o = results[(ours_name, c)]
+            ratios[f"{ours_name}@{c}"] = x = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
+                                              "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
+                                              "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None}
+            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f}   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
-                                            "ratios": {str(c): v for c, v in ratios.items()},
+                                            "ratios": ratios,
                                             "server": serve[1:], "load": [load_before, os.getloadavg()[0]]}, indent=2))
     bad = [k for k, r in results.items() if r["errors"] or not r["requests"]]
     if bad:
