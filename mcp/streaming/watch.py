@@ -32,13 +32,16 @@ BATCH_SECONDS = 0.02  # how long a batch waits for the other checks of the same 
 
 def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
     """Run ``await step()`` on every tick until it returns False; the task to cancel when done. Ticks fall on
-    multiples of TICK_SECONDS, the same moments for every stream, so their checks share one batch."""
+    multiples of TICK_SECONDS, the same moments for every stream, so their checks share one batch; the first
+    comes a whole tick or more after the start, as it did before the ticks were aligned."""
 
     async def loop() -> None:
         clock = asyncio.get_running_loop()
+        wait = TICK_SECONDS  # the first tick: the aligned moment after one whole tick
         try:
             while True:
-                await asyncio.sleep(TICK_SECONDS - clock.time() % TICK_SECONDS)
+                await asyncio.sleep(wait + TICK_SECONDS - (clock.time() + wait) % TICK_SECONDS)
+                wait = TICK_SECONDS / 2  # then the next aligned moment (never the one just passed: a timer may fire early)
                 if await step() is False:
                     return
         except asyncio.CancelledError:
