@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -97,6 +98,8 @@ async def open_session(client, url, token):
 class Cell:
     """One measurement: a server at a concurrency level."""
 
+    served = 0  # every answered request of the run, warm-up included (for CPU per request)
+
     def __init__(self):
         self.latencies = []
         self.errors = 0
@@ -123,6 +126,7 @@ async def worker(url, token, cell, deadline, max_requests, warmup_until, counter
                 t0 = time.perf_counter()
                 r = await client.post(url, content=body, headers=h)
                 dt = time.perf_counter() - t0
+                Cell.served += 1
                 ok = r.status_code == 200 and b'"result"' in r.content and b'"isError":true' not in r.content
                 if ok and cell.checked is None:
                     cell.checked = len(r.json()["result"]["structuredContent"]["agents"])
@@ -147,6 +151,7 @@ async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, co
             t0 = time.perf_counter()
             r = await client.get(url, headers=h)
             dt = time.perf_counter() - t0
+            Cell.served += 1
             ok = r.status_code == 200 and b'"agent_id"' in r.content
             if ok and cell.checked is None:
                 cell.checked = len(r.json()["data"])
@@ -170,6 +175,25 @@ async def measure(url, tokens, concurrency, duration, warmup, max_requests):
                            for i in range(concurrency)))
     elapsed = min(time.perf_counter(), deadline) - warmup_until
     return cell.summary(elapsed)
+
+
+def cpu_seconds(proc, only=None):
+    """User + system CPU of a process and its descendants (``only``: those whose command line has it — serve's
+    daphnes, not its idle background workers)."""
+    total = 0.0
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root] + root.children(recursive=True):
+            try:
+                if only and only not in " ".join(p.cmdline()):
+                    continue
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total
 
 
 def wait_ready(proc, probe, what, log, timeout=40):
@@ -206,7 +230,7 @@ def machine():
         pass
     mem = ""
     try:
-        kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
         mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
@@ -268,7 +292,12 @@ def main():
         results = {}
         for c in a.concurrency:
             for name, url in (("yuzu", ours_url), ("reference", ref_url), ("yuzu-rest", rest_url)):
-                results[(name, c)] = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
+                proc, only = (ref, None) if name == "reference" else (ours, "daphne")
+                cpu0, n0 = cpu_seconds(proc, only), Cell.served
+                results[(name, c)] = r = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
+                # server CPU per answered request, warm-up included on both counts: on a shared machine this
+                # ratio moves far less than req/s does
+                r["cpu_ms_per_req"] = (cpu_seconds(proc, only) - cpu0) * 1000 / max(1, Cell.served - n0)
     finally:
         stop(ours)
         stop(ref)
@@ -279,10 +308,11 @@ def main():
           f"{a.duration:g}s per cell after {a.warmup:g}s warm-up")
     print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
     print(f"server: {' '.join(serve[1:])}")
-    print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} {'agents':>6}")
+    print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
+          f"{'agents':>6} {'CPU ms/req':>10}")
     for (name, c), r in results.items():
         print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
-              f"{r['errors']:>6} {r['agents_in_result']!s:>6}")
+              f"{r['errors']:>6} {r['agents_in_result']!s:>6} {r['cpu_ms_per_req']:>10.2f}")
     print("\nratio ours/reference (req/s: higher is better for us; latency: lower is better for us)")
     ratios = {}
     for c in a.concurrency:
@@ -291,8 +321,11 @@ def main():
             o = results[(ours_name, c)]
             ratios[f"{ours_name}@{c}"] = x = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
                                               "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
-                                              "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None}
-            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f}   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}")
+                                              "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
+                                              "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"]
+                                              if r["cpu_ms_per_req"] else None}
+            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f}   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}"
+                  f"   CPU/req x{x['cpu']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
