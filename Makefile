@@ -1,5 +1,5 @@
 # yuzu: two commands. `make run` serves with embedded defaults (SQLite, in-memory channel layer,
-# in-process worker, a local agent); `make test` runs mypy and the suite. Set YUZU_DATABASE_URL and
+# in-process worker, a local agent); `make test` runs ruff, mypy and the suite. Set YUZU_DATABASE_URL and
 # YUZU_REDIS_URL to use PostgreSQL, Redis and separate Celery workers instead.
 PYTHON ?= python3
 VENV := .venv
@@ -14,19 +14,20 @@ run: deps
 	$(PY) manage.py serve
 
 test: test-deps
+	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The adversarial suite's full runs (docs/security.md): the fuzz and the approval properties at full counts
 # in-process, then the same generators and schemathesis against a real daphne (bench/fuzz/). Minutes.
 fuzz: test-deps
-	YUZU_FUZZ=full $(PY) -m pytest tests/test_fuzz.py tests/test_approval_properties.py -q $(PYTEST_ARGS)
+	YUZU_FUZZ=full $(PY) -m pytest tests/yuzu/test_fuzz.py tests/approvals/test_approval_properties.py -q $(PYTEST_ARGS)
 	$(PY) bench/fuzz/run.py --json var/fuzz-last.json
 
 deps: $(VENV)/.installed
 
 test-deps: deps $(VENV)/.test-installed $(MCP_VENV)/.installed tests/ts-client/node_modules/.installed
-	@$(PY) tests/system_deps.py
+	@$(PY) tests/support/system_deps.py
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

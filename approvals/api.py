@@ -13,7 +13,6 @@ from yuzu.errors import YuzuError
 from . import services
 from .models import Approval
 
-
 TICKET = tool_output("list_pending_approvals")["properties"]["approvals"]["items"]
 REVIEW = obj({"comment": string(1024)})
 DECIDED = obj({"id": string(32), "status": string(16)}, ["id", "status"])

@@ -49,7 +49,7 @@ async def _wait(groups, check, deadline):
             if channel is not None:
                 try:
                     await asyncio.wait_for(layer.receive(channel), timeout=pause)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             else:
                 await asyncio.sleep(pause)

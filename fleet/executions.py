@@ -422,7 +422,7 @@ def plan_bundle(principal, *, agent_id, steps, pinned=None):
                + "; ".join(f"{o.plugin}.{o.action}" for o in orders))[:1000]
     return Plan(summary=summary, value=(agent_id, orders), pins={"agents": targets}, risk=risk,
                 facts={"steps": [{"plugin": f"{o.plugin}.{o.action}", "description": s.get("description") or "",
-                                  "params": redact(o.params)} for o, s in zip(orders, specs)]})
+                                  "params": redact(o.params)} for o, s in zip(orders, specs, strict=True)]})
 
 
 def start_bundle(principal, *, agent_id=None, steps=None, cid="", plan=None):

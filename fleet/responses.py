@@ -127,9 +127,9 @@ def _apply(items, acknowledge=True):
 def _store_responses(final, exs, now, at):
     """The one Response row of each (execution, agent): created, or updated in place."""
     plugin = {row["id"]: row["plugin"] for row in exs.values()}
-    existing = dict(((e, a), pk) for pk, e, a in Response.objects.filter(
+    existing = {(e, a): pk for pk, e, a in Response.objects.filter(
         execution_id__in={e for e, _ in final}, agent_id__in={a for _, a in final}).values_list(
-        "id", "execution_id", "agent_id") if (e, a) in final)
+        "id", "execution_id", "agent_id") if (e, a) in final}
     new, update, update_output = [], [], []
     for (ex_id, agent_id), st in final.items():
         pk = existing.get((ex_id, agent_id))

@@ -59,7 +59,7 @@ def registry_check(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 err(f"tool '{name}': readOnlyHint must match operation Read", name, "mcp.E007")
             if not t.description or len(t.description) < 20:
                 err(f"tool '{name}' needs a decision-grade description", name, "mcp.E008")
-            for pname, prop in _free_text(t.input_schema):
+            for pname, _prop in _free_text(t.input_schema):
                 err(f"tool '{name}' free-text argument '{pname}' needs maxLength", name, "mcp.E009")
             for pname in _unbounded_integers(t.input_schema):
                 err(f"tool '{name}' integer argument '{pname}' needs minimum and maximum", name, "mcp.E010")

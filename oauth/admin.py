@@ -5,8 +5,13 @@ access token of a connection is an API token (Yuzu › API tokens), refresh toke
 
 from django.contrib import admin, messages
 from django.utils import timezone
-from oauth2_provider.models import (get_access_token_model, get_application_model, get_grant_model,
-                                    get_id_token_model, get_refresh_token_model)
+from oauth2_provider.models import (
+    get_access_token_model,
+    get_application_model,
+    get_grant_model,
+    get_id_token_model,
+    get_refresh_token_model,
+)
 
 from yuzu.audit import audit
 

@@ -52,7 +52,7 @@ def refuse_nul(view):
     @wraps(view)
     def checked(request, *args, **kwargs):
         try:
-            request.body  # read (bounded) before the form parsers, so request.body stays readable for the view
+            _ = request.body  # read (bounded) before the form parsers, so request.body stays readable for the view
         except RawPostDataException:
             pass  # a multipart form the CSRF check already parsed (the consent page): nothing reads the body
         if any("\x00" in part for params in (request.GET, request.POST) for key, values in params.lists()

@@ -1,16 +1,17 @@
 """Shared fixtures: users with roles, tokens, principals, and real server processes."""
 
-import subprocess
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from tests.support.servers import start_daphne
+from yuzu.celery import app as celery_app
 from yuzu.models import ApiToken
 from yuzu.rbac import Principal, assign_role
-from yuzu.testing import ROOT, free_port, server_env  # noqa: F401  (re-exported for test modules)
-from yuzu.testing import start_daphne as spawn_daphne
+
+pytest_plugins = ["bridge.testing.fixtures"]  # the bridge's fixtures: primary, bridge, stack, ...
 
 
 @pytest.fixture
@@ -54,27 +55,6 @@ def principal(make_user):
     return make
 
 
-class Daphne:
-    def __init__(self, port, proc, log):
-        self.port, self.proc, self.log = port, proc, log
-        self.base = f"http://127.0.0.1:{port}"
-        self.mcp = self.base + "/mcp/v1/"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def start_daphne(tmp_path, **env):
-    port = free_port()
-    proc = spawn_daphne(port, server_env(**env), tmp_path)
-    return Daphne(port, proc.proc, proc.log_path)
-
-
 @pytest.fixture
 def daphne(transactional_db, tmp_path):
     """A real daphne process on the test database (data must be committed: transactional tests)."""
@@ -88,6 +68,15 @@ def daphne(transactional_db, tmp_path):
     yield start
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def eager_celery():
+    """Embedded mode's Celery (eager) even when YUZU_REDIS_URL is set: no worker runs in these tests."""
+    old = celery_app.conf.task_always_eager
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    celery_app.conf.CELERY_TASK_ALWAYS_EAGER = old
 
 
 @pytest.fixture(autouse=True)
@@ -111,3 +100,12 @@ def fresh_channel_layers():
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+def pytest_collection_modifyitems(items):
+    """`e2e`: everything under tests/e2e/, and every test elsewhere that starts real processes (`live`), so that
+    `make test PYTEST_ARGS="-m 'not e2e'"` is the fast inner loop."""
+    e2e = pytest.mark.e2e
+    for item in items:
+        if "e2e" in item.path.parts[-2:-1] or item.get_closest_marker("live"):
+            item.add_marker(e2e)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from datetime import datetime
-from datetime import timezone as tz
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from django.db import connection
@@ -88,7 +87,7 @@ class GroupCommit:
             raise
         finally:
             with self.cond:
-                for s, o in zip(batch, outcomes):
+                for s, o in zip(batch, outcomes, strict=True):
                     s.ok = o
                 self.writing = False
                 self.cond.notify_all()
@@ -127,7 +126,7 @@ def query_audit(*, principal: str | None = None, action: str | None = None, targ
     if target_type:
         qs = qs.filter(target_type=target_type)
     if since is not None:
-        qs = qs.filter(timestamp__gte=datetime.fromtimestamp(since, tz.utc))
+        qs = qs.filter(timestamp__gte=datetime.fromtimestamp(since, UTC))
     if until is not None:
-        qs = qs.filter(timestamp__lte=datetime.fromtimestamp(until, tz.utc))
+        qs = qs.filter(timestamp__lte=datetime.fromtimestamp(until, UTC))
     return [event_view(e) for e in qs.order_by("-id")[: max(1, min(int(limit), 500))]]

@@ -131,7 +131,7 @@ class Principal:
         if self._grants is None:
             grants: Grants = {}
             if self.user.is_superuser:
-                grants = {p: None for p in ALL}
+                grants = dict.fromkeys(ALL)
             else:
                 rows = RolePermission.objects.filter(role__assignments__user=self.user).values_list(
                     "securable", "operation", "role__assignments__group_id"

@@ -297,7 +297,7 @@ def _max_streams(default: int = 1024) -> int:
 YUZU_MCP_MAX_STREAMS = _max_streams()
 # A removed test-only switch that made unauthenticated MCP calls act as a user. A server started with it set
 # refuses to start rather than leave anyone believing it still does something (the conformance test now
-# reaches daphne through a proxy that adds a token: tests/auth_proxy.py).
+# reaches daphne through a proxy that adds a token: tests/support/auth_proxy.py).
 if "YUZU_MCP_TEST_ANONYMOUS_USER" in os.environ:
     raise ImproperlyConfigured("YUZU_MCP_TEST_ANONYMOUS_USER is no longer supported: every MCP call needs a token "
                                "(see docs/mcp-conformance.md); unset it")
@@ -322,7 +322,7 @@ def _check_oauth_settings() -> None:
         try:
             ipaddress.ip_network(net, strict=False)
         except ValueError:
-            raise ImproperlyConfigured(f"YUZU_OAUTH_CIMD_ALLOWED_NETWORKS: {net!r} is not a network (e.g. 10.0.0.0/8)")
+            raise ImproperlyConfigured(f"YUZU_OAUTH_CIMD_ALLOWED_NETWORKS: {net!r} is not a network (e.g. 10.0.0.0/8)") from None
     if not 60 <= YUZU_OAUTH_ACCESS_TOKEN_SECONDS <= 86400:
         raise ImproperlyConfigured("YUZU_OAUTH_ACCESS_TOKEN_SECONDS must be between 60 and 86400")
     if YUZU_OAUTH_ISSUER and not YUZU_OAUTH_ISSUER.startswith(("http://", "https://")):

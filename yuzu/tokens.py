@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import TypedDict, Unpack
 
 from django.core.exceptions import ValidationError
@@ -65,7 +64,7 @@ def parse_expiry(value: object, now: datetime | None = None) -> datetime | None:
     if isinstance(value, (int, float)):
         if not 0 <= value <= EPOCH_MAX:
             raise ValidationError({"expires_at": f"expires_at in epoch seconds must be between 0 and {EPOCH_MAX}"})
-        return datetime.fromtimestamp(value, tz=dt_timezone.utc)
+        return datetime.fromtimestamp(value, tz=UTC)
     try:
         dt = parse_datetime(value) if isinstance(value, str) else None
     except ValueError:  # well-formed but impossible, e.g. month 13
@@ -73,7 +72,7 @@ def parse_expiry(value: object, now: datetime | None = None) -> datetime | None:
     if dt is None:
         raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
     if timezone.is_naive(dt):
-        dt = timezone.make_aware(dt, dt_timezone.utc)
+        dt = timezone.make_aware(dt, UTC)
     return dt
 
 

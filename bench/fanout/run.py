@@ -166,7 +166,7 @@ async def layer_floor(n):
     layer = get_channel_layer()
     channels = [await layer.new_channel() for _ in range(n)]
     groups = [f"bench.floor.{i}" for i in range(n)]
-    for g, c in zip(groups, channels):
+    for g, c in zip(groups, channels, strict=True):
         await layer.group_add(g, c)
     message = {"type": "agent.command", "payload": {"type": "command", "command_id": "os-0123456789abcdef",
                                                     "plugin": "os", "action": "info", "parameters": {},
@@ -175,7 +175,7 @@ async def layer_floor(n):
     await asyncio.gather(*(layer.group_send(g, message) for g in groups))
     await asyncio.gather(*(layer.receive(c) for c in channels))
     elapsed = time.perf_counter() - t0
-    for g, c in zip(groups, channels):
+    for g, c in zip(groups, channels, strict=True):
         await layer.group_discard(g, c)
     return elapsed
 

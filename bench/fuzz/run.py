@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/fuzz/run.py [--bodies 5000] [--rest-examples 30] [--json out.json]
 
-1. generated JSON-RPC bodies (tests/fuzz.py: valid-ish and hostile, from the real input schemas) POSTed to
+1. generated JSON-RPC bodies (tests/support/fuzz.py: valid-ish and hostile, from the real input schemas) POSTed to
    /mcp/v1/ and /mcp/bridge/ with an Administrator's untiered and supervised tokens and a Viewer's readonly one;
 2. schemathesis over /api/v1/openapi.json, every operation, with the Administrator's token and the Viewer's;
 3. the server's log read for stack traces.
@@ -100,7 +100,7 @@ def fuzz_mcp(base, tokens, n, stats):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from tests.fuzz import bodies
+    from tests.support.fuzz import bodies
 
     endpoints = (("/mcp/v1/", "v1"), ("/mcp/bridge/", "bridge"))
     with httpx.Client(timeout=60, trust_env=False) as client:

@@ -10,7 +10,6 @@ starts it as a subprocess::
 
 import argparse
 import json
-from typing import Optional
 
 from typing_extensions import TypedDict  # pydantic needs this TypedDict on Python < 3.12
 
@@ -24,7 +23,7 @@ class AgentRow(TypedDict):
     arch: str
     agent_version: str
     connected: bool
-    last_seen: Optional[str]
+    last_seen: str | None
     quarantined: bool
 
 
@@ -38,7 +37,7 @@ def build(agents: list) -> MCPServer:
                        log_level="WARNING")
 
     @server.tool(structured_output=True, description="Lists the agents (endpoints), served from memory for the benchmark.")
-    def list_agents(connected: Optional[bool] = None, limit: int = 1000) -> AgentList:
+    def list_agents(connected: bool | None = None, limit: int = 1000) -> AgentList:
         rows = [a for a in agents if connected is None or a["connected"] == connected][:limit]
         return {"agents": rows, "count": len(rows)}
 

@@ -21,6 +21,7 @@ stream; it shares the machine's CPUs with daphne.
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -230,10 +231,10 @@ async def open_streams(port, sessions, open_timeout, concurrency=64):
                 return
             try:
                 await stream.open(port, token, sid)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            except (TimeoutError, OSError, asyncio.IncompleteReadError):
                 stream.status = -1
 
-    await asyncio.gather(*(one(s, t, sid) for s, (t, sid) in zip(streams, sessions)))
+    await asyncio.gather(*(one(s, t, sid) for s, (t, sid) in zip(streams, sessions, strict=True)))
     return streams
 
 
@@ -259,7 +260,7 @@ async def stream_level(env, tokens, n, hold, open_timeout):
             beats = [b for b in s.beats if start <= b <= end]
             if not beats:
                 silent += 1
-            gaps += [b - a - TICK for a, b in zip(beats, beats[1:])]
+            gaps += [b - a - TICK for a, b in itertools.pairwise(beats)]
         # SIGTERM with every stream live: each should get its session_terminated close frame.
         killed = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)

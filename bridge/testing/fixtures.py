@@ -1,6 +1,6 @@
-"""pytest fixtures for the bridge's end-to-end tests; import them into a test module::
+"""pytest fixtures for the bridge's end-to-end tests, a pytest plugin for the whole suite::
 
-    from bridge.testing.fixtures import bridge, primary, stack  # noqa: F401
+    # registered as a pytest plugin in tests/conftest.py: pytest_plugins = ["bridge.testing.fixtures"]
 
 ``stack`` (per module): daphne + the poller process on a private tmux socket, sharing the test
 database. ``bridge`` (per test): committed data (transactional_db), the seeded profiles, a quick

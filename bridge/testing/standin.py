@@ -202,7 +202,7 @@ class Busy:
             if self._stop.wait(0.1):
                 return
 
-    def __enter__(self) -> "Busy":
+    def __enter__(self) -> Busy:
         self._thread.start()
         return self
 

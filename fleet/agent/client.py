@@ -153,7 +153,7 @@ class AgentClient:
                 if code == CLOSE_REFUSED:
                     raise Refused(f"{reason or 'refused'} (state file {self.state_path})") from None
                 log.warning("%s: connection closed (%s %s)", self.hostname, code, reason)
-            except (OSError, WebSocketException, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, WebSocketException) as exc:
                 log.warning("%s: cannot reach %s: %s", self.hostname, self.url, exc)
             finally:
                 self.ws = None

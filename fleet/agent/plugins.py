@@ -16,8 +16,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 from urllib.parse import urlsplit
 
 import psutil
@@ -216,7 +216,7 @@ def allowed(argv, allow_list):
     for entry in allow_list:
         head, rest = (entry[:-1], True) if entry and entry[-1] == "**" else (entry, False)
         if (len(argv) >= len(head) if rest else len(argv) == len(head)) and \
-                all(p == "*" or p == a for p, a in zip(head, argv)):
+                all(p == "*" or p == a for p, a in zip(head, argv, strict=False)):
             return True
     return False
 

@@ -78,7 +78,7 @@ class Follower:
                     return self.closed or "cap_expired"
                 try:
                     msg = await asyncio.wait_for(self._next(layer, channel), min(left, SNAPSHOT_EVERY))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     msg = None
                 if self.closed is not None:
                     break

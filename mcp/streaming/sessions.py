@@ -216,7 +216,7 @@ class RedisSessionStore(SessionStore):
         flat = cast(list[str], self._validate(keys=self._keys(principal, sid), args=[principal, time.time(), IDLE_TTL, sid]))
         if not flat:
             return None
-        return self._session(sid, dict(zip(flat[::2], flat[1::2])))
+        return self._session(sid, dict(zip(flat[::2], flat[1::2], strict=True)))
 
     @staticmethod
     def _session(sid: str, data: dict[str, str]) -> Session:

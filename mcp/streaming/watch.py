@@ -141,7 +141,7 @@ class _Batch:
             verdicts = await hop(revalidate_all)([(p, sid) for p, sid, _ in batch])
         except Exception:
             verdicts = ["indeterminate"] * len(batch)
-        for (_, _, future), verdict in zip(batch, verdicts):
+        for (_, _, future), verdict in zip(batch, verdicts, strict=True):
             if not future.done():
                 future.set_result(verdict)
 

@@ -20,12 +20,16 @@ from typing import Any
 
 import httpx2
 from jsonschema import Draft202012Validator
+
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
-from drive import error_obs, run_and_report  # noqa: E402  (this folder is on sys.path when run as a script)
+from drive import (  # noqa: E402  (this folder is on sys.path when run as a script)
+    error_obs,
+    run_and_report,
+)
 
 
 class Driver:

@@ -54,6 +54,7 @@ from typing import Any
 
 import httpx2
 from jsonschema import Draft202012Validator
+
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import PromptReference
@@ -98,7 +99,7 @@ SCENARIOS: dict[str, list[dict[str, Any]]] = {
         {"op": "call", "tool": "check_permission", "args": {"securable_type": "Tag", "operation": "Write"}},
         {"op": "call", "tool": "set_tag", "args": {"agent_id": "$agent_id", "key": "role", "value": "web"}},
     ],
-    # The fleet end to end on a supervised token (tests/test_fleet_e2e.py): execute_instruction is
+    # The fleet end to end on a supervised token (tests/e2e/test_fleet_e2e.py): execute_instruction is
     # approval-gated (-32006); the test approves the ticket and creates $approved; the recall with
     # approval_id dispatches; poll get_execution_status (honouring retry_after_ms); read the output.
     "fleet_supervised": [

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
+
 from mcp import Client
 from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -38,7 +39,11 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAu
 
 warnings.simplefilter("ignore")
 
-from drive import SCENARIOS, Driver, run_and_report  # noqa: E402  (this folder is on sys.path when run as a script)
+from drive import (  # noqa: E402  (this folder is on sys.path when run as a script)
+    SCENARIOS,
+    Driver,
+    run_and_report,
+)
 
 
 def fingerprint(secret: str | None) -> str | None:

@@ -9,7 +9,7 @@ the project's `mcp` app)::
         --token yuzu_… --args '{"plugin": "os", "action": "info"}'
 
 It prints ONE JSON document on stdout (exit 0), or the same document with a ``fatal`` entry (exit 2).
-tests/test_streaming_e2e.py parses it and asserts.
+tests/e2e/test_streaming_e2e.py parses it and asserts.
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ import warnings
 from typing import Any
 
 import httpx2
+
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
-from drive import error_obs, run_and_report  # noqa: E402  (this folder is on sys.path when run as a script)
+from drive import (  # noqa: E402  (this folder is on sys.path when run as a script)
+    error_obs,
+    run_and_report,
+)
 
 
 async def drive(url: str, token: str, args: dict[str, Any], obs: dict[str, Any]) -> None:

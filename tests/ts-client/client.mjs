@@ -1,5 +1,5 @@
 // Drive yuzu's /mcp/v1/ with the official MCP TypeScript SDK (v1, @modelcontextprotocol/sdk) and print
-// ONE JSON document of observations on stdout. Used by tests/test_mcp_official_clients.py.
+// ONE JSON document of observations on stdout. Used by tests/e2e/test_mcp_official_clients.py.
 //
 //   MCP_URL=http://127.0.0.1:8000/mcp/v1/ MCP_TOKEN=yuzu_… node tests/ts-client/client.mjs
 //

@@ -1,7 +1,7 @@
 // Call execute_instruction with an onprogress handler through the official MCP TypeScript SDK (v1,
 // @modelcontextprotocol/sdk) and print ONE JSON document of what the client saw: every progress
 // notification (value, total, arrival time), the result, then a status read by execution_id.
-// Used by tests/test_streaming_e2e.py.
+// Used by tests/e2e/test_streaming_e2e.py.
 //
 //   MCP_URL=http://127.0.0.1:8000/mcp/v1/ MCP_TOKEN=yuzu_… MCP_ARGS='{"plugin":"os","action":"info"}' \
 //     node tests/ts-client/progress.mjs

@@ -46,7 +46,7 @@ ERROR = obj({"error": obj({"code": integer(100, 599), "message": string(4096),
                            "remediation": nullable(string(1024)), "permission": string(96)},
                           ["code", "message", "correlation_id"], additional=True),
              "meta": META}, ["error", "meta"])
-ERRORS = {code: ERROR for code in (400, 401, 403, 404, 409, 413, 415, 429, 503)}
+ERRORS = dict.fromkeys((400, 401, 403, 404, 409, 413, 415, 429, 503), ERROR)
 
 
 def tool_input(name: str, catalogue_name: str = "v1") -> Schema:

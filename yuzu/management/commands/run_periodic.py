@@ -7,13 +7,13 @@ from celery import current_app
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+import yuzu.celery  # noqa: F401  (loads the Celery app, so current_app is yuzu's)
+
 
 class Command(BaseCommand):
     help = "Run CELERY_BEAT_SCHEDULE's tasks in this process (embedded mode, no broker)."
 
     def handle(self, *args: str, **opts: object) -> None:
-        import yuzu.celery  # noqa: F401  (loads the app)
-
         # autodiscover_tasks() is lazy: only a worker imports the apps' tasks modules. Import them here,
         # else every scheduled task is unknown to this process and nothing ever runs.
         current_app.loader.import_default_modules()
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         if unknown:
             raise CommandError(f"scheduled tasks not found: {', '.join(unknown)}")
         logging.getLogger("celery.app.trace").setLevel(logging.WARNING)  # not a line per tick; failures still show
-        due = {name: 0.0 for name in schedule}
+        due = dict.fromkeys(schedule, 0.0)
         while True:
             now = time.monotonic()
             for name, entry in schedule.items():

@@ -1,0 +1,231 @@
+"""What an approval covers: the call is validated in full before a ticket exists (issue 11), the ticket
+pins the targets resolved at mint time and a recall acts on those only (issue 10 item 2), the approver
+and the submitter see the facts, the submitter may withdraw, and tickets past their lifetime leave the
+queue on their own."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+from approvals.gate import NOTHING_TO_APPROVE, UNREACHABLE
+from approvals.models import APPROVAL_LIFETIME, Approval
+from fleet.agent.plugins import catalogue
+from fleet.models import (
+    Agent,
+    AgentExecStatus,
+    AgentInventory,
+    Execution,
+    ManagementGroup,
+    Tag,
+)
+from tests.support.approvals import approve, error_of, result_of
+from yuzu.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("release_worker_connections")]
+
+
+def agent(agent_id, *, connected=True, tags=None, plugins=True, **fields):
+    a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", connected=connected,
+                             **fields)
+    for k, v in (tags or {}).items():
+        Tag.objects.create(agent=a, key=k, value=v)
+    if plugins:
+        AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=catalogue())
+    return a
+
+
+@pytest.fixture
+def sup(mcp):
+    return mcp("sam", role="Administrator", tier="supervised")
+
+
+def ticket_of(resp):
+    err = error_of(resp)
+    assert err["code"] == -32006, err
+    return Approval.objects.get(pk=err["data"]["approval_id"])
+
+
+def targets_of(execution_id):
+    return sorted(AgentExecStatus.objects.filter(execution_id=execution_id).values_list("agent_id", flat=True))
+
+
+# --- issue 10 item 2: the approval covers the machines, not the scope text ------------------------
+
+def test_recall_runs_only_on_the_agents_the_approver_saw(sup, approver):
+    agent("a1", tags={"env": "test"})
+    agent("a2")
+    args = {"plugin": "os", "action": "info", "scope": "tag:env == test"}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    assert ticket.pinned_agents == ["a1"]
+    approve(approver, ticket.id)
+    # After approval the requester widens the scope's reach (set_tag is not gated) …
+    Tag.objects.create(agent=Agent.objects.get(pk="a2"), key="env", value="test")
+    agent("a3", tags={"env": "test"})
+    out = result_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))["structuredContent"]
+    # … and the command reaches only the pinned agent.
+    assert out["agents_reached"] == 1 and targets_of(out["execution_id"]) == ["a1"]
+
+
+def test_a_pinned_agent_that_left_the_scope_is_still_the_one_approved(sup, approver):
+    a1 = agent("a1", tags={"env": "test"})
+    args = {"plugin": "os", "action": "info", "scope": "tag:env == test"}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    approve(approver, ticket.id)
+    Tag.objects.filter(agent=a1).delete()
+    out = result_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))["structuredContent"]
+    assert targets_of(out["execution_id"]) == ["a1"]
+
+
+def test_unreachable_pinned_targets_refuse_without_consuming(sup, approver):
+    agent("a1", tags={"env": "test"})
+    args = {"plugin": "os", "action": "info", "scope": "tag:env == test"}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    approve(approver, ticket.id)
+    for change in ({"connected": False}, {"quarantined": True}):
+        Agent.objects.filter(pk="a1").update(**change)
+        err = error_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))
+        assert err["code"] == -32003 and err["message"] == UNREACHABLE
+        assert Approval.objects.get(pk=ticket.id).consumed_at is None and not Execution.objects.exists()
+        Agent.objects.filter(pk="a1").update(connected=True, quarantined=False)
+    out = result_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))["structuredContent"]
+    assert targets_of(out["execution_id"]) == ["a1"]
+
+
+def test_a_scope_matching_nothing_mints_no_ticket(sup):
+    agent("a1")
+    err = error_of(sup.call("execute_instruction", {"plugin": "os", "action": "info", "scope": "tag:env == test"}))
+    assert err["code"] == -32602 and err["message"] == NOTHING_TO_APPROVE
+    assert not Approval.objects.exists()
+
+
+def test_bundle_quarantine_and_group_tickets_pin_what_they_resolved(sup, approver):
+    agent("a1")
+    bundle = {"agent_id": "a1", "steps": [{"plugin": "os", "action": "info"}]}
+    t = ticket_of(sup.call("execute_bundle", bundle))
+    assert t.pinned_agents == ["a1"] and "os.info" in t.summary
+    q = ticket_of(sup.call("quarantine_device", {"agent_id": "a1", "reason": "beaconing"}))
+    assert q.pinned_agents == ["a1"] and q.risk == "destructive" and "beaconing" in q.summary
+    # A group named by name is pinned by id: renamed and replaced by a namesake, the approved one is changed.
+    original = ManagementGroup.objects.create(name="payments")
+    g = ticket_of(sup.call("update_management_group", {"group_id": "payments", "description": "PCI hosts"}))
+    assert g.pins == {"group": original.pk}
+    approve(approver, g.id)
+    original.name = "payments-old"
+    original.save()
+    impostor = ManagementGroup.objects.create(name="payments")
+    result_of(sup.call("update_management_group", {"group_id": "payments", "description": "PCI hosts",
+                                                   "approval_id": g.id}))
+    assert ManagementGroup.objects.get(pk=original.pk).description == "PCI hosts"
+    assert ManagementGroup.objects.get(pk=impostor.pk).description == ""
+
+
+# --- issue 11: nothing invalid reaches a human ----------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    ({"plugin": "os", "action": "info", "scope": "ostype == linux AND"}, "invalid scope expression"),
+    ({"plugin": "os", "action": "info", "scope": "tag:env == test", "agent_ids": ["a1"]}, "mutually exclusive"),
+    ({"plugin": "process", "action": "list", "agent_ids": ["a1"], "params": {"bogus": "1"}},
+     "params do not match process.list's parameter schema"),
+    ({"plugin": "process", "action": "list", "agent_ids": ["a1"], "params": {"limit": "many"}},
+     "params do not match process.list's parameter schema at 'limit'"),
+    ({"plugin": "nosuch", "action": "thing", "agent_ids": ["a1"]}, "unknown plugin/action: nosuch.thing"),
+    ({"plugin": "os", "action": "info", "agent_ids": ["ghost"]}, NOTHING_TO_APPROVE),
+])
+def test_invalid_calls_answer_32602_and_mint_no_ticket(sup, args, message):
+    agent("a1", tags={"env": "test"})
+    err = error_of(sup.call("execute_instruction", args))
+    assert err["code"] == -32602 and message in err["message"], err
+    assert not Approval.objects.exists()
+    row = AuditEvent.objects.filter(action="mcp.execute_instruction").latest("id")
+    assert row.result == "failure"
+
+
+def test_the_same_validation_refuses_the_ungated_call(mcp):
+    """One validation function: the operator tier (not gated) gets the same -32602 and nothing is created."""
+    agent("a1")
+    op = mcp("olga", role="Operator", tier="operator")
+    err = error_of(op.call("execute_instruction", {"plugin": "process", "action": "list", "params": {"bogus": "1"}}))
+    assert err["code"] == -32602 and "params do not match process.list's parameter schema" in err["message"]
+    assert not Execution.objects.exists()
+    r = Client().post("/api/v1/executions", {"plugin": "nosuch", "action": "thing"}, content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Bearer {op.token}")
+    assert r.status_code == 400 and "unknown plugin/action: nosuch.thing" in r.json()["error"]["message"]
+    assert not Execution.objects.exists()
+
+
+def test_a_recall_that_no_longer_validates_keeps_the_ticket(sup, approver):
+    a1 = agent("a1")
+    args = {"plugin": "file", "action": "hash", "agent_ids": ["a1"], "params": {"path": "/etc/hostname"}}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    approve(approver, ticket.id)
+    # The agent re-registered with a catalogue that no longer has the action.
+    AgentInventory.objects.filter(agent=a1).update(data={"os.info": {"risk": "read", "params": {}}})
+    err = error_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))
+    assert err["code"] == -32602 and "unknown plugin/action: file.hash" in err["message"]
+    assert Approval.objects.get(pk=ticket.id).consumed_at is None
+
+
+# --- the facts on the ticket ----------------------------------------------------------------------
+
+def test_ticket_carries_summary_risk_requester_and_paged_targets(sup, approver, mint):
+    for i in range(60):
+        agent(f"h{i:02d}", tags={"environment": "prod"})
+    ticket = ticket_of(sup.call("execute_instruction", {"plugin": "script", "action": "run",
+                                                        "scope": "tag:environment == prod",
+                                                        "params": {"argv": "uptime"}}))
+    assert ticket.summary == "Run script.run with argv=uptime on 60 agents matching `tag:environment == prod`"
+    assert ticket.risk == "write" and "allow-list" in ticket.facts["description"]
+    assert ticket.requester["tier"] == "supervised" and ticket.requester["token_name"] == "sam-token"
+    assert ticket.requester["client_name"] == "test" and ticket.requester["client_version"] == "0"
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('anna', role='Approver')}")
+    page2 = c.get(f"/api/v1/approvals/{ticket.id}?page=2").json()["data"]
+    assert page2["target_count"] == 60 and page2["summary"] == ticket.summary
+    targets = page2["targets"]
+    assert (targets["total"], targets["page"], targets["pages"], len(targets["agents"])) == (60, 2, 2, 10)
+    assert targets["agents"][0] == {"agent_id": "h50", "hostname": "h50.example", "os": "linux", "groups": [],
+                                    "connected": True, "quarantined": False, "enrolled": True}
+    assert c.get(f"/api/v1/approvals/{ticket.id}?page=0").status_code == 400
+
+
+def test_secret_parameters_are_redacted_in_what_the_approver_reads(sup):
+    agent("a1", plugins=False)  # no catalogue reported: parameters are not checked against a schema
+    ticket = ticket_of(sup.call("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"],
+                                                        "params": {"api_token": "s3cr3t"}}))
+    assert "s3cr3t" not in ticket.summary and "s3cr3t" not in str(ticket.facts)
+
+
+# --- withdrawing and expiry -----------------------------------------------------------------------
+
+def test_the_submitter_withdraws_its_own_pending_ticket(sup, approver, mcp, mint):
+    agent("a1")
+    args = {"plugin": "os", "action": "info", "agent_ids": ["a1"]}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    other = mcp("olga", role="Administrator", tier="supervised")
+    err = error_of(other.call("withdraw_approval", {"approval_id": ticket.id}))
+    assert err["code"] == -32602 and err["message"].startswith("approval not found")
+    out = result_of(sup.call("withdraw_approval", {"approval_id": ticket.id}))["structuredContent"]
+    assert out == {"id": ticket.id, "status": "withdrawn"}
+    assert AuditEvent.objects.filter(action="approval.withdraw", target_id=ticket.id, principal="sam").exists()
+    err = error_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))
+    assert err["code"] == -32003 and err["message"] == "approval was withdrawn"
+    with pytest.raises(Exception, match="only pending approvals can be reviewed"):
+        approve(approver, ticket.id)
+    assert error_of(sup.call("withdraw_approval", {"approval_id": ticket.id}))["code"] == -32602
+    # The operator tier (which mints Tag:Delete tickets) may withdraw too, over MCP or REST.
+    op = mcp("olive", role="Operator", tier="operator")
+    Tag.objects.create(agent_id="a1", key="owner", value="x")
+    t2 = ticket_of(op.call("delete_tag", {"agent_id": "a1", "key": "owner"}))
+    r = Client().post(f"/api/v1/approvals/{t2.id}/withdraw", HTTP_AUTHORIZATION=f"Bearer {op.token}")
+    assert r.status_code == 200 and Approval.objects.get(pk=t2.id).status == "withdrawn"
+
+
+def test_expired_pending_tickets_leave_the_queue_on_their_own(sup, mint):
+    agent("a1")
+    ticket = ticket_of(sup.call("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"]}))
+    Approval.objects.filter(pk=ticket.id).update(submitted_at=ticket.submitted_at - APPROVAL_LIFETIME
+                                                  - timedelta(seconds=1))
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('anna', role='Approver')}")
+    assert c.get("/api/v1/approvals").json()["data"] == []
+    assert c.get("/api/v1/approvals/pending/count").json()["data"] == {"pending": 0}
+    assert Approval.objects.get(pk=ticket.id).status == "pending"  # not swept yet, and still not listed

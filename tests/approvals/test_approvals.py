@@ -1,0 +1,685 @@
+"""Approval-gated MCP calls, ticket-then-recall (spec/yuzu-mcp.md §3, docs/approvals.md): mint, dedup,
+caps, review over REST and in the admin, recall, the one-time consume under concurrency, expiry and every
+refusal message of the gate. Runs on SQLite and PostgreSQL (YUZU_DATABASE_URL)."""
+
+import html
+import re
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, connections
+from django.db.models import F
+from django.test import Client
+from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
+from prometheus_client import REGISTRY
+
+from approvals.gate import (
+    ALREADY_USED,
+    EXPIRED_APPROVED,
+    MISMATCH,
+    PRECONDITION,
+    REMEDIATION,
+    canonical_args,
+)
+from approvals.models import APPROVAL_LIFETIME, Approval
+from fleet.models import Agent, Tag
+from mcp.pipeline import approval_gate, set_approval_gate
+from mcp.registry import catalogue
+from tests.support.approvals import PASSWORD, approve, error_of, result_of
+from tests.support.mcp_http import request
+from tests.support.otp import code, next_code
+from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("release_worker_connections")]
+
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+CID = re.compile(r"^req-[0-9a-f]+-[0-9a-f]+$")
+ARGS = {"agent_id": "host-1", "key": "owner"}
+CANONICAL = '{"agent_id":"host-1","key":"owner"}'
+
+
+# --- fixtures and helpers ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def tagged_agent(db):
+    agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
+    Tag.objects.create(agent=agent, key="owner", value="payments")
+    Tag.objects.create(agent=agent, key="other", value="x")
+    return agent
+
+
+def mint_ticket(client, args=ARGS, tool="delete_tag"):
+    err = error_of(client.call(tool, args))
+    assert err["code"] == -32006, err
+    return err["data"]["approval_id"]
+
+
+def audits(action="mcp.delete_tag", **kw):
+    return list(AuditEvent.objects.filter(action=action, **kw).order_by("id"))
+
+
+def burned(tool="delete_tag", reason="rbac_denied"):
+    return REGISTRY.get_sample_value("yuzu_mcp_approval_burned_total", {"tool": tool, "reason": reason}) or 0.0
+
+
+def backdate(approval_id, by):
+    Approval.objects.filter(pk=approval_id).update(submitted_at=F("submitted_at") - by)
+
+
+def admin_client(user, device):
+    c = Client()
+    r = c.post("/admin/login/?next=/admin/", {"username": user.username, "password": PASSWORD,
+                                              "otp_device": device.persistent_id, "otp_token": code(device)})
+    assert r.status_code == 302, r.content[:500]
+    return c
+
+
+def page_text(resp):
+    """The page as a person reads it (the admin capitalises the first letter of a message)."""
+    return html.unescape(resp.content.decode()).lower()
+
+
+def make_stale(c):
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time() - 3600
+    s.save()
+
+
+# --- 1. mint: the -32006 envelope, the ticket, dedup, audit ------------------------------------
+
+def test_first_call_mints_a_ticket_with_the_a4_envelope(mcp, tagged_agent, mint):
+    alice = mcp("alice")
+    r = alice.call("delete_tag", ARGS)
+    err = error_of(r)
+    assert err["code"] == -32006
+    assert err["message"] == ("approval required: a human must approve this call (on tier 'operator', Tag:Delete "
+                              "needs an approval)")
+    data = err["data"]
+    assert set(data) == {"correlation_id", "retry_after_ms", "remediation", "approval_id", "status_url", "review_url",
+                         "tier"}
+    assert CID.match(data["correlation_id"])
+    assert data["retry_after_ms"] == 30000
+    assert data["remediation"] == REMEDIATION.format(page="/admin/approvals/approval/")
+    assert HEX32.match(data["approval_id"])
+    assert data["status_url"] == f"/api/v1/approvals/{data['approval_id']}"
+    # The review page the remediation names exists: an approver opens it.
+    assert data["review_url"] == f"/admin/approvals/approval/{data['approval_id']}/review/"
+    assert data["tier"] == "operator"
+
+    ticket = Approval.objects.get()
+    assert (ticket.id, ticket.definition_id, ticket.submitted_by, ticket.status, ticket.origin) == (
+        data["approval_id"], "mcp.delete_tag", "alice", "pending", "mcp")
+    assert ticket.scope_expression == CANONICAL == canonical_args({**ARGS, "approval_id": "x" * 32})
+    assert ticket.expires_at == ticket.submitted_at + timedelta(days=7)
+    assert Tag.objects.filter(key="owner").exists()  # nothing ran
+
+    [row] = audits()
+    assert (row.result, row.principal, row.target_type, row.target_id) == ("pending", "alice", "mcp_tool", "delete_tag")
+    assert row.detail == f"agent_id=host-1 approval_id={ticket.id}"
+
+    # The status_url answers the ticket (an MCP token may read it: Approval:Read is a read).
+    rest = Client().get(data["status_url"], HTTP_AUTHORIZATION=f"Bearer {alice.token}")
+    assert rest.status_code == 200
+    assert rest.json()["data"]["status"] == "pending" and rest.json()["data"]["scope_expression"] == CANONICAL
+
+
+def test_dedup_returns_the_same_pending_ticket(mcp, tagged_agent):
+    alice = mcp("alice")
+    first = mint_ticket(alice)
+    again = error_of(alice.call("delete_tag", {"key": "owner", "agent_id": "host-1"}))  # key order is irrelevant
+    assert again["code"] == -32006 and again["data"]["approval_id"] == first
+    assert again["data"]["correlation_id"] != ""
+    assert Approval.objects.count() == 1
+    assert audits()[-1].detail == f"agent_id=host-1 approval_id={first} (deduped)"
+    other = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    assert other != first and Approval.objects.count() == 2
+    # Another submitter with the same arguments gets their own ticket.
+    bob = mcp("bob")
+    assert mint_ticket(bob) not in (first, other)
+
+
+def test_recall_while_pending_returns_the_same_envelope(mcp, tagged_agent):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32006 and err["data"]["approval_id"] == tid
+    assert err["data"]["retry_after_ms"] == 30000 and err["data"]["status_url"] == f"/api/v1/approvals/{tid}"
+    row = audits()[-1]
+    assert row.result == "pending" and row.detail == f"agent_id=host-1 approval_id={tid} still pending"
+    assert Approval.objects.get().consumed_at is None
+
+
+# --- 2/3. approve, recall, consume once ---------------------------------------------------------
+
+def test_approved_recall_runs_the_tool_once_then_refuses_replays(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    assert approve(approver, tid) == {"id": tid, "status": "approved"}
+    res = result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert res["structuredContent"] == {"agent_id": "host-1", "key": "owner", "deleted": True}
+    assert not Tag.objects.filter(key="owner").exists() and Tag.objects.filter(key="other").exists()
+    ticket = Approval.objects.get(pk=tid)
+    assert ticket.status == "approved" and ticket.consumed_at is not None and ticket.consumed_by == "alice"
+    row = audits()[-1]
+    assert row.result == "approved" and f"consumed approval_id={tid}" in row.detail
+    assert [a.result for a in audits("approval.approve")] == ["success"]
+
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32003 and err["message"] == ALREADY_USED
+    assert err["data"]["retry_after_ms"] is None and CID.match(err["data"]["correlation_id"])
+    assert audits()[-1].result == "denied" and audits()[-1].detail.endswith("refused:replay")
+    assert len(audits("tag.delete")) == 1
+
+
+def test_fifty_concurrent_recalls_run_the_handler_exactly_once(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    n = 50
+    barrier = threading.Barrier(n)
+    responses = [None] * n
+
+    def recall(i):
+        try:
+            barrier.wait(timeout=30)
+            responses[i] = request(body={"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                                         "params": {"name": "delete_tag", "arguments": {**ARGS, "approval_id": tid}}},
+                                   headers=alice.headers())
+        except Exception as exc:  # surfaced by the assertions below
+            responses[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=recall, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(not t.is_alive() for t in threads)
+    bodies = [r.json() if not isinstance(r, Exception) else {"exception": repr(r)} for r in responses]
+    ok = [b for b in bodies if "result" in b]
+    refused = [b["error"] for b in bodies if "error" in b]
+    assert len(ok) == 1, bodies
+    assert ok[0]["result"]["structuredContent"]["deleted"] is True
+    assert len(refused) == n - 1, bodies
+    assert {(e["code"], e["message"]) for e in refused} == {(-32003, ALREADY_USED)}
+    # Exactly one handler run: one tag.delete audit row, one 'approved' call row, 49 masked denials.
+    assert len(audits("tag.delete")) == 1
+    assert not Tag.objects.filter(key="owner").exists()
+    calls = audits(detail__contains=f"approval_id={tid}")
+    assert sum(a.result == "approved" for a in calls) == 1
+    denied = [a for a in calls if a.result == "denied"]
+    assert len(denied) == n - 1
+    assert all(re.search(r"refused:(replay|lost_race)$", a.detail) for a in denied)
+    assert Approval.objects.get(pk=tid).consumed_by == "alice"
+
+
+def test_schema_invalid_recall_consumes_nothing(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    for bad in ({**ARGS, "approval_id": 12345}, {**ARGS, "approval_id": "Z" * 32},
+                {**ARGS, "approval_id": tid, "extra": 1}, {"agent_id": "host-1", "approval_id": tid}):
+        err = error_of(alice.call("delete_tag", bad))
+        assert err["code"] == -32602, err
+        assert err["message"].startswith("arguments do not match the tool input schema at ")
+    assert "'/approval_id'" in error_of(alice.call("delete_tag", {**ARGS, "approval_id": 1}))["message"]
+    ticket = Approval.objects.get()
+    assert ticket.consumed_at is None and ticket.status == "approved" and Approval.objects.count() == 1
+    # Invalid arguments without an approval_id mint nothing either.
+    assert error_of(alice.call("delete_tag", {"agent_id": "host-1"}))["code"] == -32602
+    assert Approval.objects.count() == 1
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))  # still redeemable
+
+
+# --- refusals of the recall ---------------------------------------------------------------------
+
+def test_viewer_who_read_the_id_cannot_redeem_it(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    viewer = mcp("victor", role="Operator", tier="operator")
+    # Others see only their own tickets (issue 10 item 7); here victor learned the id some other way.
+    listed = Client().get("/api/v1/approvals?status=approved", HTTP_AUTHORIZATION=f"Bearer {viewer.token}")
+    assert listed.status_code == 200 and listed.json()["data"] == []
+    err = error_of(viewer.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32003 and err["message"] == ALREADY_USED  # the same words as a replay
+    row = audits(principal="victor")[-1]
+    assert row.result == "denied" and row.detail.endswith("refused:foreign_submitter")
+    assert Approval.objects.get(pk=tid).consumed_at is None and Tag.objects.filter(key="owner").exists()
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))  # the submitter still can
+
+
+def test_mismatch_refuses_and_leaves_the_ticket_usable(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    # Wrong arguments.
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other", "approval_id": tid}))
+    assert err["code"] == -32003 and err["message"] == MISMATCH
+    assert err["data"]["remediation"] == "re-call with exactly the arguments the ticket was minted for"
+    assert audits()[-1].detail == f"agent_id=host-1 approval_id={tid} mismatch"
+    # Wrong tool: a ticket for another tool with the very same arguments.
+    other = Approval.objects.create(definition_id="mcp.set_tag", submitted_by="alice", scope_expression=CANONICAL,
+                                    status=Approval.APPROVED, reviewed_by="carol", reviewed_at=timezone.now())
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": other.id}))
+    assert err["code"] == -32003 and err["message"] == MISMATCH
+    # An id nobody minted.
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": "f" * 32}))
+    assert err["code"] == -32003 and err["message"] == MISMATCH
+    assert Approval.objects.get(pk=tid).consumed_at is None and Approval.objects.get(pk=other.id).consumed_at is None
+    assert Tag.objects.filter(key="owner").exists() and Tag.objects.filter(key="other").exists()
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+
+
+def test_rejected_ticket(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    assert approve(approver, tid, Approval.REJECTED) == {"id": tid, "status": "rejected"}
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32003 and err["message"] == "approval was rejected"
+    assert err["data"]["remediation"] == "call again without approval_id to request a new approval"
+    assert audits()[-1].detail == f"agent_id=host-1 approval_id={tid} rejected"
+    assert [a.result for a in audits("approval.reject")] == ["success"]
+    assert Tag.objects.filter(key="owner").exists()
+    # A rejected ticket is not "pending", so the next call mints a fresh one.
+    assert mint_ticket(alice) != tid
+
+
+def test_seven_day_lifetime(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    pending = mint_ticket(alice)
+    approved = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    approve(approver, approved)
+    young = timedelta(days=7) - timedelta(minutes=1)
+    backdate(pending, young)
+    backdate(approved, young)
+    assert error_of(alice.call("delete_tag", {**ARGS, "approval_id": pending}))["code"] == -32006
+    assert Approval.objects.get(pk=approved).expires_at > timezone.now()
+    backdate(pending, timedelta(minutes=2))
+    backdate(approved, timedelta(minutes=2))
+
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": pending}))
+    assert err["code"] == -32003 and err["message"] == "approval was expired"
+    assert Approval.objects.get(pk=pending).status == "expired"
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other", "approval_id": approved}))
+    assert err["code"] == -32003 and err["message"] == EXPIRED_APPROVED == "approval expired (past its 7-day lifetime)"
+    assert audits()[-1].detail == f"agent_id=host-1 approval_id={approved} expired"
+    t = Approval.objects.get(pk=approved)
+    assert t.status == "expired" and t.consumed_at is None
+    # Asking again keeps the distinct message, and nothing ran.
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other", "approval_id": approved}))
+    assert err["message"] == EXPIRED_APPROVED
+    assert Tag.objects.count() == 2
+
+
+def test_lifetime_with_a_controlled_clock(mcp, tagged_agent, approver, monkeypatch):
+    """The same rule with django.utils.timezone.now moved forward instead of the ticket moved back; an
+    approved ticket expired by the lazy sweep (another mint) keeps its distinct message."""
+    alice = mcp("alice")
+    approved = mint_ticket(alice)
+    approve(approver, approved)
+    pending = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    real_now = timezone.now
+    later = real_now() + APPROVAL_LIFETIME + timedelta(seconds=5)
+    monkeypatch.setattr(timezone, "now", lambda: later)
+    bob = mcp("bob")
+    mint_ticket(bob)  # the mint's sweep expires both of alice's tickets
+    assert set(Approval.objects.filter(submitted_by="alice").values_list("status", flat=True)) == {"expired"}
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": approved}))
+    assert err["code"] == -32003 and err["message"] == EXPIRED_APPROVED
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other", "approval_id": pending}))
+    assert err["code"] == -32003 and err["message"] == "approval was expired"
+    assert Tag.objects.count() == 2
+
+
+def test_pre_consume_precondition_leaves_the_ticket_unconsumed(mcp, tagged_agent, approver, monkeypatch):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    tool = catalogue("v1").tools["delete_tag"]
+    monkeypatch.setattr(tool, "precondition", lambda ctx, args: False)
+    before = REGISTRY.get_sample_value("yuzu_mcp_approval_precondition_denied_total") or 0.0
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32003 and err["message"] == PRECONDITION
+    assert err["data"]["remediation"] == "retry later with the same approval_id"
+    assert REGISTRY.get_sample_value("yuzu_mcp_approval_precondition_denied_total") == before + 1
+    assert Approval.objects.get(pk=tid).consumed_at is None
+    monkeypatch.setattr(tool, "precondition", None)
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+
+
+def test_rest_origin_ticket_cannot_be_redeemed_over_mcp(mcp, tagged_agent):
+    alice = mcp("alice")
+    rest = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="alice", scope_expression=CANONICAL,
+                                   origin=Approval.ORIGIN_REST, status=Approval.APPROVED, reviewed_by="carol",
+                                   reviewed_at=timezone.now())
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": rest.id}))
+    assert err["code"] == -32003 and err["message"] == ALREADY_USED
+    assert audits()[-1].detail.endswith("refused:foreign_origin:rest")
+    assert Approval.objects.get(pk=rest.id).consumed_at is None and Tag.objects.filter(key="owner").exists()
+
+
+def test_rbac_runs_before_the_gate_so_no_ticket_is_minted_or_burned(mcp, tagged_agent, approver):
+    from yuzu.models import RoleAssignment
+
+    # A Viewer with an operator-tier token passes the tier check (Tag:Delete) but not RBAC: no ticket.
+    vic = mcp("victor", role="Viewer", tier="operator")
+    err = error_of(vic.call("delete_tag", ARGS))
+    assert err["code"] == -32003 and err["message"].startswith("permission denied: Tag:Delete (none of your roles")
+    assert err["data"]["permission"] == "Tag:Delete"
+    assert not Approval.objects.exists()
+    assert audits(principal="victor")[-1].result == "denied"
+    # A submitter who loses the role between approval and recall is refused without burning the ticket.
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    before = burned()
+    RoleAssignment.objects.filter(user__username="alice").delete()
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32003 and err["data"]["permission"] == "Tag:Delete"
+    assert burned() == before and Approval.objects.get(pk=tid).consumed_at is None
+    assert Tag.objects.filter(key="owner").exists()
+
+
+# --- caps, store faults, degraded mode ----------------------------------------------------------
+
+def test_per_submitter_cap(mcp, tagged_agent):
+    alice = mcp("alice")
+    first = mint_ticket(alice)
+    Approval.objects.bulk_create([Approval(definition_id="mcp.delete_tag", submitted_by="alice",
+                                           scope_expression=f'{{"agent_id":"h{i}","key":"k"}}') for i in range(24)])
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other"}))
+    assert err["code"] == -32004
+    assert err["message"] == "too many pending approvals (you hold 25, the most one submitter may)"
+    assert "withdraw_approval" in err["data"]["remediation"]
+    assert err["data"]["retry_after_ms"] is None and "approval_id" not in err["data"]
+    assert audits()[-1].result == "denied" and audits()[-1].detail.startswith("pending_cap")
+    assert Approval.objects.filter(submitted_by="alice").count() == 25
+    # Dedup still answers at the cap; another submitter is not affected.
+    assert mint_ticket(alice) == first
+    assert mint_ticket(mcp("bob"))
+
+
+def test_global_cap(mcp, tagged_agent):
+    Approval.objects.bulk_create([Approval(definition_id="mcp.delete_tag", submitted_by=f"user{i % 100}",
+                                           scope_expression=f'{{"n":{i}}}', origin=Approval.ORIGIN_REST)
+                                  for i in range(1000)])
+    alice = mcp("alice")
+    err = error_of(alice.call("delete_tag", ARGS))
+    assert err["code"] == -32603 and err["message"] == "the approval queue is full; retry later"
+    assert err["data"]["retry_after_ms"] == 5000 and "approval_id" not in err["data"]
+    assert audits()[-1].detail.startswith("global_pending_cap")
+    assert not Approval.objects.filter(submitted_by="alice").exists()
+
+
+def test_store_fault_on_mint_and_recall(mcp, tagged_agent, approver, monkeypatch):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+
+    def broken(*a, **kw):
+        raise DatabaseError("store down")
+
+    monkeypatch.setattr(Approval.objects, "get_queryset", broken)
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32603 and err["message"] == "approval store unavailable"
+    assert err["data"]["retry_after_ms"] == 5000
+    err = error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other"}))
+    assert err["code"] == -32603 and err["data"]["retry_after_ms"] == 5000
+    monkeypatch.undo()
+    assert Approval.objects.get(pk=tid).consumed_at is None
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+
+
+def test_without_an_approval_store_gated_calls_are_tier_denied(mcp, tagged_agent):
+    alice = mcp("alice")
+    saved = approval_gate()
+    set_approval_gate(None)
+    try:
+        err = error_of(alice.call("delete_tag", ARGS))
+    finally:
+        set_approval_gate(saved)
+    assert err["code"] == -32004 and "approval_id" not in err["data"]
+    assert not Approval.objects.exists()
+
+
+def test_supervised_tier_gates_its_writes_too(mcp, approver):
+    sup = mcp("sam", role="Administrator", tier="supervised")
+    args = {"name": "payments-prod", "description": "payments servers"}
+    tid = mint_ticket(sup, args, tool="create_management_group")
+    assert Approval.objects.get(pk=tid).definition_id == "mcp.create_management_group"
+    approve(approver, tid)
+    res = result_of(sup.call("create_management_group", {**args, "approval_id": tid}))
+    assert res["structuredContent"]["name"] == "payments-prod"
+    from fleet.models import ManagementGroup
+
+    assert ManagementGroup.objects.filter(name="payments-prod").count() == 1
+    assert error_of(sup.call("create_management_group", {**args, "approval_id": tid}))["message"] == ALREADY_USED
+
+
+# --- REST: reading and reviewing ----------------------------------------------------------------
+
+def test_rest_read_routes(mcp, tagged_agent, approver, mint):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    # A Viewer who did not submit it neither lists nor reads it (issue 10 item 7) …
+    viewer = Client(HTTP_AUTHORIZATION=f"Bearer {mint('reader', role='Viewer')}")
+    assert viewer.get("/api/v1/approvals").json()["data"] == []
+    assert viewer.get(f"/api/v1/approvals/{tid}").status_code == 404
+    assert viewer.get("/api/v1/approvals/pending/count").json()["data"] == {"pending": 0}
+    # … the submitter does, and so does an approver.
+    assert Client(HTTP_AUTHORIZATION=f"Bearer {alice.token}").get(f"/api/v1/approvals/{tid}").status_code == 200
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('anna', role='Approver')}")
+    listed = c.get("/api/v1/approvals")
+    assert listed.status_code == 200 and listed.json()["meta"]["count"] == 1
+    row = listed.json()["data"][0]
+    assert row["id"] == tid and row["definition_id"] == "mcp.delete_tag" and row["submitted_by"] == "alice"
+    assert row["consumed"] is False and row["origin"] == "mcp"
+    assert c.get("/api/v1/approvals?status=approved").json()["data"] == []
+    bad = c.get("/api/v1/approvals?status=bogus")
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("status must be one of")
+    detail = c.get(f"/api/v1/approvals/{tid}")
+    assert detail.status_code == 200 and detail.json()["data"]["status"] == "pending"
+    assert c.get(f"/api/v1/approvals/{'0' * 32}").status_code == 404
+    assert c.get("/api/v1/approvals/pending/count").json()["data"] == {"pending": 1}
+
+
+def test_rest_review_rules(mcp, tagged_agent, approver, mint):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    url = f"/api/v1/approvals/{tid}/approve"
+
+    # A token (even an Approver's) cannot approve.
+    tok = mint("carol", role="Approver")
+    r = Client(HTTP_AUTHORIZATION=f"Bearer {tok}").post(url, {"comment": "x"}, content_type="application/json")
+    assert r.status_code == 403
+    assert r.json()["error"]["message"] == "approver_assurance_required:non_interactive_session"
+    row = audits("approval.approve")[-1]
+    assert row.result == "denied" and row.detail == "approver_assurance:non_interactive_session"
+
+    # An interactive session whose proof is stale.
+    c = admin_client(approver.user, approver.device)
+    make_stale(c)
+    r = c.post(url, {"comment": "x"}, content_type="application/json")
+    assert r.status_code == 403 and r.json()["error"]["message"] == "approver_assurance_required:mfa_proof_missing"
+
+    # Fresh proof: approved.
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time()
+    s.save()
+    r = c.post(url, {"comment": "ok to delete"}, content_type="application/json")
+    assert r.status_code == 200 and r.json()["data"] == {"id": tid, "status": "approved"}
+    t = Approval.objects.get(pk=tid)
+    assert (t.reviewed_by, t.review_comment) == ("carol", "ok to delete") and t.reviewed_at is not None
+    assert audits("approval.approve")[-1].result == "success"
+
+    # Not pending any more.
+    r = c.post(f"/api/v1/approvals/{tid}/reject", {}, content_type="application/json")
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "only pending approvals can be reviewed (this one is approved)"
+    assert audits("approval.reject")[-1].result == "denied"
+
+    # Reviewer == submitter.
+    own = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="carol", scope_expression="{}",
+                                  origin=Approval.ORIGIN_REST)
+    r = c.post(f"/api/v1/approvals/{own.id}/approve", {}, content_type="application/json")
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the reviewer must differ from the submitter"
+    assert Approval.objects.get(pk=own.id).status == "pending"
+
+    # Unknown ticket.
+    assert c.post(f"/api/v1/approvals/{'0' * 32}/approve", {}, content_type="application/json").status_code == 404
+
+    # A session whose user has no TOTP device any more.
+    TOTPDevice.objects.filter(user=approver.user).delete()
+    other = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    r = c.post(f"/api/v1/approvals/{other}/reject", {}, content_type="application/json")
+    assert r.status_code == 403 and r.json()["error"]["message"] == "approver_assurance_required:mfa_not_enrolled"
+    assert Approval.objects.get(pk=other).status == "pending"
+
+
+# --- the admin Approvals page --------------------------------------------------------------------
+
+def test_admin_lists_pending_tickets_read_only(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    done = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="bob", scope_expression="{}",
+                                   status=Approval.REJECTED)
+    old = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="bob", scope_expression="{}",
+                                  submitted_at=timezone.now() - APPROVAL_LIFETIME - timedelta(minutes=1))
+    c = admin_client(approver.user, approver.device)
+    index = c.get("/admin/")
+    assert index.status_code == 200 and "Approvals (1 pending)" in index.content.decode()
+
+    page = c.get("/admin/approvals/approval/")
+    assert page.status_code == 200
+    text = html.unescape(page.content.decode())
+    # Pending only by default; a ticket past its lifetime has left the queue even before the sweep.
+    assert tid[:8] in text and done.id[:8] not in text and old.id[:8] not in text
+    assert "Delete tag owner=payments from host-1 (host-1)" in text  # what will happen, in words
+    assert ">delete_tag · " in text and "alice" in text and "operator token · test 0" in text
+    assert "ago" in text and "in 6\xa0days" in text and "yuzu-risk-destructive" in text
+    assert f"/admin/approvals/approval/{tid}/review/" in text
+    assert "Reject selected tickets" in text
+    assert done.id[:8] in html.unescape(c.get("/admin/approvals/approval/?status=all").content.decode())
+
+    # Read-only: no add, no change, no delete; the change page is the review page.
+    assert c.get("/admin/approvals/approval/add/").status_code == 403
+    assert c.get(f"/admin/approvals/approval/{tid}/change/")["Location"] == f"/admin/approvals/approval/{tid}/review/"
+    assert c.post(f"/admin/approvals/approval/{tid}/delete/", {"post": "yes"}).status_code == 403
+    assert Approval.objects.get(pk=tid).status == "pending"
+
+    review_page = c.get(f"/admin/approvals/approval/{tid}/review/")
+    body = html.unescape(review_page.content.decode())
+    assert review_page.status_code == 200 and 'id="approve-button"' in body and 'id="reject-button"' in body
+    assert "csrfmiddlewaretoken" in body
+    assert "Runs on exactly these 1 agent" in body and "<code>host-1</code>" in body
+    assert '"agent_id": "host-1",\n  "key": "owner"' in body  # the raw arguments, folded
+    assert 'id="id_otp_token"' not in body  # the proof is fresh: no code needed
+
+
+def test_admin_review_with_a_stale_proof_takes_the_code_in_the_same_post(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    c = admin_client(approver.user, approver.device)
+    make_stale(c)
+    review_url = f"/admin/approvals/approval/{tid}/review/"
+    page = html.unescape(c.get(review_url).content.decode())
+    assert 'id="id_otp_token"' in page and "Authenticator code" in page
+
+    # Without a code: refused, nothing changes, the comment is kept, the page says why.
+    r = c.post(review_url, {"decision": "approve", "comment": "change CHG-1"})
+    assert r.status_code == 200 and Approval.objects.get(pk=tid).status == "pending"
+    assert "older than five minutes" in page_text(r) and "change CHG-1" in r.content.decode()
+    assert audits("approval.approve")[-1].detail == "approver_assurance:mfa_proof_missing"
+    # A wrong code: refused the same way, named as an authenticator code.
+    r = c.post(review_url, {"decision": "approve", "comment": "change CHG-1", "otp_token": "000000"})
+    assert "that authenticator code is not right" in page_text(r) and Approval.objects.get(pk=tid).status == "pending"
+    approver.device.refresh_from_db()
+    approver.device.throttle_reset()  # django-otp throttles a device after a wrong code
+    # GET never changes anything (issue 10 item 12): there is no resume-on-GET any more.
+    assert c.get(review_url + "?resume=1").status_code == 200 and Approval.objects.get(pk=tid).status == "pending"
+
+    r = c.post(review_url, {"decision": "approve", "comment": "change CHG-1", "otp_token": next_code(approver.device)})
+    assert r.status_code == 302 and r["Location"] == "/admin/approvals/approval/"
+    t = Approval.objects.get(pk=tid)
+    assert (t.status, t.reviewed_by, t.review_comment) == ("approved", "carol", "change CHG-1")
+    assert audits("approval.approve")[-1].result == "success"
+    listing = c.get("/admin/approvals/approval/").content.decode()
+    assert f"(ticket {tid}, submitted by alice)" in listing and "Approvals (0 pending)" in listing
+
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert not Tag.objects.filter(key="owner").exists()
+
+
+def test_admin_bulk_reject_asks_for_a_comment_and_a_code(mcp, tagged_agent, approver):
+    alice = mcp("alice")
+    first = mint_ticket(alice)
+    second = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    c = admin_client(approver.user, approver.device)
+    make_stale(c)
+    form = {"action": "reject_selected", "_selected_action": [first, second]}
+    confirm = c.post("/admin/approvals/approval/", form)
+    assert confirm.status_code == 200 and "reject these 2 pending tickets?" in page_text(confirm)
+    assert Approval.objects.filter(status="pending").count() == 2
+    r = c.post("/admin/approvals/approval/", {**form, "confirm": "yes", "comment": "freeze", "otp_token": "000000"})
+    assert "that authenticator code is not right" in page_text(r)
+    assert Approval.objects.filter(status="pending").count() == 2
+    approver.device.refresh_from_db()
+    approver.device.throttle_reset()  # django-otp throttles a device after a wrong code
+    r = c.post("/admin/approvals/approval/", {**form, "confirm": "yes", "comment": "freeze",
+                                              "otp_token": next_code(approver.device)})
+    assert r.status_code == 302
+    assert set(Approval.objects.values_list("status", "review_comment")) == {("rejected", "freeze")}
+    assert audits("approval.reject")[-1].result == "success"
+
+
+def test_admin_shows_review_refusals(mcp, tagged_agent, approver, make_user):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    c = admin_client(approver.user, approver.device)
+    own = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="carol", scope_expression="{}",
+                                  origin=Approval.ORIGIN_REST)
+    page = c.get(f"/admin/approvals/approval/{own.id}/review/")
+    assert 'id="approve-button"' not in page.content.decode()
+    assert "the reviewer must differ from the submitter" in page_text(page)
+    r = c.post(f"/admin/approvals/approval/{own.id}/review/", {"decision": "approve", "comment": ""})
+    assert r.status_code == 200
+    assert "the reviewer must differ from the submitter" in page_text(r)
+    assert Approval.objects.get(pk=own.id).status == "pending"
+
+    r = c.post(f"/admin/approvals/approval/{tid}/review/", {"decision": "reject", "comment": "not during freeze"})
+    assert r.status_code == 302
+    t = Approval.objects.get(pk=tid)
+    assert (t.status, t.review_comment) == ("rejected", "not during freeze")
+    assert audits("approval.reject")[-1].result == "success"
+    r = c.post(f"/admin/approvals/approval/{tid}/review/", {"decision": "approve"})
+    assert "only pending approvals can be reviewed (this one is rejected)" in page_text(r)
+    assert c.post(f"/admin/approvals/approval/{tid}/review/", {"decision": "maybe"}).status_code == 400
+
+    # A staff Viewer has the Approvals page (Approval:Read) but sees only its own tickets and reviews none.
+    viewer = make_user("vera", "Viewer", password=PASSWORD)
+    viewer.is_staff = True
+    viewer.save(update_fields=["is_staff"])
+    vdev = TOTPDevice.objects.create(user=viewer, name="phone", confirmed=True)
+    vc = admin_client(viewer, vdev)
+    fresh = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    listing = vc.get("/admin/approvals/approval/")
+    assert listing.status_code == 200 and fresh[:8] not in listing.content.decode()
+    assert "Reject selected tickets" not in listing.content.decode()
+    assert vc.post(f"/admin/approvals/approval/{fresh}/review/", {"decision": "approve"}).status_code == 404
+    assert Approval.objects.get(pk=fresh).status == "pending"
+
+    # Staff without Approval:Read do not see the page.
+    nobody = make_user("ned", password=PASSWORD)
+    nobody.is_staff = True
+    nobody.save(update_fields=["is_staff"])
+    ndev = TOTPDevice.objects.create(user=nobody, name="phone", confirmed=True)
+    nc = admin_client(nobody, ndev)
+    assert nc.get("/admin/approvals/approval/").status_code == 403
+    assert nc.get(f"/admin/approvals/approval/{fresh}/review/").status_code == 403

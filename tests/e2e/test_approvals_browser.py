@@ -1,0 +1,130 @@
+"""The approval surface in a real browser: Debian's chromium driven by Playwright against a real daphne.
+
+An MCP client (alice, operator tier) asks to delete a tag and gets a pending ticket (-32006). An approver
+(carol, Approver role, staff, TOTP device) logs in to the admin with password + authenticator code in one
+submission, opens Approvals, sees what the ticket will do, presses Approve with a stale MFA proof, is asked
+for the authenticator code on the same page, approves with it; alice's recall (same tool + arguments +
+approval_id) then deletes the tag.
+
+Needs /usr/bin/chromium (`apt-get install -y chromium`; tests/support/system_deps.py installs it under `make test`)
+and the playwright package (requirements-test.txt). `playwright install` is never needed or used.
+"""
+
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from approvals.models import Approval
+from fleet.models import Agent, Tag
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    McpHttp,
+    off_thread,
+    require_browser,
+)
+from tests.support.otp import code, next_code
+from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+
+PASSWORD = "approver-password-1"
+ARGS = {"agent_id": "host-1", "key": "owner"}
+
+
+def make_proof_stale(session_key):
+    session = SessionStore(session_key=session_key)
+    assert session.get(MFA_SESSION_KEY) is not None
+    session[MFA_SESSION_KEY] = time.time() - 3600
+    session.save()
+
+
+def ticket_status(approval_id):
+    return Approval.objects.get(pk=approval_id).status
+
+
+def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, tmp_path):
+    sync_playwright = require_browser()
+
+    agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
+    Tag.objects.create(agent=agent, key="owner", value="payments")
+    token = mint("alice", role="Operator", tier="operator")
+    carol = make_user("carol", "Approver", password=PASSWORD)
+    get_user_model().objects.filter(pk=carol.pk).update(is_staff=True)
+    device = TOTPDevice.objects.create(user=carol, name="phone", confirmed=True)
+
+    server = daphne()
+    alice = McpHttp(server, token)
+    err = alice.call("delete_tag", ARGS)["error"]
+    assert err["code"] == -32006, err
+    tid = err["data"]["approval_id"]
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=server.base)
+            page.set_default_timeout(15000)
+
+            # Password + authenticator code in one submission (carol has one device).
+            page.goto("/admin/login/?next=/admin/")
+            page.fill("#id_username", "carol")
+            page.fill("#id_password", PASSWORD)
+            page.fill("#id_otp_token", code(device))
+            page.click("input[type=submit][value='Log in']")
+            page.wait_for_url(f"{server.base}/admin/")
+
+            # Deterministically stale: move this session's MFA proof an hour back in the session store.
+            sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")
+            off_thread(make_proof_stale, sid)
+
+            # The header shows the queue; the Approvals page lists the ticket.
+            page.click("#yuzu-pending-approvals a")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
+            row = page.locator("#result_list tbody tr", has_text=tid[:8])
+            assert row.count() == 1
+            row_text = row.inner_text()
+            assert "Delete tag owner=payments from host-1 (host-1)" in row_text
+            assert "delete_tag" in row_text and "alice" in row_text and "ago" in row_text
+            page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
+
+            # Review → Approve with a comment but no code: the proof is stale, the page says so.
+            row.locator("a.yuzu-review-link").click()
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
+            assert page.inner_text("#ticket-tool") == "delete_tag"
+            assert page.inner_text("#ticket-submitter") == "alice"
+            assert page.inner_text("#ticket-client") == "browser-test 0"
+            assert "host-1" in page.inner_text("#ticket-targets")
+            page.fill("#id_comment", "CHG-42: owner tag retired")
+            page.click("#approve-button")
+            page.wait_for_selector(".messagelist")
+            assert "older than five minutes" in page.inner_text(".messagelist")
+            assert off_thread(ticket_status, tid) == "pending"
+
+            # The authenticator code in the same form (a later time step than the login's) → approved.
+            page.fill("#id_otp_token", off_thread(next_code, device))
+            page.click("#approve-button")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            assert f"Approved: Delete tag owner=payments from host-1 (host-1) (ticket {tid}" in \
+                page.inner_text(".messagelist")
+            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (0 pending)"
+            page.screenshot(path=str(tmp_path / "approvals-after.png"), full_page=True)
+        finally:
+            browser.close()
+
+    ticket = Approval.objects.get(pk=tid)
+    assert (ticket.status, ticket.reviewed_by, ticket.review_comment) == ("approved", "carol",
+                                                                          "CHG-42: owner tag retired")
+    assert list(AuditEvent.objects.filter(action="approval.approve").order_by("id").values_list("result", flat=True)) \
+        == ["denied", "success"]  # the stale attempt, then the approval after step-up
+
+    # The recall runs the tool: the tag is gone.
+    done = alice.call("delete_tag", {**ARGS, "approval_id": tid})
+    assert "error" not in done, done
+    assert done["result"]["structuredContent"] == {"agent_id": "host-1", "key": "owner", "deleted": True}
+    assert not Tag.objects.filter(agent_id="host-1", key="owner").exists()
+    assert Approval.objects.get(pk=tid).consumed_by == "alice"

@@ -1,0 +1,432 @@
+"""The GET SSE channel and streamed POST, in-process: ring replay and Last-Event-ID resume, gaps,
+takeover, admission caps, heartbeats, credential re-validation, close frames, and progress reporting
+(0/N, strictly increasing, the result last; cancellation detaches without cancelling)."""
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.test import override_settings
+from django.urls import path
+
+from mcp.registry import configure, tool
+from mcp.schema import integer, obj
+from mcp.streaming import admission, wake, watch
+from mcp.streaming import ring as replay
+from mcp.streaming.ring import ring_key, rings
+from mcp.transport import McpConsumer
+from tests.support.mcp_http import McpClient
+from tests.support.sse_client import Stream, parse_events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# --- a progress-reporting tool in a test-only catalogue (the fleet's execute_instruction is exercised
+# end to end elsewhere); its "work" is a counter the test advances.
+WORK = {}
+
+
+@tool(name="slow_job", title="Slow job", securable="Infrastructure", operation="Read", catalogue="streamtest",
+      progress=True, description="Test tool: starts a job of `total` steps the test advances by hand.",
+      input_schema=obj({"total": integer(1, 100)}, ["total"]), output_schema=obj({"job": integer(), "done": integer()}))
+def slow_job(ctx, args):
+    job = len(WORK) + 1
+    WORK[job] = {"done": 0, "total": args["total"]}
+    ctx.follow(f"job.{job}", snapshot=lambda: (WORK[job]["done"], WORK[job]["total"],
+                                               WORK[job]["done"] >= WORK[job]["total"]),
+               final=lambda: {"job": job, "done": WORK[job]["done"]}, meta={"yuzu.execution_id": str(job)})
+    return {"job": job, "done": 0}
+
+
+configure("streamtest", audiences=("api",))
+
+
+class StreamTestConsumer(McpConsumer):
+    catalogue = "streamtest"
+
+
+from channels.routing import URLRouter  # noqa: E402
+
+from yuzu.asgi import application as real_app  # noqa: E402
+
+APP = URLRouter([path("mcp/test/", StreamTestConsumer.as_asgi())])
+
+
+async def advance(job, steps=1):
+    WORK[job]["done"] += steps
+    await get_channel_layer().group_send(f"job.{job}", {"type": "job.changed"})
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    rings().clear()
+    WORK.clear()
+    yield
+    rings().clear()
+
+
+@pytest.fixture
+def session(mint):
+    c = McpClient(mint("alice", role="Operator", tier="operator"))
+    c.initialize()
+    return c
+
+
+def get(client, app=real_app, path="/mcp/v1/", **extra):
+    headers = {"host": "127.0.0.1:8000", "accept": "text/event-stream", **client.headers(), **extra}
+    return Stream(app, "GET", path, headers)
+
+
+def run(coro_fn):
+    return async_to_sync(coro_fn)()
+
+
+def ids(events):
+    return [int(e["id"]) for e in events if e.get("id") and e.get("data")]
+
+
+def key_of(client):
+    from django.contrib.auth import get_user_model
+
+    from yuzu.models import ApiToken
+    from yuzu.rbac import Principal
+
+    user = get_user_model().objects.get(username="alice")
+    return ring_key(Principal(user=user, token=ApiToken.objects.filter(owner=user).first()).key, client.sid)
+
+
+def test_get_needs_sse_accept_and_a_session(session):
+    async def go():
+        s = await get(session, accept="application/json").open()
+        assert s.status == 406
+        bare = McpClient(session.token)
+        s = await Stream(real_app, "GET", "/mcp/v1/", {"host": "127.0.0.1:8000", "accept": "text/event-stream",
+                                                       **bare.headers()}).open()
+        assert s.status == 400
+        s = await get(session, **{"mcp-session-id": "0" * 32}).open()
+        assert s.status == 404
+    run(go)
+
+
+def test_frames_replay_resume_and_priming(session):
+    key = key_of(session)
+    for n in range(3):
+        rings().append(key, {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}})
+
+    async def go():
+        s = await get(session).open()
+        assert s.status == 200 and s.headers["content-type"] == "text/event-stream"
+        assert s.headers["x-accel-buffering"] == "no" and s.headers["cache-control"] == "no-cache"
+        events = await s.read_until(lambda ev: len(ids(ev)) == 3)
+        assert events[0] == {"id": "0", "data": ""}  # priming event on 2025-11-25
+        assert ids(events) == [1, 2, 3] and all(e["event"] == "message" for e in events if e.get("data"))
+        await get_channel_layer().group_send(wake.wake_group(key), {"type": "mcp.wake"})
+        rings().append(key, {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": 3}})
+        await wake.awake(key)
+        events = await s.read_until(lambda ev: 4 in ids(ev))
+        assert ids(events) == [1, 2, 3, 4]
+        await s.disconnect()
+        # Resume after id 2: exactly what followed.
+        r = await get(session, **{"last-event-id": "2"}).open()
+        events = await r.read_until(lambda ev: len(ids(ev)) == 2)
+        assert ids(events) == [3, 4]
+        await r.disconnect()
+    run(go)
+
+
+def test_no_priming_for_2025_06_18(mint):
+    c = McpClient(mint("bob", role="Operator", tier="operator"), version="2025-06-18")
+    c.initialize()
+
+    async def go():
+        s = await get(c).open()
+        with pytest.raises(AssertionError, match="timed out"):
+            await s.read_until(lambda ev: False, timeout=0.5)
+        assert s.buffer == ""  # no priming event for a 2025-06-18 client
+        await s.disconnect()
+    run(go)
+
+
+def test_gap_terminates_the_session(session):
+    key = key_of(session)
+    for n in range(600):  # more than the ring keeps
+        rings().append(key, {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}})
+
+    async def go():
+        s = await get(session, **{"last-event-id": "5"}).open()
+        assert s.status == 404
+        await s.read_body()
+        body = json.loads(s.buffer)
+        assert body["error"]["code"] == -32007 and body["error"]["message"] == "Replay window exceeded"
+    run(go)
+    assert session.rpc("ping").status == 404  # the session was terminated, not silently shortened
+    session2 = McpClient(session.token)
+    session2.initialize()
+
+    async def future_cursor():
+        s = await get(session2, **{"last-event-id": "99"}).open()  # never issued
+        assert s.status == 404
+    run(future_cursor)
+
+
+def test_takeover_and_handover(session):
+    async def go():
+        first = await get(session).open()
+        second = await get(session).open()
+        assert second.status == 200
+        events = await first.read_until(lambda ev: any(e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"
+                                                        for e in ev))
+        closed = [e["json"] for e in events if e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"]
+        assert closed[0]["params"]["reason"] == "superseded" and "id" not in events[-1]
+        await first.read_until(lambda ev: False, timeout=2) if not first.finished else None
+        assert first.finished
+        await second.disconnect()
+    run(go)
+
+
+def test_per_principal_stream_cap(mint):
+    token = mint("carol", role="Operator", tier="operator")
+    clients = []
+    for _ in range(5):
+        c = McpClient(token)
+        c.initialize()
+        clients.append(c)
+
+    async def go():
+        opened = [await get(c).open() for c in clients[:4]]
+        assert all(s.status == 200 for s in opened)
+        refused = await get(clients[4]).open()
+        await refused.read_body()
+        assert refused.status == 429 and json.loads(refused.buffer)["error"]["code"] == -32012
+        assert refused.headers["retry-after"] == "5"
+        await opened[0].disconnect()
+        await asyncio.sleep(0.1)
+        again = await get(clients[4]).open()
+        assert again.status == 200
+        for s in opened[1:] + [again]:
+            await s.disconnect()
+    run(go)
+
+
+def test_heartbeat_revocation_and_delete(session, monkeypatch):
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
+
+    async def go():
+        s = await get(session).open()
+        await s.read_until(lambda ev: any(e.get("comment") == "heartbeat" for e in ev), timeout=3)
+        from channels.db import database_sync_to_async
+        from django.utils import timezone
+
+        from yuzu.models import ApiToken
+
+        await database_sync_to_async(lambda: ApiToken.objects.filter(owner__username="alice").update(
+            revoked_at=timezone.now()))()
+        events = await s.read_until(lambda ev: any(e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"
+                                                   for e in ev), timeout=3)
+        reason = [e["json"]["params"]["reason"] for e in events if e.get("json")][-1]
+        assert reason == "credential_revoked"
+    run(go)
+
+
+def test_delete_closes_the_stream(session):
+    async def go():
+        s = await get(session).open()
+        await asyncio.sleep(0.1)
+        from channels.db import database_sync_to_async
+
+        from tests.support.mcp_http import request
+
+        r = await database_sync_to_async(request)("DELETE", headers=session.headers())
+        assert r.status == 200
+        events = await s.read_until(lambda ev: s.finished, timeout=3)
+        assert s.finished and not any(e.get("json") for e in events)  # the client's own DELETE: EOF, no close frame
+    run(go)
+
+
+@override_settings(YUZU_MCP_NO_STREAMING=True)
+def test_no_streaming_kill_switch_get_is_405(session):
+    async def go():
+        s = await get(session).open()
+        assert s.status == 405
+    run(go)
+
+
+# --- streamed POST and progress reporting ----------------------------------------------------
+
+def call_body(rid, total, token="tok-1"):
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                       "params": {"name": "slow_job", "arguments": {"total": total},
+                                  "_meta": {"progressToken": token}}}).encode()
+
+
+def post(client, body, accept="application/json, text/event-stream"):
+    headers = {"host": "127.0.0.1:8000", "content-type": "application/json", "accept": accept, **client.headers()}
+    return Stream(APP, "POST", "/mcp/test/", headers, body)
+
+
+@pytest.fixture
+def test_session(mint):
+    c = McpClient(mint("alice", role="Operator", tier="operator"), path="/mcp/test/")
+    from tests.support import mcp_http
+
+    mcp_http_app = mcp_http.application
+    mcp_http.application = APP
+    try:
+        c.initialize()
+    finally:
+        mcp_http.application = mcp_http_app
+    return c
+
+
+def progress_of(events):
+    return [e["json"]["params"]["progress"] for e in events
+            if e.get("json", {}).get("method") == "notifications/progress"]
+
+
+def test_streamed_post_progress_then_result(test_session):
+    async def go():
+        s = await post(test_session, call_body(1, 3)).open()
+        assert s.status == 200 and s.headers["content-type"] == "text/event-stream"
+        await s.read_until(lambda ev: progress_of(ev) == [0])
+        await advance(1)
+        await advance(1)
+        await s.read_until(lambda ev: progress_of(ev)[-1:] == [2])
+        await advance(1, 0)  # a non-advancing snapshot is suppressed
+        await advance(1)
+        events = await s.read_until(lambda ev: s.finished, timeout=5)
+        frames = [e["json"] for e in events if e.get("json")]
+        prog = progress_of(events)
+        assert prog[0] == 0 and prog == sorted(set(prog)) and prog[-1] == 3
+        assert frames[-1]["id"] == 1 and frames[-1]["result"]["structuredContent"] == {"job": 1, "done": 3}
+        meta = frames[0]["params"]["_meta"]
+        assert meta == {"yuzu.execution_id": "1"} and frames[0]["params"]["total"] == 3
+        assert all(e.get("id") for e in events if e.get("json"))  # committed to the ring, resumable
+    run(go)
+
+
+def test_token_without_sse_accept_gets_json_and_progress_on_get(test_session):
+    async def go():
+        g = await get(test_session, app=APP, path="/mcp/test/").open()
+        s = await post(test_session, call_body(2, 2), accept="application/json").open()
+        await s.read_until(lambda ev: s.finished)
+        assert s.headers["content-type"] == "application/json"
+        assert json.loads(s.buffer)["result"]["structuredContent"] == {"job": 1, "done": 0}
+        await g.read_until(lambda ev: progress_of(ev) == [0])
+        await advance(1)
+        await advance(1)
+        events = await g.read_until(lambda ev: progress_of(ev)[-1:] == [2])
+        prog = progress_of(events)
+        assert prog[0] == 0 and prog == sorted(set(prog))  # strictly increasing; latest-wins may skip
+        assert not any("result" in e.get("json", {}) for e in events)  # no final on the GET channel
+        await g.disconnect()
+    run(go)
+
+
+def test_sse_accept_without_token_is_plain_json(test_session):
+    body = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": {"name": "slow_job", "arguments": {"total": 2}}}).encode()
+
+    async def go():
+        s = await post(test_session, body).open()
+        assert s.headers["content-type"] == "application/json"
+        assert json.loads(await s.read_body())["result"]["structuredContent"] == {"job": 1, "done": 0}
+    run(go)
+
+
+def test_duplicate_in_flight_request_id_is_409_and_cancel_detaches(test_session):
+    async def go():
+        s = await post(test_session, call_body(7, 5)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0])
+        dup = await post(test_session, call_body(7, 5)).open()
+        await dup.read_until(lambda ev: dup.finished)
+        assert dup.status == 409 and json.loads(dup.buffer)["error"]["code"] == -32600
+        cancel = json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}).encode()
+        c = await post(test_session, cancel).open()
+        assert c.status == 202
+        events = await s.read_until(lambda ev: s.finished, timeout=5)
+        closed = [e["json"]["params"] for e in events if e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"]
+        assert closed and closed[0]["reason"] == "cancelled" and closed[0]["execution_id"] == "1"
+        assert not any("result" in e.get("json", {}) for e in events)
+        assert WORK[1]["done"] == 0  # the work itself was not touched
+    run(go)
+
+
+def test_streamed_post_closes_when_its_token_is_revoked(test_session, monkeypatch):
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
+
+    async def go():
+        from channels.db import database_sync_to_async
+        from django.utils import timezone
+
+        from yuzu.models import ApiToken
+
+        s = await post(test_session, call_body(1, 3)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0])
+        await database_sync_to_async(lambda: ApiToken.objects.filter(owner__username="alice").update(
+            revoked_at=timezone.now()))()
+        events = await s.read_until(lambda ev: s.finished, timeout=5)
+        closed = [e["json"]["params"] for e in events
+                  if e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"]
+        assert closed and closed[0]["reason"] == "credential_revoked", events
+        assert closed[0]["execution_id"] == "1" and closed[0]["partial"] is True
+        assert closed[0]["remediation"] == "re-authenticate"
+        await advance(1, 3)  # the work itself goes on; nothing more is reported for the revoked token
+        await asyncio.sleep(0.3)
+        assert not any("result" in e.get("json", {}) for e in parse_events(s.buffer))
+        assert progress_of(parse_events(s.buffer)) == [0]
+    run(go)
+
+
+def test_streamed_post_admission_caps(test_session, monkeypatch):
+    monkeypatch.setattr(admission, "POST_PER_PRINCIPAL", 1)
+
+    async def go():
+        s = await post(test_session, call_body(1, 5)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0])
+        refused = await post(test_session, call_body(2, 5)).open()
+        await refused.read_until(lambda ev: refused.finished)
+        assert refused.status == 429 and refused.headers["retry-after"] == "30"
+        err = json.loads(refused.buffer)["error"]
+        assert err["code"] == -32012 and err["data"]["retry_after_ms"] == 30000
+        assert len(WORK) == 1  # refused before any work existed
+        await advance(1, 5)
+        await s.read_until(lambda ev: s.finished)
+    run(go)
+
+
+def test_ring_bounds_and_pins():
+    ring = replay.MemoryRing()
+    pinned = ring.append("k", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
+    for n in range(700):
+        ring.append("k", {"jsonrpc": "2.0", "method": "m", "params": {"n": n}})
+    frames, gap = ring.read("k", 0)
+    assert not gap and len(frames) <= replay.RING_FRAMES + 1
+    assert frames[0][0] == pinned  # a pinned final survives eviction
+    assert sum(len(d) for _, _, d in frames) <= replay.RING_BYTES + 200
+    big = ring.append("k", {"jsonrpc": "2.0", "method": "m", "params": {"blob": "x" * 100000}})
+    data = {e: d for e, _, d in ring.read("k", big - 1)[0]}[big]
+    assert len(data) < replay.FRAME_CAP and json.loads(data)["params"]["truncated"] is True
+    assert ring.read("k", 10)[1] is True  # evicted cursor → gap
+    assert ring.read("k", 10**6)[1] is True  # never issued → gap
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("YUZU_REDIS_URL"), reason="needs YUZU_REDIS_URL (CI sets it)")
+def test_redis_ring_matches_memory_ring():
+    from django.conf import settings
+
+    ring = replay.RedisRing(settings.REDIS_URL)
+    ring.drop("t")
+    pinned = ring.append("t", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
+    for n in range(600):
+        ring.append("t", {"jsonrpc": "2.0", "method": "m", "params": {"n": n}})
+    frames, gap = ring.read("t", 0)
+    assert not gap and frames[0][0] == pinned and len(frames) <= replay.RING_FRAMES + 1
+    assert ring.stream_of("t", pinned) == "post:1"
+    assert ring.read("t", 10)[1] is True and ring.read("t", 10**6)[1] is True
+    last = frames[-1][0]
+    assert [e for e, _, _ in ring.read("t", last - 2)[0]] == [last - 1, last]
+    ring.drop("t")
+
+
+

@@ -1,0 +1,281 @@
+"""The authorization rules of yuzu, stated once, and a world real enough to check them against.
+
+``expected(...)`` is THE table: for a caller (a role, held globally or on one management group), a token
+tier and a target inside or outside the caller's group, what must a call answer? The MCP matrix
+(tests/yuzu/test_authorization_matrix.py) asks it for every tool of both catalogues; the REST matrix for every
+route. It is written from the product's rules (docs/tokens-and-rbac.md, docs/approvals.md), never from the
+code under test:
+
+1. **Tier first** (what each tier may call, ``tier_permits``): refused → ``tier`` (-32004 / 403).
+2. **RBAC**: the caller's roles must grant the tool's ``Securable:Operation`` somewhere → else ``rbac``
+   (-32003 / 403). A grant held on a management group counts only for the device-scoped securables
+   (``GROUP_SCOPED``); AuditLog, ApiToken, UserManagement, InstructionDefinition, Bridge … need a global grant.
+3. **Group confinement**: a target (agent, group, execution, ticket, token) the caller may not reach reads as
+   absent → ``hidden`` (-32602 "not found" / 404) — exactly as an id that does not exist (no oracle).
+4. A few capabilities need more than their own pair (``compound``): changing which devices a group holds needs
+   a fleet-wide ManagementGroup:Write; a group's role assignments need a fleet-wide grant or ITServiceOwner on
+   that group; a summary of an execution needs Execution:Read; reviewing is for humans in the admin only.
+5. **Approval last**: what the tier gates (``tier_gates``) answers ``approval`` (-32006) with
+   a ticket — only once everything above passed, so nothing a human could not run is put to one.
+6. Otherwise ``allow``.
+"""
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from approvals.gate import canonical_args
+from approvals.models import Approval
+from fleet.agent.plugins import catalogue as plugin_catalogue
+from fleet.models import (
+    Agent,
+    AgentExecStatus,
+    AgentInventory,
+    AgentState,
+    Execution,
+    InstructionDefinition,
+    ManagementGroup,
+    Response,
+    Tag,
+)
+from mcp.server import Request, handle
+from yuzu.models import AccountLockout, ApiToken
+from yuzu.rbac import BUILTIN_ROLES, assign_role
+
+TIERS = ("readonly", "operator", "supervised", "")  # "" = a token without a tier (REST / CLI)
+GLOBAL_ROLES = ("Viewer", "Operator", "Approver", "Administrator", "ITServiceOwner")
+GROUP_ROLES = ("Viewer", "Operator", "Approver", "ITServiceOwner")  # Administrator is granted globally only
+#: securables whose grants may be held on a management group (they concern devices, groups, or tickets
+#: pinned to devices); any other securable needs a global grant.
+GROUP_SCOPED = {"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory", "ManagementGroup",
+                "Approval"}
+
+ALLOW, TIER, RBAC, HIDDEN, APPROVAL = "allow", "tier", "rbac", "hidden", "approval"
+IN, OUT, GHOST = "in", "out", "ghost"  # a target in the caller's group, in another group, or no such thing
+
+
+@dataclass(frozen=True)
+class Caller:
+    role: str | None
+    on_group: bool = False  # the role is held on the "in" group only
+
+    @property
+    def username(self):
+        return f"{'g' if self.on_group else 'r'}-{(self.role or 'nobody').lower()}"
+
+    def grant(self, securable, operation):
+        """None (not held), "global" or "group" — from the built-in role definitions, not from the database."""
+        if self.role is None or (securable, operation) not in BUILTIN_ROLES[self.role][1]:
+            return None
+        if self.on_group:
+            return "group" if securable in GROUP_SCOPED else None
+        return "global"
+
+    def __str__(self):
+        return f"{self.role or 'no role'}{'@group' if self.on_group else ''}"
+
+
+CALLERS = ([Caller(r) for r in GLOBAL_ROLES] + [Caller(r, on_group=True) for r in GROUP_ROLES] + [Caller(None)])
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one capability is confined. ``target``: which kind of object its arguments name (None: none);
+    ``reach``: the (securable, operation) whose grant scope confines that target (default: the capability's
+    own); ``compound``: an extra requirement, a function (caller, target) -> bool; ``rbac``: False when the
+    capability has no RBAC gate of its own (a self-check, or one's own ticket)."""
+
+    securable: str
+    operation: str
+    target: str | None = None
+    reach: tuple | None = None
+    compound: object = None
+    rbac: bool = True
+    human_only: bool = False
+    also: tuple = ()  # further (securable, operation) pairs the caller must hold somewhere
+
+
+def fleet_wide(securable, operation):
+    return lambda caller, target: caller.grant(securable, operation) == "global"
+
+
+def fleet_wide_or_owner(operation):
+    """A group's role assignments: a fleet-wide ManagementGroup grant, or ITServiceOwner on that group."""
+    return lambda caller, target: (caller.grant("ManagementGroup", operation) == "global"
+                                   or (caller.role == "ITServiceOwner" and caller.on_group and target == IN))
+
+
+def holds(securable, operation):
+    return lambda caller, target: caller.grant(securable, operation) is not None
+
+
+def reaches(rule, caller, target):
+    """May the caller reach this target at all (else it reads as absent)?"""
+    if target is None:
+        return True
+    if target == GHOST:
+        return False
+    kind = rule.target
+    if kind == "own":  # one's own token / ticket: in = mine, out = someone else's
+        return target == IN
+    if kind == "token_admin":  # revoke: one's own, or anyone's with a fleet-wide UserManagement:Write
+        return target == IN or caller.grant("UserManagement", "Write") == "global"
+    if kind == "dispatched":  # a bundle, or cancelling an execution: its dispatcher (never the caller here)
+        return caller.grant(*(rule.reach or (rule.securable, rule.operation))) == "global"  # or fleet-wide
+    securable, operation = rule.reach or (rule.securable, rule.operation)
+    scope = caller.grant(securable, operation)
+    return scope == "global" or (scope == "group" and target == IN)
+
+
+def expected(rule, tier, caller, target=None, face="mcp"):
+    """THE table (see the module docstring). Over REST, an operation the tier gates is refused outright —
+    an MCP token cannot get past an approval through the other face — before anything else is looked at."""
+    if not tier_permits(tier, rule.securable, rule.operation):
+        return TIER
+    if face == "rest" and tier_gates(tier, rule.securable, rule.operation):
+        return APPROVAL
+    if rule.human_only:
+        return RBAC
+    if rule.rbac and caller.grant(rule.securable, rule.operation) is None:
+        return RBAC
+    if any(caller.grant(s, o) is None for s, o in rule.also):
+        return RBAC
+    if not reaches(rule, caller, target):
+        return HIDDEN
+    if rule.compound is not None and not rule.compound(caller, target):
+        return RBAC
+    if tier_gates(tier, rule.securable, rule.operation):
+        return APPROVAL
+    return ALLOW
+
+
+# The tier policy as docs/tokens-and-rbac.md states it, restated here (not imported from yuzu.policy) so
+# that a change to the code's table shows up as mismatches.
+OPERATOR_MAY = {("Tag", "Write"), ("Tag", "Delete"), ("Execution", "Execute"), ("ApiToken", "Rotate"),
+                ("Approval", "Write")}
+SUPERVISED_GATES = {("Execution", "Execute"), ("Policy", "Write"), ("Security", "Write"), ("Security", "Execute"),
+                    ("UserManagement", "Write"), ("ManagementGroup", "Write"), ("ApiToken", "Write")}
+
+
+def tier_permits(tier, securable, operation):
+    if tier == "readonly":
+        return operation == "Read"
+    if tier == "operator":
+        return operation == "Read" or (securable, operation) in OPERATOR_MAY
+    return True  # supervised, or no tier at all
+
+
+def tier_gates(tier, securable, operation):
+    if tier == "operator":
+        return (securable, operation) == ("Tag", "Delete")
+    if tier == "supervised":
+        return operation == "Delete" or (securable, operation) in SUPERVISED_GATES
+    return False
+
+
+# --- the world --------------------------------------------------------------------------------------
+
+@dataclass
+class World:
+    """Two groups, an agent in each (connected, with the real plugin catalogue), a user per caller with a
+    token per tier, and someone else's executions, bundle, tickets and token to aim at."""
+
+    agents: dict = field(default_factory=dict)  # IN/OUT/GHOST -> agent id
+    groups: dict = field(default_factory=dict)  # IN/OUT/GHOST -> group id
+    executions: dict = field(default_factory=dict)
+    bundles: dict = field(default_factory=dict)
+    tickets: dict = field(default_factory=dict)  # IN/OUT/GHOST -> someone else's ticket pinned there
+    own_tickets: dict = field(default_factory=dict)  # username -> the caller's own pending ticket
+    tokens: dict = field(default_factory=dict)  # (username, tier) -> (ApiToken, raw)
+    other_token: str = ""
+    users: dict = field(default_factory=dict)
+
+    def token_of(self, caller, tier):
+        return self.tokens[(caller.username, tier)]
+
+
+def _agent(agent_id, group):
+    a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", arch="x86_64",
+                             connected=True, last_seen=timezone.now())
+    Tag.objects.create(agent=a, key="owner", value="payments")
+    AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugin_catalogue())
+    AgentInventory.objects.create(agent=a, plugin="os", data={"name": "linux"})
+    group.members.add(a)
+    return a
+
+
+def _execution(dispatcher, agent, bundle_id=""):
+    now = timezone.now()
+    ex = Execution.objects.create(plugin="os", action="info", command_id=f"os-{agent.pk}-{bundle_id or 'x'}",
+                                  dispatched_by=dispatcher, dispatched_at=now, expires_at=now + timedelta(minutes=5),
+                                  agents_targeted=1, agents_responded=1, agents_success=1,
+                                  status=Execution.Status.SUCCEEDED, completed_at=now, bundle_id=bundle_id,
+                                  bundle_step=0 if bundle_id else None)
+    AgentExecStatus.objects.create(execution=ex, agent=agent, status="success", exit_code=0)
+    Response.objects.create(execution=ex, agent_id=agent.pk, instruction_id=ex.command_id, status=AgentState.SUCCESS,
+                            output="linux", exit_code=0, timestamp=now, plugin="os")
+    return ex
+
+
+def ticket(submitter, agent_id, tool="delete_tag", args=None):
+    args = args or {"agent_id": agent_id, "key": "owner"}
+    return Approval.objects.create(definition_id=f"mcp.{tool}", submitted_by=submitter,
+                                   scope_expression=canonical_args(args), summary=f"{tool} on {agent_id}",
+                                   risk="destructive", pins={"agents": [agent_id]})
+
+
+def build_world(callers=CALLERS, tiers=TIERS):
+    User = get_user_model()
+    w = World()
+    g_in = ManagementGroup.objects.create(name="in-group")
+    g_out = ManagementGroup.objects.create(name="out-group")
+    w.groups = {IN: g_in.pk, OUT: g_out.pk, GHOST: "f" * 32}
+    a_in, a_out = _agent("in-1", g_in), _agent("out-1", g_out)
+    w.agents = {IN: a_in.pk, OUT: a_out.pk, GHOST: "ghost-1"}
+    zed = User.objects.create_user("zed")
+    assign_role(zed, "Administrator")
+    w.executions = {IN: _execution("zed", a_in).pk, OUT: _execution("zed", a_out).pk, GHOST: "e" * 32}
+    _execution("zed", a_in, "bundle-in")
+    _execution("zed", a_out, "bundle-out")
+    w.bundles = {IN: "bundle-in", OUT: "bundle-out", GHOST: "bundle-ghost"}
+    w.tickets = {IN: ticket("zed", a_in.pk).pk, OUT: ticket("zed", a_out.pk).pk, GHOST: "d" * 32}
+    w.other_token = ApiToken.mint(zed, "zed-token")[0].pk
+    locked = User.objects.create_user("locked-user")
+    AccountLockout.objects.create(user=locked, failed_attempts=5, locked_until=timezone.now() + timedelta(minutes=15))
+    InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
+    expires = timezone.now() + timedelta(days=30)
+    for caller in callers:
+        user = User.objects.create_user(caller.username)
+        w.users[caller.username] = user
+        if caller.role:
+            assign_role(user, caller.role, g_in if caller.on_group else None)
+        w.own_tickets[caller.username] = ticket(caller.username, a_in.pk, args={"agent_id": a_in.pk, "key": "mine"}).pk
+        for tier in tiers:
+            # Every caller's token is the successor of a rotation, so confirming it is a real, allowed call.
+            old = ApiToken.mint(user, "old", mcp_tier=tier, expires_at=expires if tier else None)[0]
+            token, raw = ApiToken.mint(user, f"{caller.username}-{tier or 'untiered'}", mcp_tier=tier,
+                                       expires_at=expires if tier else None)
+            token.rotated_from = old
+            token.save(update_fields=["rotated_from"])
+            w.tokens[(caller.username, tier)] = (token, raw)
+    return w
+
+
+# --- calling mcp.server.handle in process ----------------------------------------------------------
+
+def _headers(raw, sid=None):
+    h = {"authorization": f"Bearer {raw}", "content-type": "application/json",
+         "accept": "application/json, text/event-stream", "host": "127.0.0.1:8000"}
+    if sid:
+        h["mcp-session-id"] = sid
+    return h
+
+
+def open_session(raw, cat):
+    msg = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+           "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "matrix", "version": "1"}}}
+    reply = handle(Request("POST", _headers(raw), {}, cat, msg))
+    assert reply.status == 200, reply.body
+    return reply.headers.get("Mcp-Session-Id")

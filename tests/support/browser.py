@@ -1,0 +1,62 @@
+"""Debian's chromium for the browser tests, and a minimal MCP client over real HTTP."""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.db import connections
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+class McpHttp:
+    """Just enough of an MCP client over real HTTP: initialize, then tools/call."""
+
+    def __init__(self, server, token):
+        self.url = server.mcp
+        self.http = httpx.Client(timeout=30, headers={"authorization": f"Bearer {token}",
+                                                      "accept": "application/json, text/event-stream"})
+        r = self.http.post(self.url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                           "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                      "clientInfo": {"name": "browser-test", "version": "0"}}})
+        assert r.status_code == 200, r.text
+        self.http.headers.update({"mcp-session-id": r.headers["mcp-session-id"],
+                                  "mcp-protocol-version": "2025-11-25"})
+        self.next_id = 1
+
+    def call(self, name, arguments):
+        self.next_id += 1
+        r = self.http.post(self.url, json={"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+                                           "params": {"name": name, "arguments": arguments}})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def off_thread(fn, *args):
+    """ORM work while the browser is open: the Playwright sync API keeps an event loop on this thread,
+    so run it on a plain worker thread (and close that thread's connection)."""
+
+    def run():
+        try:
+            return fn(*args)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def require_browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium; "
+                    "`make test` does it through tests/support/system_deps.py). This test does not skip.")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("the playwright package is missing: pip install -r requirements-test.txt")
+    return sync_playwright

@@ -1,0 +1,644 @@
+"""The authorization matrix, generated from the registry and the URL resolver (issue 10, "the adversarial
+suite"): every MCP tool of both catalogues × tier × role (global, and held on one management group) ×
+target (in the caller's group, in another group, nonexistent), and every REST route × role, each compared
+with the ONE rule table in tests/support/authz.py. A tool or route with no row fails the suite, so nothing new is
+left out; a mismatch prints a table of what was expected and what was answered.
+
+The MCP cells call ``mcp.server.handle`` — what the HTTP transport calls — with a real token and session,
+each inside a transaction rolled back afterwards (so every cell sees the same world, and a write cell
+leaves nothing behind); ``test_matrix_sample_through_http`` checks that the HTTP face answers the same."""
+
+import os
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+
+from mcp.registry import catalogue
+from mcp.server import Continuation, Request, handle
+from tests.support.authz import (
+    ALLOW,
+    APPROVAL,
+    CALLERS,
+    GHOST,
+    HIDDEN,
+    IN,
+    OUT,
+    RBAC,
+    TIER,
+    TIERS,
+    Caller,
+    Rule,
+    _headers,
+    build_world,
+    expected,
+    fleet_wide,
+    fleet_wide_or_owner,
+    open_session,
+)
+from tests.support.mcp_http import McpClient
+
+pytestmark = pytest.mark.django_db
+
+
+# --- the MCP tools: one row per tool (variants where a tool takes several kinds of target) ------------
+
+class V:
+    """One way of calling a tool: its rule (pair as the table states it) and its arguments per target."""
+
+    def __init__(self, securable, operation, args, target=None, label="", **rule):
+        self.rule = Rule(securable, operation, target=target, **rule)
+        self.args = args
+        self.label = label
+        self.targets = (IN, OUT, GHOST) if target else (None,)
+
+
+def agent(w, t):
+    return w.agents[t]
+
+
+def group(w, t):
+    return w.groups[t]
+
+
+ISO_TOMORROW = lambda: (timezone.now() + timedelta(days=1)).isoformat()  # noqa: E731
+OWN = lambda w, t, c, tok: tok.pk if t == IN else (w.other_token if t == OUT else "0" * 24)  # noqa: E731
+MG_WRITE_FLEET_WIDE = fleet_wide("ManagementGroup", "Write")
+
+V1 = {
+    # agents, tags
+    "list_agents": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "get_agent_details": [V("Infrastructure", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    "get_tags": [V("Tag", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    "search_agents_by_tag": [V("Tag", "Read", lambda w, t, c, tok: {"key": "owner"})],
+    "set_tag": [V("Tag", "Write", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner", "value": "x"}, "agent")],
+    "delete_tag": [V("Tag", "Delete", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner"}, "agent")],
+    # management groups
+    "list_management_groups": [V("ManagementGroup", "Read", lambda w, t, c, tok: {})],
+    "get_management_group": [V("ManagementGroup", "Read", lambda w, t, c, tok: {"group_id": group(w, t)}, "group")],
+    "list_management_group_roles": [V("ManagementGroup", "Read", lambda w, t, c, tok: {"group_id": group(w, t)},
+                                      "group", compound=fleet_wide_or_owner("Read"))],
+    "create_management_group": [V("ManagementGroup", "Write", lambda w, t, c, tok: {"name": "new-group"},
+                                  compound=MG_WRITE_FLEET_WIDE)],
+    "update_management_group": [V("ManagementGroup", "Write", lambda w, t, c, tok: {"group_id": group(w, t),
+                                                                                      "description": "changed"},
+                                  "group", compound=MG_WRITE_FLEET_WIDE)],
+    "add_management_group_member": [V("ManagementGroup", "Write",
+                                      lambda w, t, c, tok: {"group_id": group(w, t), "agent_id": agent(w, IN)},
+                                      "group", compound=MG_WRITE_FLEET_WIDE)],
+    "assign_management_group_role": [V("ManagementGroup", "Write", lambda w, t, c, tok: {
+        "group_id": group(w, t), "username": "zed", "role": "Viewer"}, "group", compound=fleet_wide_or_owner("Write"))],
+    # orientation
+    "get_fleet_posture_fast": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "classify_operational_question": [V("Infrastructure", "Read", lambda w, t, c, tok: {"question": "is disk full?"})],
+    "get_incident_playbook": [V("Infrastructure", "Read", lambda w, t, c, tok: {"scenario": "disk full"})],
+    "summarize_working_set": [
+        V("Infrastructure", "Read", lambda w, t, c, tok: {"kind": "fleet"}, label="fleet"),
+        V("Infrastructure", "Read", lambda w, t, c, tok: {"kind": "agent", "id": agent(w, t)}, "agent", "agent"),
+        V("Infrastructure", "Read", lambda w, t, c, tok: {"kind": "execution", "id": w.executions[t]}, "execution",
+          "execution", reach=("Execution", "Read"), also=(("Execution", "Read"),)),
+    ],
+    "discover_routes": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    # executions
+    "execute_instruction": [
+        V("Execution", "Execute", lambda w, t, c, tok: {"plugin": "os", "action": "info", "agent_ids": [agent(w, t)]},
+          "agent", "agent_ids"),
+        V("Execution", "Execute", lambda w, t, c, tok: {"plugin": "os", "action": "info"}, label="all"),
+    ],
+    "get_execution_status": [V("Execution", "Read", lambda w, t, c, tok: {"execution_id": w.executions[t]},
+                               "execution")],
+    "list_executions": [V("Execution", "Read", lambda w, t, c, tok: {})],
+    "query_responses": [V("Response", "Read", lambda w, t, c, tok: {"execution_id": w.executions[t]}, "execution")],
+    "aggregate_responses": [V("Response", "Read", lambda w, t, c, tok: {"execution_id": w.executions[t],
+                                                                         "group_by": "status"}, "execution")],
+    "execute_bundle": [V("Execution", "Execute", lambda w, t, c, tok: {
+        "agent_id": agent(w, t), "steps": [{"plugin": "os", "action": "info"}]}, "agent")],
+    "get_bundle_result": [V("Response", "Read", lambda w, t, c, tok: {"bundle_id": w.bundles[t]}, "dispatched",
+                            reach=("Execution", "Read"))],
+    # inventory, definitions, scope, quarantine
+    "query_inventory": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "list_inventory_tables": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "get_agent_inventory": [V("Infrastructure", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    "discover_plugins": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "discover_instructions": [V("InstructionDefinition", "Read", lambda w, t, c, tok: {})],
+    "list_definitions": [V("InstructionDefinition", "Read", lambda w, t, c, tok: {})],
+    "get_definition": [V("InstructionDefinition", "Read", lambda w, t, c, tok: {"id": "def-1"})],
+    "validate_scope": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"}, rbac=False)],
+    "preview_scope_targets": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"})],
+    "discover_scope_kinds": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    # audit, permissions, tokens, accounts
+    "query_audit_log": [V("AuditLog", "Read", lambda w, t, c, tok: {})],
+    "check_permission": [V("Infrastructure", "Read", lambda w, t, c, tok: {"securable_type": "Tag", "operation": "Read"},
+                           rbac=False)],
+    "discover_permissions": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
+    "list_api_tokens": [V("ApiToken", "Read", lambda w, t, c, tok: {})],
+    "create_api_token": [V("ApiToken", "Write", lambda w, t, c, tok: {"name": "new", "mcp_tier": "readonly",
+                                                                      "expires_at": ISO_TOMORROW()})],
+    "revoke_api_token": [V("ApiToken", "Delete", lambda w, t, c, tok: {"token_id": OWN(w, t, c, tok)}, "token_admin")],
+    "rotate_api_token": [V("ApiToken", "Rotate", lambda w, t, c, tok: {"token_id": OWN(w, t, c, tok)}, "own")],
+    "confirm_api_token_rotation": [V("ApiToken", "Rotate", lambda w, t, c, tok: {"token_id": OWN(w, t, c, tok)},
+                                     "own")],
+    "unlock_account": [V("UserManagement", "Write", lambda w, t, c, tok: {"username": "locked-user"})],
+    # approvals
+    "list_pending_approvals": [V("Approval", "Read", lambda w, t, c, tok: {})],
+    "get_approval": [V("Approval", "Read", lambda w, t, c, tok: {"approval_id": w.tickets[t]}, "ticket",
+                       reach=("Approval", "Approve"))],
+    "withdraw_approval": [V("Approval", "Write", lambda w, t, c, tok: {
+        "approval_id": w.own_tickets[c.username] if t == IN else w.tickets[t]}, "own", rbac=False)],
+    "approve_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
+    "reject_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
+}
+
+BRIDGE = {
+    "bridge_send": [V("Bridge", "Write", lambda w, t, c, tok: {"content": "hi", "wait": False, "autoSpawn": False})],
+    "bridge_reply": [V("Bridge", "Write", lambda w, t, c, tok: {"content": "done"})],
+    "bridge_ask": [V("Bridge", "Write", lambda w, t, c, tok: {"content": "which one?", "timeoutMs": 0})],
+    "bridge_status": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_spawn": [V("Bridge", "Execute", lambda w, t, c, tok: {"profile": "no-such-profile"})],
+    "bridge_list": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_stop": [V("Bridge", "Execute", lambda w, t, c, tok: {"paneId": "%999999"})],
+    "bridge_poll": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_ack": [V("Bridge", "Write", lambda w, t, c, tok: {"ids": ["no-such-item"]})],
+    "bridge_profiles": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_whoami": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_read": [V("Bridge", "Read", lambda w, t, c, tok: {})],
+    "bridge_cancel": [V("Bridge", "Write", lambda w, t, c, tok: {})],
+}
+TABLES = {"v1": V1, "bridge": BRIDGE}
+
+
+# --- calling and classifying -----------------------------------------------------------------------
+
+
+def call(raw, sid, cat, name, args):
+    """One tools/call through mcp.server.handle, rolled back afterwards."""
+    msg = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}
+    with transaction.atomic():
+        out = handle(Request("POST", _headers(raw, sid), {}, cat, msg))
+        transaction.set_rollback(True)
+    return out
+
+
+def classify(out, cat):
+    """The answer as one of the table's outcomes, or a description of something else."""
+    if isinstance(out, Continuation):
+        return ALLOW, ""  # an async tool passed every check; the transport would now await its handler
+    body = out.body or {}
+    err = body.get("error")
+    if err is None:
+        result = body.get("result", {})
+        structured = result.get("structuredContent") or {}
+        if structured.get("status") == "no_agents_reached":
+            return HIDDEN, "no_agents_reached"
+        if result.get("isError") and cat == "v1":
+            return f"tool failure: {structured.get('error', {}).get('message', '')[:80]}", ""
+        return ALLOW, ""
+    code, message = err["code"], err["message"]
+    if code == -32004:
+        return TIER, message
+    if code == -32003:
+        return RBAC, message
+    if code == -32006:
+        return APPROVAL, message
+    if code == -32602 and ("not found" in message or message.startswith("nothing to approve")):
+        return HIDDEN, message
+    return f"error {code}: {message[:80]}", message
+
+
+def rule_for(tool, variant):
+    """The table's rule, checked against the registry's classification of the tool."""
+    r = variant.rule
+    return r, (tool.securable, tool.operation) == (r.securable, r.operation)
+
+
+def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS):
+    cat = catalogue(cat_name)
+    table = TABLES[cat_name]
+    missing = sorted(set(cat.tools) - set(table))
+    stale = sorted(set(table) - set(cat.tools))
+    w = build_world(callers, tiers)
+    rows, cells = [], 0
+    for name in missing:
+        rows.append((name, "-", "-", "-", "a row in the table", "no row (add one to TABLES)"))
+    for name in stale:
+        rows.append((name, "-", "-", "-", "a registered tool", "not registered"))
+    for caller in callers:
+        for tier in tiers:
+            token, raw = w.token_of(caller, tier)
+            sid = open_session(raw, cat_name)
+            for name in sorted(set(cat.tools) & set(table)):
+                tool = cat.tools[name]
+                for variant in table[name]:
+                    rule, same_pair = rule_for(tool, variant)
+                    if not same_pair:
+                        rows.append((name, str(caller), tier, "-", f"{rule.securable}:{rule.operation}",
+                                     f"registry: {tool.securable}:{tool.operation}"))
+                        continue
+                    answers = {}
+                    for target in variant.targets:
+                        cells += 1
+                        want = expected(rule, tier, caller, target)
+                        got, message = classify(call(raw, sid, cat_name, name, variant.args(w, target, caller, token)),
+                                                cat_name)
+                        answers[target] = (got, message)
+                        if got != want:
+                            rows.append((f"{name}{':' + variant.label if variant.label else ''}", str(caller),
+                                         tier or "untiered", target or "-", want, f"{got} {message[:90]}".strip()))
+                    # No oracle: an id in another group and an id that does not exist read alike.
+                    if GHOST in answers and answers[OUT][0] == answers[GHOST][0] == HIDDEN:
+                        out_msg = answers[OUT][1].replace(str(variant.args(w, OUT, caller, token)), "<args>")
+                        out_msg = _normalise(out_msg, w, OUT)
+                        ghost_msg = _normalise(answers[GHOST][1], w, GHOST)
+                        if out_msg != ghost_msg:
+                            rows.append((name, str(caller), tier or "untiered", "out vs ghost",
+                                         "the same answer", f"{out_msg[:60]!r} vs {ghost_msg[:60]!r}"))
+    return rows, cells
+
+
+def _normalise(message, w, target):
+    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets):
+        message = message.replace(str(ids[target]), "<id>")
+    return message.replace(str(w.other_token), "<id>").replace("0" * 24, "<id>")
+
+
+def mismatch_table(rows):
+    header = ("tool", "caller", "tier", "target", "expected", "answered")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    widths[-1] = min(widths[-1], 100)
+    fmt = " | ".join(f"{{:{w}.{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+                     + [fmt.format(*map(str, r)) for r in rows])
+
+
+@pytest.mark.parametrize("cat_name", ["v1", "bridge"])
+def test_mcp_matrix(cat_name):
+    rows, cells = run_mcp_matrix(cat_name)
+    assert cells > (800 if cat_name == "v1" else 100)
+    if rows:
+        pytest.fail(f"{len(rows)} of {cells} cells disagree with the rule table:\n" + mismatch_table(rows),
+                    pytrace=False)
+
+
+# --- the REST routes: one row per (route, method), derived from the URL resolver --------------------
+
+class R:
+    """One REST call: its rule, path and body per target, and the status an allowed call answers."""
+
+    def __init__(self, securable, operation, path, body=None, target=None, ok=200, label="", **rule):
+        self.rule = Rule(securable, operation, target=target, **rule)
+        self.path, self.body, self.ok, self.label = path, body, ok, label
+        self.targets = (IN, OUT, GHOST) if target else (None,)
+
+
+A = lambda w, t: w.agents[t]  # noqa: E731
+G = lambda w, t: w.groups[t]  # noqa: E731
+E = lambda w, t: w.executions[t]  # noqa: E731
+TOK = lambda w, t, tok: tok.pk if t == IN else (w.other_token if t == OUT else "0" * 24)  # noqa: E731
+EX_BODY = lambda w, t, c, tok: {"plugin": "os", "action": "info", "agent_ids": [A(w, t)]}  # noqa: E731
+#: anyone authenticated; the tier still applies (Read passes every tier)
+OPEN = {"rbac": False}
+
+REST = {
+    ("api/v1/tokens", "GET"): [R("ApiToken", "Read", lambda w, t, c, tok: "/api/v1/tokens")],
+    ("api/v1/tokens", "POST"): [R("ApiToken", "Write", lambda w, t, c, tok: "/api/v1/tokens", ok=201,
+                                  body=lambda w, t, c, tok: {"name": "new", "mcp_tier": "readonly",
+                                                             "expires_at": ISO_TOMORROW()})],
+    ("api/v1/tokens/<str:token_id>", "DELETE"): [R("ApiToken", "Delete", lambda w, t, c, tok: f"/api/v1/tokens/{TOK(w, t, tok)}",
+                                                   target="token_admin")],
+    ("api/v1/tokens/<str:token_id>/rotate", "POST"): [R("ApiToken", "Rotate", lambda w, t, c, tok: f"/api/v1/tokens/{TOK(w, t, tok)}/rotate",
+                                                        target="own", ok=201)],
+    ("api/v1/tokens/<str:token_id>/confirm", "POST"): [R("ApiToken", "Rotate", lambda w, t, c, tok: f"/api/v1/tokens/{TOK(w, t, tok)}/confirm",
+                                                         target="own")],
+    ("api/v1/rbac/check", "POST"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/rbac/check",
+                                      body=lambda w, t, c, tok: {"securable_type": "Tag", "operation": "Read"}, **OPEN)],
+    ("api/v1/rbac/roles", "GET"): [R("UserManagement", "Read", lambda w, t, c, tok: "/api/v1/rbac/roles")],
+    ("api/v1/rbac/roles/<str:name>/permissions", "GET"): [R("UserManagement", "Read",
+                                                            lambda w, t, c, tok: "/api/v1/rbac/roles/Viewer/permissions")],
+    ("api/v1/users/<str:username>/unlock", "POST"): [R("UserManagement", "Write",
+                                                       lambda w, t, c, tok: "/api/v1/users/locked-user/unlock")],
+    ("api/v1/audit", "GET"): [R("AuditLog", "Read", lambda w, t, c, tok: "/api/v1/audit")],
+    ("api/v1/agents", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/agents")],
+    ("api/v1/agents/<str:agent_id>", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: f"/api/v1/agents/{A(w, t)}",
+                                                target="agent")],
+    ("api/v1/management-groups", "GET"): [R("ManagementGroup", "Read", lambda w, t, c, tok: "/api/v1/management-groups")],
+    ("api/v1/management-groups", "POST"): [R("ManagementGroup", "Write", lambda w, t, c, tok: "/api/v1/management-groups",
+                                             body=lambda w, t, c, tok: {"name": "new-group"}, ok=201,
+                                             compound=MG_WRITE_FLEET_WIDE)],
+    ("api/v1/management-groups/<str:group_id>", "GET"): [R("ManagementGroup", "Read",
+                                                           lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}",
+                                                           target="group")],
+    ("api/v1/management-groups/<str:group_id>", "PUT"): [R("ManagementGroup", "Write",
+                                                           lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}",
+                                                           body=lambda w, t, c, tok: {"description": "changed"},
+                                                           target="group", compound=MG_WRITE_FLEET_WIDE)],
+    ("api/v1/management-groups/<str:group_id>/members", "POST"): [R(
+        "ManagementGroup", "Write", lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}/members",
+        body=lambda w, t, c, tok: {"agent_id": A(w, IN)}, target="group", ok=201, compound=MG_WRITE_FLEET_WIDE)],
+    ("api/v1/management-groups/<str:group_id>/roles", "GET"): [R(
+        "ManagementGroup", "Read", lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}/roles", target="group",
+        compound=fleet_wide_or_owner("Read"))],
+    ("api/v1/management-groups/<str:group_id>/roles", "POST"): [R(
+        "ManagementGroup", "Write", lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}/roles", target="group",
+        body=lambda w, t, c, tok: {"username": "zed", "role": "Viewer"}, ok=201, compound=fleet_wide_or_owner("Write"))],
+    ("api/v1/executions", "GET"): [R("Execution", "Read", lambda w, t, c, tok: "/api/v1/executions")],
+    ("api/v1/executions", "POST"): [R("Execution", "Execute", lambda w, t, c, tok: "/api/v1/executions", body=EX_BODY,
+                                      target="agent", ok=202)],
+    ("api/v1/executions/<str:execution_id>", "GET"): [R("Execution", "Read",
+                                                        lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}",
+                                                        target="execution")],
+    ("api/v1/executions/<str:execution_id>/cancel", "POST"): [R(
+        "Execution", "Execute", lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}/cancel", target="dispatched")],
+    ("api/v1/executions/<str:execution_id>/responses", "GET"): [R(
+        "Response", "Read", lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}/responses", target="execution")],
+    ("api/v1/executions/<str:execution_id>/aggregate", "GET"): [R(
+        "Response", "Read", lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}/aggregate", target="execution")],
+    ("api/v1/bundles", "POST"): [R("Execution", "Execute", lambda w, t, c, tok: "/api/v1/bundles", target="agent", ok=202,
+                                   body=lambda w, t, c, tok: {"agent_id": A(w, t),
+                                                              "steps": [{"plugin": "os", "action": "info"}]})],
+    ("api/v1/bundles/<str:bundle_id>", "GET"): [R("Response", "Read",
+                                                  lambda w, t, c, tok: f"/api/v1/bundles/{w.bundles[t]}",
+                                                  target="dispatched", reach=("Execution", "Read"))],
+    ("api/v1/tags", "GET"): [R("Tag", "Read", lambda w, t, c, tok: f"/api/v1/tags?agent_id={A(w, t)}", target="agent"),
+                             R("Tag", "Read", lambda w, t, c, tok: "/api/v1/tags?key=owner", label="search")],
+    ("api/v1/tags", "PUT"): [R("Tag", "Write", lambda w, t, c, tok: "/api/v1/tags", target="agent",
+                               body=lambda w, t, c, tok: {"agent_id": A(w, t), "key": "owner", "value": "x"})],
+    ("api/v1/tags/<str:agent_id>/<str:key>", "DELETE"): [R("Tag", "Delete",
+                                                           lambda w, t, c, tok: f"/api/v1/tags/{A(w, t)}/owner",
+                                                           target="agent")],
+    ("api/v1/inventory", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/inventory")],
+    ("api/v1/inventory/tables", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/inventory/tables")],
+    ("api/v1/agents/<str:agent_id>/inventory", "GET"): [R("Infrastructure", "Read",
+                                                          lambda w, t, c, tok: f"/api/v1/agents/{A(w, t)}/inventory",
+                                                          target="agent")],
+    ("api/v1/scope/validate", "POST"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/scope/validate",
+                                          body=lambda w, t, c, tok: {"expression": "ostype == linux"})],
+    ("api/v1/scope/preview", "POST"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/scope/preview",
+                                         body=lambda w, t, c, tok: {"expression": "ostype == linux"})],
+    ("api/v1/discover/<str:kind>", "GET"): [
+        R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/plugins", label="plugins"),
+        R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/instructions", label="instructions",
+          also=(("InstructionDefinition", "Read"),)),
+        R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/scope-kinds", label="scope-kinds"),
+        R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/routes", label="routes")],
+    ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
+                                      body=lambda w, t, c, tok: {"agent_id": A(w, t)})],
+    ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
+    ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
+    ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
+    ("api/v1/approvals", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals")],
+    ("api/v1/approvals/pending/count", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals/pending/count")],
+    ("api/v1/approvals/<str:approval_id>", "GET"): [R("Approval", "Read",
+                                                      lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[t]}",
+                                                      target="ticket", reach=("Approval", "Approve"))],
+    ("api/v1/approvals/<str:approval_id>/approve", "POST"): [R(
+        "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/approve", human_only=True)],
+    ("api/v1/approvals/<str:approval_id>/reject", "POST"): [R(
+        "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/reject", human_only=True)],
+    ("api/v1/approvals/<str:approval_id>/withdraw", "POST"): [R(
+        "Approval", "Write", lambda w, t, c, tok: "/api/v1/approvals/"
+        + (w.own_tickets[c.username] if t == IN else w.tickets[t]) + "/withdraw", target="own", rbac=False)],
+    ("api/v1/bridge/members", "GET"): [R("Bridge", "Read", lambda w, t, c, tok: "/api/v1/bridge/members")],
+    # The world has no bridge profile: an allowed spawn gets as far as the profile lookup (404).
+    ("api/v1/bridge/members", "POST"): [R("Bridge", "Execute", lambda w, t, c, tok: "/api/v1/bridge/members", ok=404,
+                                          body=lambda w, t, c, tok: {"profile": "no-such-profile"})],
+    ("api/v1/bridge/members/<str:pane_id>", "DELETE"): [R("Bridge", "Execute",
+                                                          lambda w, t, c, tok: "/api/v1/bridge/members/%25999999")],
+}
+#: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
+PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
+ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
+#: the OAuth 2.1 authorization server (oauth/): protocol endpoints whose answers to a bare GET the RFCs fix —
+#: discovery documents are public, an authorize request without client_id is a 400, token / registration /
+#: revocation are POST-only. An API token changes none of it (their rules: tests/test_oauth*.py).
+OAUTH = {(".well-known/oauth-protected-resource", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/v1", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/v1/", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/bridge", "GET"): 200,
+         (".well-known/oauth-protected-resource/mcp/bridge/", "GET"): 200,
+         (".well-known/oauth-authorization-server", "GET"): 200,
+         ("oauth/authorize", "GET"): 400, ("oauth/token", "GET"): 405, ("oauth/register", "GET"): 405,
+         ("oauth/revoke", "GET"): 405}
+#: the hook sink takes a bridge worker's own token only: every API token is refused as a credential (401)
+WORKER_ONLY = {("api/v1/bridge/members/<str:pane_id>/events", "POST"): "/api/v1/bridge/members/%25999999/events"}
+#: the admin is for people: an OTP-verified session. Its pages redirect anyone else to the login page;
+#: only these answer without one.
+ADMIN_OPEN = {"admin/login/", "admin/logout/", "admin/jsi18n/"}
+EXPECTED_STATUS = {TIER: 403, RBAC: 403, APPROVAL: 403, HIDDEN: 404}
+#: every caller with an untiered token, and the tiers with three callers (the most permissions, a group-scoped
+#: one, a reader) — the tier check is one function for every route; YUZU_FUZZ=full (make fuzz) runs all 40
+REST_CALLERS = [(c, t) for c in CALLERS for t in TIERS
+                if t == "" or os.environ.get("YUZU_FUZZ") == "full"
+                or c in (Caller("Administrator"), Caller("ITServiceOwner", on_group=True), Caller("Viewer"))]
+
+
+def url_routes():
+    """Every (route, method) of the URLconf: the admin's patterns, and the REST and probe routes with the
+    methods their views accept."""
+    out = []
+
+    def walk(patterns, prefix):
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, prefix + str(p.pattern))
+            elif isinstance(p, URLPattern):
+                route = prefix + str(p.pattern)
+                cls = getattr(p.callback, "cls", None)
+                methods = [m.upper() for m in ("get", "post", "put", "patch", "delete") if hasattr(cls, m)] \
+                    if cls is not None else ["GET"]
+                out.extend((route, m) for m in methods)
+
+    walk(get_resolver().url_patterns, "")
+    return out
+
+
+def admin_path(route):
+    """A concrete path for an admin URL pattern (converters and the app-list/catch-all regexes filled in)."""
+    route = re.sub(r"<[^>]+>", "1", route)
+    route = re.sub(r"\(\?P<app_label>([^|)]+)[^)]*\)", r"\1", route)
+    route = route.replace("(?P<url>.*)", "no-such-page/")
+    return "/" + route.replace("^", "").replace("$", "")
+
+
+def rest_call(client, method, path, body, raw):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {raw}"} if raw else {}
+    with transaction.atomic():
+        if method == "GET":
+            r = client.get(path, **headers)
+        else:
+            r = getattr(client, method.lower())(path, body if body is not None else {}, content_type="application/json",
+                                                **headers)
+        transaction.set_rollback(True)
+    return r
+
+
+def rest_outcome(r, row):
+    if r.status_code == row.ok:
+        body = r.json() if r.get("Content-Type", "").startswith("application/json") else {}
+        data = body.get("data") if isinstance(body, dict) else None
+        if isinstance(data, dict) and data.get("status") == "no_agents_reached":
+            return HIDDEN
+        return ALLOW
+    for outcome, status in EXPECTED_STATUS.items():
+        if r.status_code == status:
+            return "forbidden" if status == 403 else outcome
+    return f"HTTP {r.status_code}"
+
+
+def test_rest_matrix():
+    routes = url_routes()
+    api = [(r, m) for r, m in routes if not r.startswith("admin/")]
+    rows = [(f"{m} {r}", "-", "-", "-", "a row in REST / PUBLIC / WORKER_ONLY", "no row")
+            for r, m in api if (r, m) not in REST and (r, m) not in PUBLIC and (r, m) not in WORKER_ONLY
+            and (r, m) not in OAUTH]
+    rows += [(f"{m} {r}", "-", "-", "-", "a route", "no such route") for r, m in set(REST) - set(api)]
+    w = build_world()
+    client = Client()
+    cells = 0
+    for caller, tier in REST_CALLERS:
+        token, raw = w.token_of(caller, tier)
+        for (route, method), variants in sorted(REST.items()):
+            for row in variants:
+                for target in row.targets:
+                    cells += 1
+                    want = expected(row.rule, tier, caller, target, face="rest")
+                    want = "forbidden" if want in (TIER, RBAC, APPROVAL) else want
+                    body = row.body(w, target, caller, token) if row.body else None
+                    r = rest_call(client, method, row.path(w, target, caller, token), body, raw)
+                    got = rest_outcome(r, row)
+                    if got != want:
+                        rows.append((f"{method} {route}{' ' + row.label if row.label else ''}", str(caller),
+                                     tier or "untiered", target or "-", want,
+                                     f"{got} {r.content[:90].decode(errors='replace')}"))
+    # Without a credential: 401 everywhere but the probes; the hook sink refuses API tokens.
+    token, raw = w.token_of(Caller("Administrator"), "")
+    for route, method in api:
+        path = REST[(route, method)][0].path(w, IN, Caller("Administrator"), token) if (route, method) in REST \
+            else WORKER_ONLY.get((route, method), "/" + route)
+        r = rest_call(client, method, path, None, None)
+        cells += 1
+        want = OAUTH.get((route, method)) or (200 if (route, method) in ANONYMOUS_OK else 401)
+        if r.status_code != want:
+            rows.append((f"{method} {route}", "anonymous", "-", "-", want, r.status_code))
+        if (route, method) in OAUTH:
+            r = rest_call(client, method, path, None, raw)
+            cells += 1
+            if r.status_code != want:
+                rows.append((f"{method} {route}", "Administrator's API token", "-", "-", want, r.status_code))
+        if (route, method) in WORKER_ONLY:
+            r = rest_call(client, method, path, {}, raw)
+            cells += 1
+            if r.status_code != 401:
+                rows.append((f"{method} {route}", "API token", "-", "-", 401, r.status_code))
+    # The admin is for people: without an OTP-verified session every page redirects to the login page.
+    for route, _method in routes:
+        if not route.startswith("admin/") or route in ADMIN_OPEN:
+            continue
+        cells += 1
+        r = rest_call(client, "GET", admin_path(route), None, raw)
+        if r.status_code != 302 or "/admin/login/" not in r.get("Location", ""):
+            rows.append((f"GET {route}", "Administrator's token", "-", "-", "302 to /admin/login/", r.status_code))
+    if rows:
+        pytest.fail(f"{len(rows)} of {cells} REST cells disagree with the rule table:\n" + mismatch_table(rows),
+                    pytrace=False)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_matrix_sample_through_http():
+    """The matrix calls mcp.server.handle; over HTTP (the ASGI app) a group-scoped caller's read cells and a
+    tier refusal answer the same."""
+    caller, tier = Caller("ITServiceOwner", on_group=True), "readonly"
+    w = build_world([caller], [tier])
+    token, raw = w.token_of(caller, tier)
+    client = McpClient(raw)
+    client.initialize()
+    rows = []
+    for name, variants in sorted(V1.items()):
+        for variant in variants:
+            if variant.rule.operation != "Read" and name != "set_tag":
+                continue  # reads only (this test commits), plus one write the tier refuses
+            for target in variant.targets:
+                want = expected(variant.rule, tier, caller, target)
+                r = client.call(name, variant.args(w, target, caller, token))
+                assert r.status == 200, r.body
+                got = classify(type("Reply", (), {"body": r.json()})(), "v1")[0]
+                if got != want:
+                    rows.append((name, str(caller), tier, target or "-", want, got))
+    assert not rows, mismatch_table(rows)
+
+
+# --- what the matrix found, one story each (each failed before its fix) --------------------------------
+
+def _mcp(w, caller, tier, cat="v1"):
+    token, raw = w.token_of(caller, tier)
+    return lambda name, args: classify(call(raw, open_session(raw, cat), cat, name, args), cat)
+
+
+def test_a_group_owner_cannot_widen_its_own_group():
+    """ITServiceOwner on one group held ManagementGroup:Write there, and the services never asked which
+    group: it could point its group's scope at the whole fleet (or add another group's device to it) and
+    so gain Execution:Execute everywhere. Changing membership now needs a fleet-wide grant."""
+    owner = Caller("ITServiceOwner", on_group=True)
+    w = build_world([owner], [""])
+    mcp = _mcp(w, owner, "")
+    widen = {"group_id": w.groups[IN], "membership_type": "dynamic", "scope_expression": "ostype == linux"}
+    assert mcp("update_management_group", widen)[0] == RBAC
+    assert mcp("add_management_group_member", {"group_id": w.groups[IN], "agent_id": w.agents[OUT]})[0] == RBAC
+    assert mcp("create_management_group", {"name": "mine", "parent_id": w.groups[IN],
+                                           "membership_type": "dynamic", "scope_expression": "__all__"})[0] == RBAC
+    assert mcp("update_management_group", {"group_id": w.groups[OUT], "description": "x"})[0] == HIDDEN
+    token, raw = w.token_of(owner, "")
+    r = Client().put(f"/api/v1/management-groups/{w.groups[OUT]}", {"description": "x"},
+                     content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 404  # the same answer as over MCP: another group reads as absent
+
+
+def test_a_group_grant_gives_nothing_on_securables_that_are_no_groups():
+    """A Viewer held on one group read the whole audit log (and listed its tokens) over MCP, while REST
+    refused: a grant on a group now counts only for device-scoped securables, on both faces."""
+    viewer = Caller("Viewer", on_group=True)
+    w = build_world([viewer], ["readonly"])
+    mcp = _mcp(w, viewer, "readonly")
+    assert mcp("query_audit_log", {})[0] == RBAC
+    assert mcp("list_api_tokens", {})[0] == RBAC
+    assert mcp("list_agents", {})[0] == ALLOW
+    token, raw = w.token_of(viewer, "readonly")
+    sid = open_session(raw, "v1")
+    read = handle(Request("POST", _headers(raw, sid), {}, "v1", {"jsonrpc": "2.0", "id": 2, "method": "resources/read",
+                                                                  "params": {"uri": "yuzu://audit/recent"}}))
+    assert read.body["error"]["code"] == -32003
+
+
+def test_an_execution_in_another_group_reads_as_absent_everywhere():
+    """summarize_working_set(kind=execution) and query_responses named another group's execution by id:
+    the summary showed its responses (agent ids, statuses, exit codes); the query its status."""
+    viewer = Caller("Viewer", on_group=True)
+    w = build_world([viewer], ["readonly"])
+    mcp = _mcp(w, viewer, "readonly")
+    for name, args in (("summarize_working_set", {"kind": "execution", "id": w.executions[OUT]}),
+                       ("query_responses", {"execution_id": w.executions[OUT]}),
+                       ("aggregate_responses", {"execution_id": w.executions[OUT], "group_by": "status"})):
+        got, message = mcp(name, args)
+        assert (got, message) == (HIDDEN, f"Execution not found: {w.executions[OUT]}"), name
+    assert mcp("summarize_working_set", {"kind": "execution", "id": w.executions[IN]})[0] == ALLOW
+
+
+def test_rest_honours_the_tier_where_a_view_had_no_rbac_gate():
+    """POST …/management-groups/{id}/roles and POST …/approvals/{id}/withdraw skipped rbac.check, so the
+    token's tier was never asked: a readonly (or supervised, skipping its approval) token granted roles."""
+    admin = Caller("Administrator")
+    w = build_world([admin], ["readonly", "supervised"])
+    c = Client()
+    for tier in ("readonly", "supervised"):
+        raw = w.token_of(admin, tier)[1]
+        r = c.post(f"/api/v1/management-groups/{w.groups[IN]}/roles", {"username": "zed", "role": "Viewer"},
+                   content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+        assert r.status_code == 403, (tier, r.content)
+    raw = w.token_of(admin, "readonly")[1]
+    r = c.post(f"/api/v1/approvals/{w.own_tickets[admin.username]}/withdraw", {}, content_type="application/json",
+               HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 403 and "tier" in r.json()["error"]["message"]

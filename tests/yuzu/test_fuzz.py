@@ -1,0 +1,224 @@
+"""Fuzzing (issue 10, "the adversarial suite"): generated JSON-RPC bodies against /mcp/v1/ and /mcp/bridge/
+(tests/support/fuzz.py: valid-ish and hostile, from the real input schemas), and schemathesis against the REST API's
+OpenAPI document — both in-process, with an Administrator's token (untiered and supervised) and a low-privilege
+one. The properties: no 5xx, no stack trace in a body, every JSON answer parses, nothing logged at ERROR.
+
+``make test`` runs a derandomized subset (seconds); ``make fuzz`` (YUZU_FUZZ=full) runs the full counts here
+and the same generators against a real daphne (bench/fuzz/run.py). Figures: docs/security.md."""
+
+import json
+import logging
+import os
+from datetime import timedelta
+
+import pytest
+import schemathesis
+from channels.layers import channel_layers
+from django.core.wsgi import get_wsgi_application
+from django.test import Client
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet.agent.plugins import catalogue as plugin_catalogue
+from fleet.models import Agent, AgentInventory, ManagementGroup, Tag
+from tests.support.fuzz import bodies
+from tests.support.mcp_http import McpClient, request
+from yuzu.models import ApiToken
+
+FULL = os.environ.get("YUZU_FUZZ") == "full"
+#: bodies per endpoint: make test / make fuzz (two endpoints: at least 10,000 in the full run)
+BODIES = 6000 if FULL else 150
+COUNTS = {}
+SESSION = st.sampled_from([True] * 9 + [False])  # mostly within the session, so calls get past the transport
+
+
+class Errors(logging.Handler):
+    """Everything logged at ERROR or above while the fuzz runs (a handler bug logs its stack trace there)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def report(self):
+        return "\n".join(f"{r.name}: {r.getMessage()}\n{self.format(r) if r.exc_info else ''}" for r in self.records[:5])
+
+
+@pytest.fixture
+def error_log():
+    handler = Errors()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield handler
+    root.removeHandler(handler)
+
+
+def fuzz_world(make_user, mint):
+    """Two agents (one connected, with the plugin catalogue), a group, and three callers."""
+    g = ManagementGroup.objects.create(name="fuzz")
+    for agent_id, connected in (("fz-1", True), ("fz-2", False)):
+        a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", connected=connected)
+        AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugin_catalogue())
+        Tag.objects.create(agent=a, key="env", value="test")
+        g.members.add(a)
+    return {"admin": mint("fz-admin", role="Administrator", tier="", days=None),
+            "supervised": mint("fz-admin", role="Administrator", tier="supervised"),
+            "viewer": mint("fz-viewer", role="Viewer", tier="readonly")}
+
+
+def check(resp, where):
+    """The properties every answer must have."""
+    assert resp.status < 500, f"{where}: HTTP {resp.status}: {resp.body[:300]!r}"
+    assert b"Traceback" not in resp.body, f"{where}: a stack trace in the body"
+    if resp.body and resp.headers.get("content-type", "").startswith("application/json"):
+        json.loads(resp.body)
+
+
+def run_bodies(path, cat, make_user, mint, error_log):
+    tokens = fuzz_world(make_user, mint)
+    clients = {}
+    for who, raw in tokens.items():
+        c = McpClient(raw, path=path)
+        c.initialize()
+        clients[who] = c
+
+    @settings(max_examples=BODIES, derandomize=not FULL, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(body=bodies(cat, large=FULL), who=st.sampled_from(sorted(tokens)), session=SESSION)
+    def one(body, who, session):
+        # Every in-process request runs on a new event loop: an in-memory channel layer (and its queues) from
+        # an earlier example would be bound to a loop that is gone (as tests/conftest.py does per test).
+        channel_layers.backends.clear()
+        c = clients[who]
+        headers = c.headers() if session else {"authorization": f"Bearer {c.token}"}
+        headers["accept"] = "application/json"  # a plain answer; streamed POSTs are tests/mcp/test_mcp_streams.py's
+        resp = request(body=body, headers=headers, path=path)
+        COUNTS[cat] = COUNTS.get(cat, 0) + 1
+        check(resp, f"{path} {body[:200]!r}")
+
+    one()
+    assert not error_log.records, f"logged at ERROR while fuzzing {path}:\n{error_log.report()}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_v1_bodies(make_user, mint, error_log):
+    run_bodies("/mcp/v1/", "v1", make_user, mint, error_log)
+    assert COUNTS["v1"] >= BODIES
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_bridge_bodies(make_user, mint, error_log):
+    run_bodies("/mcp/bridge/", "bridge", make_user, mint, error_log)
+    assert COUNTS["bridge"] >= BODIES
+
+
+# --- the REST API: schemathesis over the OpenAPI document -----------------------------------------
+
+REST_EXAMPLES = 25 if FULL else 2
+
+
+@pytest.mark.django_db(transaction=True)  # the WSGI handler closes the connection after each request
+@pytest.mark.parametrize("who", ["admin", "viewer"])
+def test_rest_api_from_the_openapi_document(make_user, mint, error_log, who):
+    tokens = fuzz_world(make_user, mint)
+    ApiToken.objects.filter(name__startswith="fz-").update(expires_at=timezone.now() + timedelta(days=30))
+    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", get_wsgi_application())
+    failures, calls = [], 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @settings(max_examples=REST_EXAMPLES, derandomize=not FULL, database=None, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=operation.as_strategy())
+        def one(case):
+            nonlocal calls
+            calls += 1
+            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {tokens[who]}"}
+            resp = case.call()
+            if resp.status_code >= 500 or b"Traceback" in resp.content:
+                failures.append(f"{case.method} {case.formatted_path} {case.body!r:.200} -> {resp.status_code}")
+
+        one()
+    assert calls > 50
+    assert not failures, "\n".join(failures[:20])
+    assert not error_log.records, f"logged at ERROR:\n{error_log.report()}"
+
+
+# --- what the fuzz found (each failed before its fix) --------------------------------------------------
+
+HOSTILE_JSON = [b'{"name":"\\ud800"}', b'{"name":"x","expires_at":NaN}', b'{"name":"x","expires_at":1e999}',
+                b'{"name":"x","n":Infinity}']
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body", HOSTILE_JSON)
+def test_rest_refuses_text_and_numbers_json_cannot_hold(mint, error_log, body):
+    """A lone surrogate escape ("\\ud800") reached the database and answered 500 (and NaN / 1e999 went on as
+    numbers): yuzu.jsondata refuses them at the parser, a 400 before anything runs."""
+    raw = mint("fz-admin", role="Administrator", tier="", days=None)
+    for method, path in (("POST", "/api/v1/tokens"), ("POST", "/api/v1/management-groups")):
+        r = Client().generic(method, path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+        assert r.status_code == 400 and "JSON parse error" in r.json()["error"]["message"], (path, r.content)
+    assert not error_log.records, error_log.report()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_mcp_refuses_a_lone_surrogate_before_it_reaches_the_audit_log(mint, error_log):
+    """An unknown tool named "\\udfff\\ud800" was answered, but its audit row failed to write (an ERROR with a
+    stack trace, and no row): the call went unaudited. Now the framing refuses the body (-32700, 400)."""
+    c = McpClient(mint("fz-admin", role="Administrator", tier="", days=None))
+    c.initialize()
+    for body in (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\\udfff\\ud800"}}',
+                 b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"set_tag","arguments":'
+                 b'{"agent_id":"\\ud800","key":"k","value":"v"}}}',
+                 b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":NaN}}'):
+        r = request(body=body, headers=c.headers())
+        assert r.status == 400 and r.error["code"] == -32700, r.body
+    assert not error_log.records, error_log.report()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("expires_at, status", [(4102444800, 201), ("2100-01-01T00:00:00", 201), (1e20, 400),
+                                                ("2100-13-01T00:00:00", 400)])
+def test_token_expiry_in_epoch_seconds_or_without_a_zone(mint, error_log, expires_at, status):
+    """schemathesis: an epoch-seconds or zone-less expires_at (both documented) answered 500 — the parser
+    called django.utils.timezone.utc, which Django 5 no longer has; an epoch past year 9999 overflowed."""
+    raw = mint("fz-admin", role="Administrator", tier="", days=None)
+    r = Client().post("/api/v1/tokens", {"name": "t", "expires_at": expires_at}, content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == status, r.content
+    assert not error_log.records, error_log.report()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tools_call_whose_name_is_not_a_string_is_no_500(mint, error_log):
+    """Found by the fuzz (mcp/transport.py, McpConsumer.progress_mode: catalogue.tools.get(params.get("name"))
+    with an unhashable name): TypeError, HTTP 500 and "MCP transport failure" logged with its stack trace.
+    Left to the transport's owner (this branch does not edit mcp/transport.py): this test fails until then."""
+    c = McpClient(mint("fz-admin", role="Administrator", tier="", days=None))
+    c.initialize()
+    for name in ({}, [], {"a": 1}):
+        r = request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name}},
+                    headers=c.headers())
+        assert r.status == 200 and r.error["code"] == -32602, (name, r.status, r.body)
+    assert not error_log.records, error_log.report()
+
+
+def test_the_public_api_description_is_built_once_not_per_request(monkeypatch):
+    """Found timing the suite: /api/v1/openapi.yaml (public, no credential) rebuilt the whole document on every
+    request — about a second of CPU each, for anyone who asks. Now each document is cached (an hour)."""
+    from django.core.cache import cache
+    from drf_spectacular.generators import SchemaGenerator
+
+    cache.clear()
+    built = []
+    real = SchemaGenerator.get_schema
+    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
+    c = Client()
+    for path in ("/api/v1/openapi.yaml", "/api/v1/openapi.json"):
+        bodies_seen = {c.get(path).content for _ in range(3)}
+        assert len(bodies_seen) == 1
+    assert len(built) == 2
