@@ -229,6 +229,7 @@ class GetStream:
     async def _release(self) -> None:
         if self.ticker is not None:
             self.ticker.cancel()
+        self.watch.stop()
         if self.budget_held:
             self.budget_held = False
             release_get(self.principal.key)

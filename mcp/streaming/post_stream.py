@@ -127,6 +127,7 @@ class PostStream:
                     self.conn.post({"type": "mcp.stopped"})
         finally:
             ticker.cancel()
+            self.watch.stop()
             release_record(self.key, self.ctx.request_id)
             self._release_lease()
 

@@ -3,11 +3,12 @@ expired or retired; its owner still active) and the session still exists (which 
 expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with
 auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace.
 
-Every stream of the process ticks at the same moments (multiples of TICK_SECONDS on the event loop's clock),
-and the checks due together are answered in one worker-thread hop (``revalidate_all``) with one query: the
-auth version (yuzu.models.AuthVersion). Only when it moved since the credentials were last read — a token,
-user or role changed somewhere — does the hop read the tokens and users of the batch, in one query each.
-5,000 streams cost one hop and one query per tick, not 5,000 hops and 10,000 queries."""
+The checks themselves are made once per tick for every stream of the process (``_Pass``): one worker-thread
+hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
+since the credentials were last read — a token, user or role changed somewhere — does it read the tokens and
+users of the streams, one query each. A stream's own tick (its heartbeat, at its own moment, so 5,000 streams
+do not all write at once) reads the verdict of the latest pass. 5,000 streams cost one hop and one query per
+tick, not 5,000 hops and 10,000 queries; a change is noticed within two ticks."""
 
 import asyncio
 import threading
@@ -27,21 +28,15 @@ from .sessions import store
 
 TICK_SECONDS = 3.0
 AUTH_GRACE_SECONDS = 60
-BATCH_SECONDS = 0.02  # how long a batch waits for the other checks of the same tick
 
 
 def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
-    """Run ``await step()`` on every tick until it returns False; the task to cancel when done. Ticks fall on
-    multiples of TICK_SECONDS, the same moments for every stream, so their checks share one batch; the first
-    comes a whole tick or more after the start, as it did before the ticks were aligned."""
+    """Run ``await step()`` every TICK_SECONDS until it returns False; the task to cancel when done."""
 
     async def loop() -> None:
-        clock = asyncio.get_running_loop()
-        wait = TICK_SECONDS  # the first tick: the aligned moment after one whole tick
         try:
             while True:
-                await asyncio.sleep(wait + TICK_SECONDS - (clock.time() + wait) % TICK_SECONDS)
-                wait = TICK_SECONDS / 2  # then the next aligned moment (never the one just passed: a timer may fire early)
+                await asyncio.sleep(TICK_SECONDS)
                 if await step() is False:
                     return
         except asyncio.CancelledError:
@@ -121,51 +116,54 @@ def revalidate(principal: Principal, session_id: str) -> str:
     return revalidate_all([(principal, session_id)])[0]
 
 
-class _Batch:
-    """The checks of one event loop due together, answered by one hop."""
+class _Pass:
+    """Every watch of one event loop, re-checked together once per tick by one hop."""
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Principal, str, asyncio.Future[str]]] = []
+        self.watches: weakref.WeakSet[CredentialWatch] = weakref.WeakSet()
+        self.task: asyncio.Future[None] | None = None
 
-    def add(self, principal: Principal, session_id: str) -> asyncio.Future[str]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[str] = loop.create_future()
-        if not self.pending:
-            loop.call_later(BATCH_SECONDS, lambda: asyncio.ensure_future(self.run()))
-        self.pending.append((principal, session_id, future))
-        return future
+    def add(self, watch: "CredentialWatch") -> None:
+        self.watches.add(watch)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self.run())
 
     async def run(self) -> None:
-        batch, self.pending = self.pending, []
-        try:
-            verdicts = await hop(revalidate_all)([(p, sid) for p, sid, _ in batch])
-        except Exception:
-            verdicts = ["indeterminate"] * len(batch)
-        for (_, _, future), verdict in zip(batch, verdicts, strict=True):
-            if not future.done():
-                future.set_result(verdict)
+        while self.watches:
+            await asyncio.sleep(TICK_SECONDS)
+            watches = list(self.watches)
+            if not watches:
+                break
+            try:
+                verdicts = await hop(revalidate_all)([(w.principal, w.session_id) for w in watches])
+            except Exception:
+                verdicts = ["indeterminate"] * len(watches)
+            for watch, verdict in zip(watches, verdicts, strict=True):
+                watch.verdict = verdict
 
 
-_batches: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batch]" = weakref.WeakKeyDictionary()
-
-
-async def check_together(principal: Principal, session_id: str) -> str:
-    loop = asyncio.get_running_loop()
-    batch = _batches.get(loop)
-    if batch is None:
-        batch = _batches[loop] = _Batch()
-    return await batch.add(principal, session_id)
+_passes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pass]" = weakref.WeakKeyDictionary()
 
 
 class CredentialWatch:
-    """A stream's tick verdict: None to go on, else the reason to close with."""
+    """A stream's tick verdict: None to go on, else the reason to close with. Created on the event loop;
+    the loop's pass re-checks it every tick while the stream lives (``stop`` when it ends)."""
 
     def __init__(self, principal: Principal, session_id: str) -> None:
         self.principal, self.session_id = principal, session_id
         self.failing_since: float | None = None
+        self.verdict = "ok"  # admitted just now; the next pass says otherwise if it must
+        loop = asyncio.get_running_loop()
+        if loop not in _passes:
+            _passes[loop] = _Pass()
+        _passes[loop].add(self)
+
+    def stop(self) -> None:
+        for each in _passes.values():
+            each.watches.discard(self)
 
     async def check(self) -> str | None:
-        verdict = await check_together(self.principal, self.session_id)
+        verdict = self.verdict
         if verdict == "ok":
             self.failing_since = None
             return None

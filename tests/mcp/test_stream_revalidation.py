@@ -55,13 +55,25 @@ def test_an_admin_session_principal_is_checked_by_its_user(make_user):
     assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
 
 
-def test_checks_due_together_share_one_hop(streams, monkeypatch):
-    batches = []
+def test_one_pass_per_tick_checks_every_stream(streams, monkeypatch):
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.05)
+    passes = []
     real = watch.revalidate_all
-    monkeypatch.setattr(watch, "revalidate_all", lambda checks: batches.append(len(checks)) or real(checks))
+    monkeypatch.setattr(watch, "revalidate_all", lambda checks: passes.append(len(checks)) or real(checks))
 
     async def go():
-        return await asyncio.gather(*(watch.CredentialWatch(p, sid).check() for p, sid in streams))
+        watches = [watch.CredentialWatch(p, sid) for p, sid in streams]
+        assert [await w.check() for w in watches] == [None] * 30  # admitted: ok until a pass says otherwise
+        await asyncio.sleep(0.3)
+        assert set(passes) == {30}, passes  # each pass: every stream in one hop
+        await asyncio.to_thread(lambda: ApiToken.objects.filter(owner__username="user4").update(
+            revoked_at=timezone.now()))
+        await asyncio.sleep(0.3)
+        assert await watches[4].check() == "credential_revoked" and await watches[5].check() is None
+        for w in watches[:10]:
+            w.stop()
+        passes.clear()
+        await asyncio.sleep(0.3)
+        assert passes and set(passes) == {20}, passes
 
-    assert asyncio.run(go()) == [None] * 30
-    assert batches == [30]
+    asyncio.run(go())
