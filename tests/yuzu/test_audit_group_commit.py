@@ -32,10 +32,14 @@ def test_concurrent_rows_share_inserts_and_each_is_committed_when_its_caller_ret
         start.wait()
         ok = audit(f"p{i}", "bench.call", "success", correlation_id=f"c{i}")
         # committed: another connection sees it the moment audit() returned
-        with connections.create_connection("default").cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM yuzu_auditevent WHERE correlation_id = %s", [f"c{i}"])
-            seen[i] = (ok, cur.fetchone()[0])
-        connections.close_all()
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM yuzu_auditevent WHERE correlation_id = %s", [f"c{i}"])
+                seen[i] = (ok, cur.fetchone()[0])
+        finally:
+            other.close()
+            connections.close_all()
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(n)]
     for t in threads:
