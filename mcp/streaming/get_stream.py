@@ -108,7 +108,7 @@ class GetStream:
         self.follow: str | None = None
         self.closed = False
         self.wrote_since_tick = False
-        self.watch = CredentialWatch(principal, session.id)
+        self.watch = CredentialWatch(principal, session.id, wake=lambda: self.conn.post({"type": "mcp.tick"}))
         self.ticker: asyncio.Future[None] | None = None
         self.budget_held = True
 

@@ -7,8 +7,9 @@ The checks themselves are made once per tick for every stream of the process (``
 hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
 since the credentials were last read — a token, user or role changed somewhere — does it read the tokens and
 users of the streams, one query each. A stream's own tick (its heartbeat, at its own moment, so 5,000 streams
-do not all write at once) reads the verdict of the latest pass. 5,000 streams cost one hop and one query per
-tick, not 5,000 hops and 10,000 queries; a change is noticed within two ticks."""
+do not all write at once) reads the verdict of the latest pass, and a pass that finds a stream's credential or
+session gone wakes that stream at once, so it closes within a tick. 5,000 streams cost one hop and one query
+per tick, not 5,000 hops and 10,000 queries."""
 
 import asyncio
 import threading
@@ -140,6 +141,8 @@ class _Pass:
                 verdicts = ["indeterminate"] * len(watches)
             for watch, verdict in zip(watches, verdicts, strict=True):
                 watch.verdict = verdict
+                if verdict not in ("ok", "indeterminate") and watch.wake is not None:
+                    watch.wake()  # the stream closes now, not at its own next tick
 
 
 _passes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pass]" = weakref.WeakKeyDictionary()
@@ -147,10 +150,11 @@ _passes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pass]" = weakref
 
 class CredentialWatch:
     """A stream's tick verdict: None to go on, else the reason to close with. Created on the event loop;
-    the loop's pass re-checks it every tick while the stream lives (``stop`` when it ends)."""
+    the loop's pass re-checks it every tick while the stream lives (``stop`` when it ends), and calls ``wake``
+    when the verdict turns against it."""
 
-    def __init__(self, principal: Principal, session_id: str) -> None:
-        self.principal, self.session_id = principal, session_id
+    def __init__(self, principal: Principal, session_id: str, wake: Callable[[], object] | None = None) -> None:
+        self.principal, self.session_id, self.wake = principal, session_id, wake
         self.failing_since: float | None = None
         self.verdict = "ok"  # admitted just now; the next pass says otherwise if it must
         loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ from tests.support.servers import Daphne
 from tests.support.sse_client import parse_events
 from yuzu.models import ApiToken, hash_secret
 from yuzu.rbac import Principal, seed_builtin_roles
-from yuzu.testing import ROOT, free_port, server_env, wait_until
+from yuzu.testing import ROOT, Proc, free_port, server_env, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
@@ -89,7 +89,7 @@ class Fleet:
         proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args,
                                  "yuzu.asgi:application"], cwd=ROOT, env=server_env(**env), stdout=log,
                                 stderr=subprocess.STDOUT)
-        server = Daphne(port, proc, log)
+        server = Daphne(port, Proc(f"daphne-{port}", proc, log_path))
         self.servers.append(server)
         deadline = time.time() + 30
         while time.time() < deadline:
