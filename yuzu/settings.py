@@ -134,13 +134,7 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("YUZU_DATABASE_URL", "")
 if DATABASE_URL:
-    # A pool per process (psycopg_pool): Django runs each sync REST request in a thread of its own, and a
-    # connection kept per thread (CONN_MAX_AGE) meant a new PostgreSQL connection for every request, and
-    # "too many clients" under load. With CONN_HEALTH_CHECKS every connection is checked as it leaves the pool,
-    # so one that died with a server restart is replaced, not used.
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)}
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 2, "max_size": int(os.environ.get("YUZU_DB_POOL_SIZE", "16")), "timeout": 10}
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
     if os.environ.get("YUZU_TEST_DATABASE_NAME"):
         DATABASES["default"]["TEST"] = {"NAME": os.environ["YUZU_TEST_DATABASE_NAME"]}
 else:
