@@ -19,9 +19,10 @@ test: test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The adversarial suite's full runs (docs/security.md): the fuzz and the approval properties at full counts
-# in-process, then the same generators and schemathesis against a real daphne (bench/fuzz/). Minutes.
+# in-process (the full counts outlast pytest.ini's 300 s per test on a loaded machine), then the same
+# generators and schemathesis against a real daphne (bench/fuzz/). Minutes.
 fuzz: test-deps
-	YUZU_FUZZ=full $(PY) -m pytest tests/yuzu/test_fuzz.py tests/approvals/test_approval_properties.py -q $(PYTEST_ARGS)
+	YUZU_FUZZ=full $(PY) -m pytest tests/yuzu/test_fuzz.py tests/approvals/test_approval_properties.py -q --timeout 3600 $(PYTEST_ARGS)
 	$(PY) bench/fuzz/run.py --json var/fuzz-last.json
 
 deps: $(VENV)/.installed

@@ -19,13 +19,15 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from yuzu.metrics import AGENT_ORIGIN_REFUSED, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
+from pki.ca import CertError, new_nonce
+from yuzu.metrics import AGENT_ORIGIN_REFUSED, CA_REVOKED_CERT, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
 
 from . import identity
 from .identity import Refused, Superseded
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
 from .responses import RECEIVED, responses
+from .signals import agent_connected, agent_report
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -41,6 +43,10 @@ HELLO_TIMEOUT_S = 30
 AGENT_ID_RE = re.compile(r"[0-9a-f]{1,64}")  # enroll mints 32 lowercase hex characters
 SECRET_RE = re.compile(r"[\x21-\x7e]+")  # device tokens and agent credentials: printable ASCII
 ASCII_RE = re.compile(r"[\x20-\x7e]*")  # os, arch, agent_version
+PEM_RE = re.compile(r"[\x20-\x7e\n\r]+")  # certificates and CSRs
+PROOF_RE = re.compile(r"[A-Za-z0-9+/=]{1,512}")  # a base64 signature
+MAX_PEM_BYTES = 8192
+PRE_REGISTER = ("enroll", "challenge", "register")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")  # json.loads joins surrogate pairs: any left is unpaired
 ANSWERS = tuple(s.name for s in Response.STATES)  # a response frame's status
@@ -155,13 +161,16 @@ def _response(msg):
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
-    TYPES = ("enroll", "register", "heartbeat", "inventory", "response", "received")  # handled by on_<type>
+    TYPES = ("enroll", "challenge", "register", "heartbeat", "inventory", "response", "received", "report",
+             "cert.enroll")  # handled by on_<type> ('.' → '_')
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
         self.agent_id = None  # set once registered
         self.group = None
         self.enrolled = False
+        self.nonce = None  # the proof-of-possession challenge sent on this connection
+        self.cert_serial = None  # the certificate this connection proved (or was issued)
         self.closing = False
         self.superseded = False
         self.held = []  # group messages that arrive while the credential is being checked
@@ -226,10 +235,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 raise Malformed("a JSON object with a string 'type' is expected")
             if msg["type"] not in self.TYPES:
                 raise Malformed(f"unknown message type '{msg['type'][:40]}'")
-            if (self.agent_id is None) != (msg["type"] in ("enroll", "register")):
+            if (self.agent_id is None) != (msg["type"] in PRE_REGISTER):
                 raise Malformed(f"'{msg['type']}' is not allowed " + ("before register" if self.agent_id is None
                                                                       else "after register"))
-            await getattr(self, "on_" + msg["type"])(msg)
+            await getattr(self, "on_" + msg["type"].replace(".", "_"))(msg)
         except Malformed as exc:
             await self.refuse(CLOSE_MALFORMED, str(exc))
         except Refused as exc:
@@ -250,6 +259,22 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "enrolled", "agent_id": agent_id, "credential": credential})
         self.expect_hello()  # now register
 
+    async def on_challenge(self, msg):
+        """Proof of possession, step 1: a fresh nonce for this connection, to sign in register."""
+        if self.nonce is not None:
+            raise Malformed("one challenge per connection")
+        self.nonce = new_nonce()
+        await self.send_json({"type": "challenge", "nonce": self.nonce})
+
+    def _proof(self, msg):
+        cert_pem = _text(msg, "cert_pem", MAX_PEM_BYTES, optional=True, pattern=PEM_RE, what="a PEM certificate")
+        proof = _text(msg, "proof", 512, optional=True, pattern=PROOF_RE, what="base64")
+        if cert_pem is None and proof is None:
+            return None
+        if cert_pem is None or proof is None or self.nonce is None:
+            raise Malformed("'cert_pem' and 'proof' go together, after a challenge")
+        return cert_pem, proof, self.nonce
+
     async def on_register(self, msg):
         agent_id = _text(msg, "agent_id", 64, pattern=AGENT_ID_RE, what="lowercase hex, as enroll issued it")
         credential = _text(msg, "credential", 256, pattern=SECRET_RE, what="printable ASCII")
@@ -259,7 +284,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                   "agent_version": _text(msg, "agent_version", 32, optional=True, pattern=ASCII_RE,
                                          what="printable ASCII") or "",
                   "attributes": _attributes(msg)}
-        tags, plugins = _tags(msg), _plugins(msg)
+        tags, plugins, proof = _tags(msg), _plugins(msg), self._proof(msg)
         self.hello_timer.cancel()  # see expect_hello
         group = agent_group(agent_id)
         # Join before marking the agent connected so no command sent after that is missed; hold
@@ -267,8 +292,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         self.group = group
         try:
-            current = await database_sync_to_async(identity.register)(agent_id, credential, fields, tags, plugins,
-                                                                    self.opened_at)
+            current, self.cert_serial = await database_sync_to_async(identity.register)(
+                agent_id, credential, fields, tags, plugins, self.opened_at, proof)
         except (Refused, Superseded):
             await self.channel_layer.group_discard(group, self.channel_name)
             self.group, self.held = None, []
@@ -281,9 +306,32 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         for payload in self.held:
             await self.send_json(payload)
         self.held = []
+        await self._announce(agent_connected, agent_id=agent_id)
+
+    async def _announce(self, signal, **kwargs):
+        """Tell the apps listening (fleet.signals); a receiver's failure is logged, never the agent's."""
+        for receiver, result in await signal.asend_robust(sender=AgentConsumer, **kwargs):
+            if isinstance(result, Exception):
+                log.error("%s failed for agent %s: %r", getattr(receiver, "__qualname__", receiver),
+                          self.agent_id, result)
 
     async def on_heartbeat(self, msg):
-        await database_sync_to_async(Agent.objects.seen)(self.agent_id)
+        if not await database_sync_to_async(identity.heartbeat)(self.agent_id, self.cert_serial):
+            await self.refuse(CLOSE_REFUSED, "certificate revoked")
+
+    async def on_cert_enroll(self, msg):
+        """The agent's CSR: its certificate (pki.ca), or a ``cert.refused`` frame saying why (the
+        connection stays up: an agent without a certificate keeps working on its credential)."""
+        csr_pem = _text(msg, "csr_pem", MAX_PEM_BYTES, pattern=PEM_RE, what="a PEM certificate signing request")
+        try:
+            row, chain = await database_sync_to_async(identity.enroll_certificate)(self.agent_id, csr_pem,
+                                                                                  self.cert_serial)
+        except CertError as exc:
+            await self.send_json({"type": "cert.refused", "error": str(exc)})
+            return
+        self.cert_serial = row.serial_hex
+        await self.send_json({"type": "cert.issued", "serial_hex": row.serial_hex, "cert_pem": row.cert_pem,
+                              "chain_pem": chain})
 
     async def on_inventory(self, msg):
         plugin = _text(msg, "plugin", 128)
@@ -295,6 +343,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
+
+    async def on_report(self, msg):
+        """A report for another app (``kind``, e.g. guardian): passed on with the connection's agent_id."""
+        _text(msg, "kind", 32, pattern=re.compile(r"[a-z_]{1,32}"), what="lowercase letters")
+        _json(msg, "report")
+        await self._announce(agent_report, agent_id=self.agent_id, frame=msg)
 
     async def on_received(self, msg):
         """The agent has the command (an acknowledgement; fleet.responses)."""
@@ -322,6 +376,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.relay(event)
 
     agent_push = relay
+
+    async def agent_revoked(self, event):
+        """A certificate was revoked (pki.services.revoke_certificate): close this connection if it is the
+        one it proved. The agent's next register is refused."""
+        if self.cert_serial is not None and event.get("serial_hex") == self.cert_serial:
+            CA_REVOKED_CERT.labels("live").inc()
+            await self.refuse(CLOSE_REFUSED, "certificate revoked")
 
     async def agent_superseded(self, event):
         """Another connection registered as this agent: the newest one (by the time it was opened) wins."""

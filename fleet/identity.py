@@ -18,8 +18,10 @@ from channels.db import database_sync_to_async
 from django.db import transaction
 from django.utils import timezone
 
+from pki import ca
+from pki.models import IssuedCert
 from yuzu.audit import audit
-from yuzu.metrics import AGENT_AUTH_FAILURES
+from yuzu.metrics import AGENT_AUTH_FAILURES, CA_REISSUE_BLOCKED, CA_REVOKED_CERT
 from yuzu.models import hash_secret, new_hex_id
 
 from .models import Agent, AgentInventory, DeviceToken, Tag
@@ -73,16 +75,19 @@ def enroll(token, hostname):
     return agent_id, credential
 
 
-def register(agent_id, credential, fields, tags, plugins, opened_at):
-    """Verify the credential (constant time), refresh what the agent reports (``fields``, its tags and its
+def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None):
+    """Verify the credential (constant time) and, for an agent that holds a certificate, its proof of
+    possession (``proof`` = (cert_pem, signature, nonce): pki.ca.verify_agent_proof); refresh what the agent reports (``fields``, its tags and its
     plugin catalogue), mark it connected as of the connection opened at ``opened_at``. Returns the agent's
     current tags. The newest connection wins: if one opened later has registered already, this one is
-    stale (its agent has reconnected since) and is refused with Superseded, changing nothing."""
+    stale (its agent has reconnected since) and is refused with Superseded, changing nothing.
+    Returns (tags, the serial of the certificate proved or None)."""
     agent = Agent.objects.filter(pk=agent_id).first()
     stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
         raise Refused("invalid agent credential",
                       Failure("agent.register", f"agent:{agent_id}", "Agent", agent_id, "invalid credential"))
+    serial = _check_proof(agent_id, proof)
     now = timezone.now()
     with transaction.atomic():
         if not Agent.objects.connect(agent_id, opened_at, simulated=bool(fields["attributes"].get("simulated")),
@@ -91,7 +96,59 @@ def register(agent_id, credential, fields, tags, plugins, opened_at):
         for key, value in tags.items():
             Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
         AgentInventory.objects.store(agent_id, AgentInventory.CATALOGUE, plugins, now)
-    return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value"))
+    return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")), serial
+
+
+def _check_proof(agent_id, proof):
+    """Gradual enforcement (spec/pki.md §1): an agent that was never issued a certificate is admitted on
+    its credential alone; once it has one, every connection must prove it (a stolen credential is not
+    enough), and a revoked one is refused. Returns the proved serial, or None."""
+    def refuse(why):
+        raise Refused(f"certificate refused: {why}",
+                      Failure("agent.register", f"agent:{agent_id}", "Agent", agent_id, f"certificate: {why}"))
+
+    if proof is None:
+        if IssuedCert.objects.filter(purpose="agent", agent_id=agent_id).exists():
+            refuse("this agent holds a certificate; prove it (challenge, then register with cert_pem and proof)")
+        return None
+    try:
+        return ca.verify_agent_proof(agent_id, *proof).serial_hex
+    except ca.CertError as exc:
+        if "revoked" in str(exc):
+            CA_REVOKED_CERT.labels("register").inc()
+        refuse(str(exc))
+
+
+def enroll_certificate(agent_id, csr_pem, proved_serial):
+    """cert.enroll on a registered connection: issue the agent's leaf for its CSR (pki.ca.issue_agent_cert).
+    Allowed when the agent has no active certificate, or the one this connection proved is in its renewal
+    window (the last third of its life). While a revocation of the agent's certificate stands and it has no
+    active one, re-issue is blocked (audited). Returns (the IssuedCert, the CA chain PEM); raises
+    pki.ca.CertError."""
+    mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
+    active = mine.active()
+    if proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists():
+        CA_REISSUE_BLOCKED.inc()
+        audit(f"agent:{agent_id}", "ca.cert.reissue_blocked", "denied", target_type="Agent", target_id=agent_id,
+              detail="the agent's certificate is revoked")
+        raise ca.CertError("re-issue is blocked: this agent's certificate was revoked")
+    if proved_serial is not None:
+        row = active.filter(pk=proved_serial).first()
+        if row is not None and timezone.now() < row.issued_at + (row.not_after - row.issued_at) * 2 / 3:
+            raise ca.CertError("the current certificate is not yet due for renewal")
+    elif active.exists():
+        raise ca.CertError("this agent already holds a certificate")
+    return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem)), ca.authority().cert_pem
+
+
+def heartbeat(agent_id, serial):
+    """A heartbeat: the agent is seen; False when the certificate its connection proved has been revoked
+    since (the store is checked, not the CRL)."""
+    Agent.objects.seen(agent_id)
+    if serial is not None and not ca.still_active(serial):
+        CA_REVOKED_CERT.labels("heartbeat").inc()
+        return False
+    return True
 
 
 # --- refused enrolments and registers: audited, but not one row each ---------------------------

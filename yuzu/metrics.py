@@ -34,3 +34,23 @@ FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
 AGENT_AUTH_FAILURES = Counter("yuzu_agent_auth_failures_total", "Refused agent enrolments and registers", ["action"])
 AGENT_ORIGIN_REFUSED = Counter("yuzu_agent_origin_refused_total",
                                "Agent WebSocket handshakes refused for carrying an Origin header (a browser)")
+
+POLICY_VERDICTS = Counter("yuzu_server_policy_verdicts_total", "Policy verdicts written, by status", ["status"])
+POLICY_EVAL_ERRORS = Counter("yuzu_server_policy_eval_errors_total",
+                             "Policy evaluations that ended in error, by phase (check, fix, verify)", ["phase"])
+GUARDIAN_POLICY_GENERATION = Gauge("yuzu_server_guardian_policy_generation",
+                                   "Pushes of the Guardian rule set since this process started")
+GUARDIAN_EVENTS = Counter("yuzu_server_guardian_events_total", "Guardian events received from agents")
+GUARDIAN_EVENTS_WRITTEN = Counter("yuzu_server_guardian_events_written_total", "Guardian events stored")
+GUARDIAN_EVENTS_DROPPED = Counter("yuzu_server_guardian_events_dropped_total",
+                                  "Guardian events refused (malformed, or naming an unknown rule)")
+GUARDIAN_EVENTS_REAPED = Counter("yuzu_server_guardian_events_reaped_total",
+                                 "Guardian events deleted by the retention sweep")
+CA_CERT_ISSUED = Counter("yuzu_server_ca_cert_issued_total", "Certificates issued by the internal CA", ["purpose"])
+CA_CRL_PUBLISH_FAILURES = Counter("yuzu_server_ca_crl_publish_failures_total", "CRL publications that failed")
+CA_REISSUE_BLOCKED = Counter("yuzu_server_ca_reissue_blocked_total",
+                             "Agent certificate requests refused while the agent's revocation stands")
+CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
+                          "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
+CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
+                          "Active certificates of the internal CA that expire within 14 days")

@@ -7,7 +7,7 @@ OPERATOR_ALLOWED = {
     ("Approval", "Write"),
 }
 SUPERVISED_GATED = {
-    ("Execution", "Execute"), ("Policy", "Write"), ("Security", "Write"), ("Security", "Execute"),
+    ("Execution", "Execute"), ("Policy", "Write"), ("Policy", "Execute"), ("Security", "Write"), ("Security", "Execute"),
     ("UserManagement", "Write"), ("ManagementGroup", "Write"), ("ApiToken", "Write"),
 }
 TIER_ORDER = ("readonly", "operator", "supervised")

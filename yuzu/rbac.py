@@ -51,7 +51,7 @@ BUILTIN_ROLES: dict[str, tuple[str, list[Permission]]] = {
         "Runs instructions, manages tags and reads everything.",
         READS + [("Execution", "Execute"), ("Tag", "Write"), ("Tag", "Delete"), ("ApiToken", "Write"),
                  ("ApiToken", "Delete"), ("ApiToken", "Rotate"), ("Response", "Write"), ("Bridge", "Write"),
-                 ("Bridge", "Execute")],
+                 ("Bridge", "Execute"), ("GuaranteedState", "Push")],
     ),
     "Viewer": ("Reads fleet state; changes nothing.", [p for p in READS if p[0] not in ("UserManagement",)]
               + [("ApiToken", "Write"), ("ApiToken", "Delete"), ("ApiToken", "Rotate")]),
@@ -61,7 +61,15 @@ BUILTIN_ROLES: dict[str, tuple[str, list[Permission]]] = {
         "Operates the devices of one management group (assign it on that group).",
         [("Infrastructure", "Read"), ("Execution", "Execute"), ("Execution", "Read"), ("Response", "Read"),
          ("Tag", "Read"), ("Tag", "Write"), ("Tag", "Delete"), ("ManagementGroup", "Read"),
-         ("ManagementGroup", "Write"), ("Security", "Execute"), ("Inventory", "Read")],
+         ("ManagementGroup", "Write"), ("Security", "Execute"), ("Inventory", "Read")]
+        + [("Policy", o) for o in ("Read", "Write", "Execute", "Delete")]
+        + [("GuaranteedState", o) for o in ("Read", "Write", "Delete", "Push")],
+    ),
+    "PlatformEngineer": (
+        "Authors compliance policies and Guardian rules, and deploys the rules.",
+        [("Infrastructure", "Read"), ("Policy", "Read"), ("Policy", "Write"), ("Policy", "Delete"),
+         ("GuaranteedState", "Read"), ("GuaranteedState", "Write"), ("GuaranteedState", "Delete"),
+         ("GuaranteedState", "Push")],
     ),
 }
 

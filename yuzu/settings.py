@@ -94,7 +94,9 @@ INSTALLED_APPS = [
     "mcp.apps.McpConfig",
     "fleet",
     "approvals",
+    "pki",
     "bridge",
+    "compliance",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
@@ -187,7 +189,19 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format: task, schedule, args …
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
+    "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
+    "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
 }
+# Compliance (docs/compliance.md): the evaluator's tick, its grace window for answers, and how long the
+# fleet-wide counts are cached. With Redis the tick is a Celery beat task; embedded, it runs on the server's
+# event loop (compliance.receivers), where the in-memory channel layer reaches the agents.
+YUZU_COMPLIANCE_TICK_S = float(os.environ.get("YUZU_COMPLIANCE_TICK_S", "10"))
+if REDIS_URL:
+    CELERY_BEAT_SCHEDULE["evaluate-policies"] = {"task": "compliance.tasks.evaluate_policies",
+                                                 "schedule": YUZU_COMPLIANCE_TICK_S}
+YUZU_COMPLIANCE_GRACE_S = float(os.environ.get("YUZU_COMPLIANCE_GRACE_S", "15"))
+YUZU_COMPLIANCE_CACHE_S = int(os.environ.get("YUZU_COMPLIANCE_CACHE_S", "60"))
+YUZU_GUARDIAN_EVENT_RETENTION_DAYS = int(os.environ.get("YUZU_GUARDIAN_EVENT_RETENTION_DAYS", "30"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},

@@ -22,8 +22,8 @@ def build_parser(parser=None):
 def run(server, token=None, state_dir=None, config=None):
     """Run until interrupted; returns a process exit code."""
     state_dir = state_dir or default_state_dir()
-    client = AgentClient(server, token, state_dir, load_config(config or os.path.join(state_dir, "config.json")))
     try:
+        client = AgentClient(server, token, state_dir, load_config(config or os.path.join(state_dir, "config.json")))
         asyncio.run(client.run())
     except Refused as exc:
         logging.getLogger("yuzu.agent").error("stopping: %s", exc)

@@ -8,6 +8,7 @@ remembers recent ones across reconnects) and answers a repeat with the result it
 ``received`` frame while the command still runs."""
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -20,9 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import websockets
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from . import __version__
+from . import __version__, signing
+from .guardian import Guardian
 from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
 
 log = logging.getLogger("yuzu.agent")
@@ -44,6 +49,21 @@ class Refused(Exception):
     """This agent has no usable identity (token or credential refused, or none given): retrying cannot help."""
 
 
+def proof(key_pem, nonce, agent_id):
+    """The connection's proof of possession: the agent key's signature over the server's nonce
+    (the message pki.ca.proof_message builds on the server)."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    message = b"yuzu-agent-proof-v1\n" + nonce.encode() + b"\n" + agent_id.encode()
+    return base64.b64encode(key.sign(message, ec.ECDSA(hashes.SHA256()))).decode()
+
+
+def renewal_due(cert_pem, now=None):
+    """After two thirds of the certificate's life (spec/pki.md §1)."""
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    start, end = cert.not_valid_before_utc.timestamp(), cert.not_valid_after_utc.timestamp()
+    return (now or time.time()) >= start + (end - start) * 2 / 3
+
+
 def default_state_dir():
     if os.geteuid() == 0:
         return "/var/lib/yuzu-agent"
@@ -55,7 +75,9 @@ def load_config(path):
     """The agent's config: a JSON file (optional), then environment overrides.
 
     Keys: ``tags`` {key: value}, ``script_allow`` [[argv…]…], ``script_timeout_max`` s,
-    ``script_output_cap`` bytes, ``quarantine_enforce`` bool."""
+    ``script_output_cap`` bytes, ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
+    the expected state back), ``guardian_poll_s`` (override the guards' poll intervals), ``trust_bundle`` (CA
+    PEM path), ``require_signature`` bool, ``crl_max_age`` s (fleet.agent.signing)."""
     config = {}
     if path and os.path.exists(path):
         with open(path) as f:
@@ -64,6 +86,10 @@ def load_config(path):
         config["script_allow"] = json.loads(os.environ["YUZU_AGENT_SCRIPT_ALLOW"])
     if os.environ.get("YUZU_AGENT_QUARANTINE_ENFORCE"):
         config["quarantine_enforce"] = os.environ["YUZU_AGENT_QUARANTINE_ENFORCE"].lower() in ("1", "true", "yes", "on")
+    if os.environ.get("YUZU_AGENT_TRUST_BUNDLE"):
+        config["trust_bundle"] = os.environ["YUZU_AGENT_TRUST_BUNDLE"]
+    if os.environ.get("YUZU_AGENT_REQUIRE_SIGNATURE"):
+        config["require_signature"] = os.environ["YUZU_AGENT_REQUIRE_SIGNATURE"].lower() in ("1", "true", "yes", "on")
     if os.environ.get("YUZU_AGENT_TAGS"):
         config["tags"] = dict(kv.split("=", 1) for kv in os.environ["YUZU_AGENT_TAGS"].split(",") if "=" in kv)
     return config
@@ -114,6 +140,14 @@ class AgentClient:
         self.kept_bytes = 0  # of the terminal frames kept in self.seen
         self.tasks = set()
         self._send_lock = None
+        self.guardian = Guardian(self.send, self.config)
+        self.verifier = None
+        if self.config.get("trust_bundle"):
+            with open(self.config["trust_bundle"], "rb") as f:
+                self.verifier = signing.Verifier(f.read(), self.url, self.config.get("crl_max_age", 3600))
+        elif self.config.get("require_signature"):
+            raise Refused("require_signature is set but no trust_bundle is configured: refusing to start")
+        self.pending_key = None  # the key of a cert.enroll awaiting its certificate
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -128,12 +162,39 @@ class AgentClient:
             return None
 
     def save_state(self, state):
+        self._write(self.state_path, json.dumps(state).encode())
+
+    def _write(self, path, data):
+        """Owner-only (0600) in a 0700 directory, written to a temporary file and renamed over."""
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.state_path.with_suffix(".tmp")
+        tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, self.state_path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    @property
+    def key_path(self):
+        return self.state_dir / "agent-key.pem"
+
+    def csr(self):
+        """A fresh P-256 key (kept until its certificate arrives) and its CSR; the server sets the subject."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        self.pending_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                             serialization.NoEncryption())
+        req = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+        return req.public_bytes(serialization.Encoding.PEM).decode()
+
+    def on_certificate(self, msg):
+        """cert.issued: the key and certificate become this agent's; the next connection proves them."""
+        if self.pending_key is None or not isinstance(msg.get("cert_pem"), str):
+            return
+        self._write(self.key_path, self.pending_key)
+        state = self.load_state() or {}
+        state["cert_pem"] = msg["cert_pem"]
+        self.save_state(state)
+        self.pending_key = None
+        log.info("%s: certificate %s issued", self.hostname, msg.get("serial_hex"))
 
     # --- the connection loop -----------------------------------------------------------------
 
@@ -169,12 +230,18 @@ class AgentClient:
             state = {"agent_id": reply["agent_id"], "credential": reply["credential"], "server": self.url}
             self.save_state(state)
             log.info("%s: enrolled as %s", self.hostname, state["agent_id"])
-        await self.send({
+        register = {
             "type": "register", "agent_id": state["agent_id"], "credential": state["credential"],
             "hostname": self.hostname, "os": platform.system().lower(), "arch": platform.machine(),
             "agent_version": __version__, "attributes": self.attributes, "tags": self.config.get("tags", {}),
             "plugins": catalogue(self.plugins),
-        })
+        }
+        if state.get("cert_pem") and self.key_path.exists():
+            await self.send({"type": "challenge"})
+            nonce = (await self.expect(ws, "challenge", "nonce"))["nonce"]
+            register["cert_pem"] = state["cert_pem"]
+            register["proof"] = proof(self.key_path.read_bytes(), nonce, state["agent_id"])
+        await self.send(register)
         reply = await self.expect(ws, "registered")
         self.registered = True
         self.tags = reply.get("tags") or {}
@@ -184,6 +251,8 @@ class AgentClient:
         await self.send({"type": "inventory", "plugin": "os", "data": inventory})
         for frame in [self.outbox.popleft() for _ in range(len(self.outbox))]:
             await self.send(frame, keep=True)
+        if not state.get("cert_pem") or renewal_due(state["cert_pem"]):
+            await self.send({"type": "cert.enroll", "csr_pem": self.csr()})
         heartbeat = asyncio.create_task(self.heartbeat(float(reply.get("heartbeat_interval") or 30)))
         try:
             async for raw in ws:
@@ -231,9 +300,16 @@ class AgentClient:
             task = asyncio.create_task(self.on_command(msg))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        elif kind == "cert.issued":
+            self.on_certificate(msg)
+        elif kind == "cert.refused":
+            log.warning("%s: certificate refused: %s", self.hostname, msg.get("error"))
+            self.pending_key = None
         elif kind == "tags" and isinstance(msg.get("tags"), dict):
             self.tags = msg["tags"]
             log.info("%s: tags now %s", self.hostname, self.tags)
+        elif kind == "guardian.rules" and isinstance(msg.get("rules"), list):
+            self.guardian.apply(msg["rules"], full_sync=msg.get("full_sync", True) is not False)
 
     async def on_command(self, msg):
         """Run a new command_id; answer a repeat (the server re-sends what it has no acknowledgement
@@ -285,7 +361,12 @@ class AgentClient:
         return await loop.run_in_executor(self.pool, self.execute, plugin, action, params, ctx)
 
     def execute(self, plugin, action, params, ctx):
-        """Run a plugin action (in the thread pool)."""
+        """Run a plugin action (in the thread pool), after the signing rules (fleet.agent.signing)."""
+        try:
+            signing.check_command(self.verifier, self.config.get("require_signature"), f"{plugin}.{action}", params)
+        except signing.SignatureError as exc:
+            log.warning("%s: refused %s.%s: %s", self.hostname, plugin, action, exc)
+            return Result("REJECTED", error=str(exc))
         return execute(self.plugins, plugin, action, params, ctx)
 
     @staticmethod

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -190,6 +191,48 @@ def file_hash(params, ctx):
     except OSError as exc:
         return failed(f"cannot read {path}: {exc.strerror or exc}", {"path": path, "algorithm": algorithm})
     return ok({"path": path, "algorithm": algorithm, "hash": h.hexdigest(), "size": size})
+
+
+def file_stat(params, ctx):
+    """Whether a path exists, and its type, mode and owner: what a compliance check asks of a file (a
+    world-writable file, a missing config). A symlink is followed (its own mode means nothing on Linux);
+    ``symlink`` says it was one. Reads metadata only."""
+    path = params["path"]
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ok({"path": path, "exists": False})
+    except OSError as exc:
+        return failed(f"cannot stat {path}: {exc.strerror or exc}", {"path": path})
+    kind = "file" if stat.S_ISREG(st.st_mode) else "directory" if stat.S_ISDIR(st.st_mode) else "other"
+    return ok({"path": path, "exists": True, "type": kind, "symlink": link, "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+               "world_writable": bool(st.st_mode & stat.S_IWOTH), "uid": st.st_uid, "gid": st.st_gid,
+               "size": st.st_size, "mtime": int(st.st_mtime)})
+
+
+GREP_MAX_LINES = 20
+GREP_TIMEOUT_S = 30
+
+
+def file_grep(params, ctx):
+    """Lines of a text file matching an extended regular expression (GNU grep -E: no catastrophic
+    backtracking, and a timeout): a count and the first line numbers — not the lines, since a config check
+    needs to know whether, not to copy the file off the device."""
+    path, pattern = params["path"], params["pattern"]
+    if not os.path.lexists(path):
+        return ok({"path": path, "exists": False, "matches": 0, "lines": []})
+    if not shutil.which("grep"):
+        return failed("grep is not installed", {"path": path})
+    try:
+        proc = subprocess.run(["grep", "-a", "-n", "-E", "-e", pattern, "--", path], capture_output=True,
+                              timeout=GREP_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Result("TIMEOUT", error=f"grep did not finish within {GREP_TIMEOUT_S} s")
+    if proc.returncode not in (0, 1):
+        return failed(f"grep failed: {proc.stderr.decode(errors='replace').strip()[:500]}", {"path": path})
+    numbers = [int(line.split(b":", 1)[0]) for line in proc.stdout.splitlines() if line.split(b":", 1)[0].isdigit()]
+    return ok({"path": path, "exists": True, "matches": len(numbers), "lines": numbers[:GREP_MAX_LINES]})
 
 
 SERVICE_PROPERTIES = "Id,Description,LoadState,ActiveState,SubState,UnitFileState,MainPID,ActiveEnterTimestamp"
@@ -375,10 +418,20 @@ PLUGINS = {p.name: p for p in [
     Plugin("file.hash", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
                                       "algorithm": {"type": "string", "enum": list(HASH_ALGORITHMS)}}, ["path"]),
            file_hash, "Hashes one file (sha256 by default); reads the file, changes nothing."),
+    Plugin("file.stat", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096}}, ["path"]),
+           file_stat, "Reports whether a path exists, its type, mode, owner and size; changes nothing."),
+    Plugin("file.grep", READ, schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                                      "pattern": {"type": "string", "minLength": 1, "maxLength": 1024}},
+                                     ["path", "pattern"]), file_grep,
+           "Counts the lines of a text file matching an extended regular expression (grep -E; returns line "
+           "numbers, not the lines)."),
     Plugin("service.status", READ, schema({"name": {"type": "string", "pattern": r"^[A-Za-z0-9@._:\\-]{1,256}$"}},
                                           ["name"]), service_status, "Reports whether one system service is running."),
     Plugin("script.run", WRITE, schema({"argv": {"type": "string", "minLength": 1, "maxLength": 65536},
-                                        "timeout": DIGITS}, ["argv"]), script_run,
+                                        "timeout": DIGITS,
+                                        "signature": {"type": "string", "maxLength": 512,
+                                                      "pattern": "^[A-Za-z0-9+/=]*$"},
+                                        "signer_cert": {"type": "string", "maxLength": 8192}}, ["argv"]), script_run,
            "Runs one command line from the agent's allow-list (no shell) and returns its output; the command may "
            "change the system."),
     Plugin("quarantine.quarantine", DESTRUCTIVE,

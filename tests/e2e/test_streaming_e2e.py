@@ -89,7 +89,7 @@ class Fleet:
         proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args,
                                  "yuzu.asgi:application"], cwd=ROOT, env=server_env(**env), stdout=log,
                                 stderr=subprocess.STDOUT)
-        server = Daphne(port, Proc(f"daphne-{port}", proc, log_path))
+        server = Daphne(port, Proc("daphne", proc, log_path))
         self.servers.append(server)
         deadline = time.time() + 30
         while time.time() < deadline:

@@ -23,11 +23,15 @@ code under test:
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from approvals.gate import canonical_args
 from approvals.models import Approval
+from compliance.models import GuardRule, Policy, PolicyAgentStatus, PolicyFragment
 from fleet.agent.plugins import catalogue as plugin_catalogue
 from fleet.models import (
     Agent,
@@ -41,11 +45,12 @@ from fleet.models import (
     Tag,
 )
 from mcp.server import Request, handle
+from pki import ca
 from yuzu.models import AccountLockout, ApiToken
 from yuzu.rbac import BUILTIN_ROLES, assign_role
 
 TIERS = ("readonly", "operator", "supervised", "")  # "" = a token without a tier (REST / CLI)
-GLOBAL_ROLES = ("Viewer", "Operator", "Approver", "Administrator", "ITServiceOwner")
+GLOBAL_ROLES = ("Viewer", "Operator", "Approver", "Administrator", "ITServiceOwner", "PlatformEngineer")
 GROUP_ROLES = ("Viewer", "Operator", "Approver", "ITServiceOwner")  # Administrator is granted globally only
 #: securables whose grants may be held on a management group (they concern devices, groups, or tickets
 #: pinned to devices); any other securable needs a global grant.
@@ -155,7 +160,8 @@ def expected(rule, tier, caller, target=None, face="mcp"):
 # that a change to the code's table shows up as mismatches.
 OPERATOR_MAY = {("Tag", "Write"), ("Tag", "Delete"), ("Execution", "Execute"), ("ApiToken", "Rotate"),
                 ("Approval", "Write")}
-SUPERVISED_GATES = {("Execution", "Execute"), ("Policy", "Write"), ("Security", "Write"), ("Security", "Execute"),
+SUPERVISED_GATES = {("Execution", "Execute"), ("Policy", "Write"), ("Policy", "Execute"), ("Security", "Write"),
+                    ("Security", "Execute"),
                     ("UserManagement", "Write"), ("ManagementGroup", "Write"), ("ApiToken", "Write")}
 
 
@@ -191,6 +197,10 @@ class World:
     tokens: dict = field(default_factory=dict)  # (username, tier) -> (ApiToken, raw)
     other_token: str = ""
     users: dict = field(default_factory=dict)
+    policies: dict = field(default_factory=dict)  # IN/OUT/GHOST -> policy id (not confined to groups)
+    fragments: dict = field(default_factory=dict)  # IN/OUT/GHOST -> a fragment no policy uses
+    rules: dict = field(default_factory=dict)  # IN/OUT/GHOST -> guard rule id
+    cert: str = ""  # an active agent certificate's serial (the CA's certificates are fleet-wide: no in/out)
 
     def token_of(self, caller, tier):
         return self.tokens[(caller.username, tier)]
@@ -226,6 +236,35 @@ def ticket(submitter, agent_id, tool="delete_tag", args=None):
                                    risk="destructive", pins={"agents": [agent_id]})
 
 
+def fragment_yaml(name, fix=True):
+    fix_step = "\n  fix: {plugin: script, action: run, parameters: {argv: 'true'}}" if fix else ""
+    return (f"apiVersion: yuzu.io/v1alpha1\nkind: PolicyFragment\nmetadata: {{name: {name}}}\nspec:\n"
+            f"  check: {{plugin: file, action: stat, parameters: {{path: /etc/passwd}}, "
+            f"compliance: 'result.exists'}}{fix_step}\n")
+
+
+def policy_yaml(name, fragment):
+    return (f"apiVersion: yuzu.io/v1alpha1\nkind: Policy\nmetadata: {{name: {name}}}\nspec:\n"
+            f"  fragment: {fragment}\n  triggers: [{{type: interval, interval_seconds: 300}}]\n")
+
+
+def compliance_world(w, agents):
+    """Two policies (with a fix, each non-compliant on one agent), two unused fragments, two guard rules."""
+    PolicyFragment().apply_yaml(fragment_yaml("authz-fragment")).save()
+    for target, agent in zip((IN, OUT), agents, strict=True):
+        policy = Policy.from_yaml(policy_yaml(f"authz-policy-{target}", "authz-fragment"))
+        PolicyAgentStatus.objects.create(policy=policy, agent=agent, status="non_compliant",
+                                         last_check_at=timezone.now())
+        w.policies[target] = policy.pk
+        unused = PolicyFragment().apply_yaml(fragment_yaml(f"authz-unused-{target}"))
+        unused.save()
+        w.fragments[target] = unused.pk
+        w.rules[target] = GuardRule.objects.create(name=f"authz-rule-{target}", spec_json={
+            "spark": {"type": "file-change"}, "assertion": {"type": "file-exists", "params": {"path": "/etc/passwd"}},
+            "remediation": {"type": "alert-only"}}).pk
+    w.policies[GHOST] = w.fragments[GHOST] = w.rules[GHOST] = "0" * 8 + "-0000-4000-8000-" + "0" * 12
+
+
 def build_world(callers=CALLERS, tiers=TIERS):
     User = get_user_model()
     w = World()
@@ -242,9 +281,11 @@ def build_world(callers=CALLERS, tiers=TIERS):
     w.bundles = {IN: "bundle-in", OUT: "bundle-out", GHOST: "bundle-ghost"}
     w.tickets = {IN: ticket("zed", a_in.pk).pk, OUT: ticket("zed", a_out.pk).pk, GHOST: "d" * 32}
     w.other_token = ApiToken.mint(zed, "zed-token")[0].pk
+    w.cert = ca.issue_agent_cert(a_in.pk, ca.load_csr(csr_pem())).serial_hex
     locked = User.objects.create_user("locked-user")
     AccountLockout.objects.create(user=locked, failed_attempts=5, locked_until=timezone.now() + timedelta(minutes=15))
     InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
+    compliance_world(w, (a_in, a_out))
     expires = timezone.now() + timedelta(days=30)
     for caller in callers:
         user = User.objects.create_user(caller.username)
@@ -261,6 +302,13 @@ def build_world(callers=CALLERS, tiers=TIERS):
             token.save(update_fields=["rotated_from"])
             w.tokens[(caller.username, tier)] = (token, raw)
     return w
+
+
+def csr_pem(curve=ec.SECP256R1):
+    """A CSR for a fresh EC key (the key is thrown away: the matrix asks who may, not what is signed)."""
+    key = ec.generate_private_key(curve())
+    return (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM).decode())
 
 
 # --- calling mcp.server.handle in process ----------------------------------------------------------

@@ -12,8 +12,8 @@ from mcp.registry import catalogue
 from mcp.server import LOG_LEVELS, METHODS, SUPPORTED_VERSIONS
 
 MAX_BODY = 4 * 1024 * 1024
-# Arguments that make a well-behaved call legitimately wait (a bridge poll may hold for 10 minutes): kept short
-# so that the fuzz measures answers, not patience.
+# Arguments that make a well-behaved call legitimately wait (a bridge poll may hold for 10 minutes): always
+# present and short, so that the fuzz measures answers, not patience.
 WAITS = {"timeoutMs": st.integers(0, 50)}
 
 NASTY_STRINGS = [
@@ -74,7 +74,9 @@ def from_schema(schema, depth=0):
 def _object(schema, depth):
     props = schema.get("properties", {})
     extra = schema.get("additionalProperties")
-    required = set(schema.get("required", []))
+    # A wait argument is always drawn (short): left out, its default holds a valid call for minutes (a bridge_send to
+    # a worker the fuzz spawned waits up to 10 minutes for a reply that nobody sends).
+    required = set(schema.get("required", [])) | (set(WAITS) & set(props))
 
     fields = {k: (WAITS[k] if k in WAITS else from_schema(v, depth + 1)) for k, v in props.items()}
     optional = st.fixed_dictionaries({k: fields[k] for k in required},

@@ -35,10 +35,13 @@ from tests.support.authz import (
     Rule,
     _headers,
     build_world,
+    csr_pem,
     expected,
     fleet_wide,
     fleet_wide_or_owner,
+    fragment_yaml,
     open_session,
+    policy_yaml,
 )
 from tests.support.mcp_http import McpClient
 
@@ -68,6 +71,7 @@ def group(w, t):
 ISO_TOMORROW = lambda: (timezone.now() + timedelta(days=1)).isoformat()  # noqa: E731
 OWN = lambda w, t, c, tok: tok.pk if t == IN else (w.other_token if t == OUT else "0" * 24)  # noqa: E731
 MG_WRITE_FLEET_WIDE = fleet_wide("ManagementGroup", "Write")
+CODE_SIGNING_ARGS = {"csr_pem": csr_pem(), "signer_name": "matrix", "justification": "the matrix"}
 
 V1 = {
     # agents, tags
@@ -131,6 +135,12 @@ V1 = {
     "preview_scope_targets": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"})],
     "discover_scope_kinds": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
     "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    # the CA: fleet-wide, so a Security grant held on one group does not reach it
+    "list_issued_certs": [V("Security", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("Security", "Read"))],
+    "revoke_certificate": [V("Security", "Delete", lambda w, t, c, tok: {"serial_hex": w.cert, "reason": "matrix"},
+                             compound=fleet_wide("Security", "Delete"))],
+    "issue_code_signing_cert": [V("Security", "Write", lambda w, t, c, tok: CODE_SIGNING_ARGS,
+                                  compound=fleet_wide("Security", "Write"))],
     # audit, permissions, tokens, accounts
     "query_audit_log": [V("AuditLog", "Read", lambda w, t, c, tok: {})],
     "check_permission": [V("Infrastructure", "Read", lambda w, t, c, tok: {"securable_type": "Tag", "operation": "Read"},
@@ -151,6 +161,11 @@ V1 = {
     "withdraw_approval": [V("Approval", "Write", lambda w, t, c, tok: {
         "approval_id": w.own_tickets[c.username] if t == IN else w.tickets[t]}, "own", rbac=False)],
     "approve_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
+    # compliance (not confined to management groups: a policy id that does not exist reads as not found)
+    "list_policies": [V("Policy", "Read", lambda w, t, c, tok: {})],
+    "get_compliance_summary": [V("Policy", "Read", lambda w, t, c, tok: {"policy_id": w.policies[t]}, "policy")],
+    "get_fleet_compliance": [V("Policy", "Read", lambda w, t, c, tok: {})],
+    "get_guardian_schemas": [V("GuaranteedState", "Read", lambda w, t, c, tok: {})],
     "reject_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
 }
 
@@ -261,7 +276,7 @@ def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS):
 
 
 def _normalise(message, w, target):
-    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets):
+    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets, w.policies, w.fragments, w.rules):
         message = message.replace(str(ids[target]), "<id>")
     return message.replace(str(w.other_token), "<id>").replace("0" * 24, "<id>")
 
@@ -387,6 +402,14 @@ REST = {
         R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/routes", label="routes")],
     ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
                                       body=lambda w, t, c, tok: {"agent_id": A(w, t)})],
+    ("api/v1/ca/issued", "GET"): [R("Security", "Read", lambda w, t, c, tok: "/api/v1/ca/issued",
+                                    compound=fleet_wide("Security", "Read"))],
+    ("api/v1/ca/revoke", "POST"): [R("Security", "Delete", lambda w, t, c, tok: "/api/v1/ca/revoke",
+                                     body=lambda w, t, c, tok: {"serial_hex": w.cert},
+                                     compound=fleet_wide("Security", "Delete"))],
+    ("api/v1/ca/issue", "POST"): [R("Security", "Write", lambda w, t, c, tok: "/api/v1/ca/issue", ok=201,
+                                    body=lambda w, t, c, tok: CODE_SIGNING_ARGS,
+                                    compound=fleet_wide("Security", "Write"))],
     ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
     ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
     ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
@@ -409,8 +432,71 @@ REST = {
     ("api/v1/bridge/members/<str:pane_id>", "DELETE"): [R("Bridge", "Execute",
                                                           lambda w, t, c, tok: "/api/v1/bridge/members/%25999999")],
 }
+P = lambda w, t: w.policies[t]  # noqa: E731
+NEW_FRAGMENT = lambda w, t, c, tok: {"yaml_source": fragment_yaml("new-fragment")}  # noqa: E731
+NEW_POLICY = lambda w, t, c, tok: {"yaml_source": policy_yaml("new-policy", "authz-fragment")}  # noqa: E731
+RULE = {"name": "new-rule", "spec": {"spark": {"type": "service-status-change"},
+                                     "assertion": {"type": "service-running", "params": {"service_name": "cron"}},
+                                     "remediation": {"type": "alert-only"}}}
+REST.update({
+    ("api/v1/policy-fragments", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/policy-fragments")],
+    ("api/v1/policy-fragments", "POST"): [R("Policy", "Write", lambda w, t, c, tok: "/api/v1/policy-fragments",
+                                            body=NEW_FRAGMENT, ok=201)],
+    ("api/v1/policy-fragments/<str:fragment_id>", "DELETE"): [R(
+        "Policy", "Delete", lambda w, t, c, tok: f"/api/v1/policy-fragments/{w.fragments[t]}", target="policy")],
+    ("api/v1/policies", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/policies")],
+    ("api/v1/policies", "POST"): [R("Policy", "Write", lambda w, t, c, tok: "/api/v1/policies", body=NEW_POLICY,
+                                    ok=201)],
+    ("api/v1/policies/invalidate-all", "POST"): [R("Policy", "Write",
+                                                   lambda w, t, c, tok: "/api/v1/policies/invalidate-all")],
+    ("api/v1/policies/<str:policy_id>", "GET"): [R("Policy", "Read", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}",
+                                                   target="policy")],
+    ("api/v1/policies/<str:policy_id>", "DELETE"): [R("Policy", "Delete",
+                                                      lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}",
+                                                      target="policy")],
+    **{(f"api/v1/policies/<str:policy_id>/{action}", "POST"): [R(
+        "Policy", "Write", lambda w, t, c, tok, action=action: f"/api/v1/policies/{P(w, t)}/{action}",
+        target="policy")] for action in ("enable", "disable", "invalidate")},
+    ("api/v1/policies/<str:policy_id>/evaluate", "POST"): [R(
+        "Policy", "Execute", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}/evaluate", target="policy", ok=202)],
+    ("api/v1/policies/<str:policy_id>/remediate", "POST"): [R(
+        "Policy", "Execute", lambda w, t, c, tok: f"/api/v1/policies/{P(w, t)}/remediate", target="policy")],
+    ("api/v1/compliance", "GET"): [R("Policy", "Read", lambda w, t, c, tok: "/api/v1/compliance")],
+    ("api/v1/compliance/<str:policy_id>", "GET"): [R("Policy", "Read",
+                                                     lambda w, t, c, tok: f"/api/v1/compliance/{P(w, t)}",
+                                                     target="policy")],
+    ("api/v1/compliance/<str:policy_id>/summary", "GET"): [R(
+        "Policy", "Read", lambda w, t, c, tok: f"/api/v1/compliance/{P(w, t)}/summary", target="policy")],
+    ("api/v1/guaranteed-state/rules", "GET"): [R("GuaranteedState", "Read",
+                                                 lambda w, t, c, tok: "/api/v1/guaranteed-state/rules")],
+    ("api/v1/guaranteed-state/rules", "POST"): [R("GuaranteedState", "Write",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/rules",
+                                                  body=lambda w, t, c, tok: RULE, ok=201)],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "GET"): [R(
+        "GuaranteedState", "Read", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        target="rule")],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "PUT"): [R(
+        "GuaranteedState", "Write", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        body=lambda w, t, c, tok: {"severity": "high"}, target="rule")],
+    ("api/v1/guaranteed-state/rules/<str:rule_id>", "DELETE"): [R(
+        "GuaranteedState", "Delete", lambda w, t, c, tok: f"/api/v1/guaranteed-state/rules/{w.rules[t]}",
+        target="rule")],
+    ("api/v1/guaranteed-state/push", "POST"): [R("GuaranteedState", "Push",
+                                                 lambda w, t, c, tok: "/api/v1/guaranteed-state/push", ok=202,
+                                                 body=lambda w, t, c, tok: {"scope": "ostype == linux"})],
+    ("api/v1/guaranteed-state/events", "GET"): [R("GuaranteedState", "Read",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/events")],
+    ("api/v1/guaranteed-state/status", "GET"): [R("GuaranteedState", "Read",
+                                                  lambda w, t, c, tok: "/api/v1/guaranteed-state/status")],
+    ("api/v1/guaranteed-state/status/<str:agent_id>", "GET"): [R(
+        "GuaranteedState", "Read", lambda w, t, c, tok: f"/api/v1/guaranteed-state/status/{A(w, t)}",
+        target="agent")],
+    ("api/v1/guaranteed-state/schemas", "GET"): [R("GuaranteedState", "Read",
+                                                   lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
+})
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
-PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET")}
+PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET"),
+          ("api/v1/ca/root", "GET"), ("api/v1/ca/crl", "GET")}  # what agents and signers trust: public by design
 ANONYMOUS_OK = PUBLIC | {("api/v1/openapi.json", "GET"), ("api/v1/openapi.yaml", "GET"), ("api/v1/docs", "GET")}
 #: the OAuth 2.1 authorization server (oauth/): protocol endpoints whose answers to a bare GET the RFCs fix —
 #: discovery documents are public, an authorize request without client_id is a 400, token / registration /

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("fleet", "approvals", "bridge")
+APPS = ("fleet", "approvals", "bridge", "pki")
 
 
 def imported_modules(path):
@@ -31,7 +31,7 @@ def test_mcp_imports_no_app():
 
 # --- the whole project: no import cycle ----------------------------------------------------------------
 
-PROJECT = ("yuzu", "mcp", "fleet", "approvals", "bridge", "oauth")
+PROJECT = ("yuzu", "mcp", "fleet", "approvals", "bridge", "oauth", "pki")
 NO_LOCAL_IMPORTS = ("fleet", "bridge")  # these apps import everything at module top
 WHY = re.compile(r"#\s*(cycle|deferred):\s*\S")  # the comment a function-local import must carry
 

@@ -1,0 +1,209 @@
+"""The compliance admin: fragments, policies and guard rules edited as their YAML / spec by staff whose RBAC
+allows it (Policy:* and GuaranteedState:*), verdicts and drift events browsable (read-only), and each
+policy's page showing its compliance (counts and the percentage of its evaluated agents that comply)."""
+
+from django import forms
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+
+from yuzu import rbac
+from yuzu.audit import audit
+
+from . import guardian
+from .documents import DocumentError
+from .models import GuardianEvent, GuardRule, Policy, PolicyAgentStatus, PolicyFragment
+
+
+class RbacAdmin(admin.ModelAdmin):
+    """Views and edits gated by RBAC on ``securable`` (Read / Write / Delete), for active staff only."""
+
+    securable = "Policy"
+
+    def _may(self, request, operation):
+        user = request.user
+        return bool(user.is_active and user.is_staff and rbac.may(rbac.Principal(user=user, via="session"),
+                                                                  self.securable, operation))
+
+    def has_module_permission(self, request):
+        return self._may(request, "Read")
+
+    def has_view_permission(self, request, obj=None):
+        return self._may(request, "Read")
+
+    def has_add_permission(self, request):
+        return self._may(request, "Write")
+
+    def has_change_permission(self, request, obj=None):
+        return self._may(request, "Write")
+
+    def has_delete_permission(self, request, obj=None):
+        return self._may(request, "Delete")
+
+
+class ReadOnlyAdmin(RbacAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+
+class YamlForm(forms.ModelForm):
+    """The YAML is the only input; every other column is derived from it on save."""
+
+    yaml_source = forms.CharField(label="YAML", widget=forms.Textarea(attrs={
+        "rows": 20, "cols": 100, "class": "vLargeTextField", "spellcheck": "false", "wrap": "off",
+        "style": "font-family: monospace"}),
+                                  help_text="apiVersion: yuzu.io/v1alpha1 — see docs/compliance.md")
+
+    def clean_yaml_source(self):
+        text = self.cleaned_data["yaml_source"].replace("\r\n", "\n")
+        try:
+            self.check_document(text)
+        except DocumentError as exc:
+            where = f" (line {exc.extra['line']}, column {exc.extra.get('column')})" if "line" in exc.extra else ""
+            raise forms.ValidationError(exc.message + where) from None
+        return text
+
+
+class FragmentForm(YamlForm):
+    class Meta:
+        model = PolicyFragment
+        fields = ["yaml_source"]
+
+    def check_document(self, text):
+        self.instance.apply_yaml(text)
+        if PolicyFragment.objects.filter(name=self.instance.name).exclude(pk=self.instance.pk).exists():
+            raise DocumentError(f"a fragment named '{self.instance.name}' exists already")
+        for policy in Policy.objects.filter(fragment_id=self.instance.pk):  # they must still bind every ${input}
+            try:
+                self.instance.check_inputs(policy.inputs())
+            except DocumentError as exc:
+                raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
+
+
+class PolicyForm(YamlForm):
+    class Meta:
+        model = Policy
+        fields = ["yaml_source"]
+
+    def check_document(self, text):
+        meta = Policy.plan_yaml(text)[0]
+        if Policy.objects.filter(name=meta["name"]).exclude(pk=self.instance.pk).exists():
+            raise DocumentError(f"a policy named '{meta['name']}' exists already")
+
+
+@admin.register(PolicyFragment)
+class PolicyFragmentAdmin(RbacAdmin):
+    form = FragmentForm
+    list_display = ("name", "check_instruction", "fix_instruction", "updated_at")
+    search_fields = ("name",)
+    readonly_fields = ("check_instruction", "check_compliance", "fix_instruction", "post_check_instruction")
+
+    def save_model(self, request, obj, form, change):
+        obj.apply_yaml(form.cleaned_data["yaml_source"])
+        obj.save()
+        audit(request.user, f"policy.fragment.{'update' if change else 'create'}", "success",
+              target_type="PolicyFragment", target_id=obj.pk, detail=f"name={obj.name} via=admin")
+
+
+@admin.register(Policy)
+class PolicyAdmin(RbacAdmin):
+    form = PolicyForm
+    list_display = ("name", "fragment", "enabled", "interval_seconds", "compliance_pct", "last_dispatch_at")
+    list_filter = ("enabled",)
+    search_fields = ("name",)
+    readonly_fields = ("compliance", "fragment", "enabled", "scope_expression", "interval_seconds",
+                       "last_dispatch_at", "next_due_at")
+    fields = ("compliance", "yaml_source", "fragment", "enabled", "scope_expression", "interval_seconds",
+              "last_dispatch_at", "next_due_at")
+
+    @admin.display(description="compliant")
+    def compliance_pct(self, obj):
+        s = obj.summary()
+        return f"{100.0 * s['compliant'] / s['total']:.1f} % of {s['total']}" if s["total"] else "not evaluated"
+
+    @admin.display(description="Compliance")
+    def compliance(self, obj):
+        if obj is None or obj.pk is None:
+            return "—"
+        s = obj.summary()
+        pct = 100.0 * s["compliant"] / s["total"] if s["total"] else 0.0
+        verdicts = reverse("admin:compliance_policyagentstatus_changelist") + f"?policy__id__exact={obj.pk}"
+        return format_html(
+            '<strong style="font-size:1.4em">{} %</strong> compliant of {} evaluated agent(s) — '
+            "{} compliant, {} non-compliant, {} unknown, {} fixing, {} error. <a href=\"{}\">Verdicts per agent</a>",
+            f"{pct:.1f}", s["total"], s["compliant"], s["non_compliant"], s["unknown"], s["fixing"], s["error"],
+            verdicts)
+
+    def save_model(self, request, obj, form, change):
+        policy = Policy.from_yaml(form.cleaned_data["yaml_source"], instance=obj)
+        audit(request.user, f"policy.{'update' if change else 'create'}", "success", target_type="Policy",
+              target_id=policy.pk, detail=f"name={policy.name} via=admin")
+
+    def delete_model(self, request, obj):
+        audit(request.user, "policy.delete", "success", target_type="Policy", target_id=obj.pk,
+              detail=f"name={obj.name} via=admin")
+        super().delete_model(request, obj)
+
+
+@admin.register(PolicyAgentStatus)
+class VerdictAdmin(ReadOnlyAdmin):
+    list_display = ("policy", "agent", "status", "last_check_at", "fix_attempts")
+    list_filter = ("status", "policy")
+    search_fields = ("agent__agent_id", "agent__hostname", "policy__name")
+
+
+class GuardRuleForm(forms.ModelForm):
+    spec_json = forms.JSONField(label="spec", widget=forms.Textarea(attrs={"rows": 16, "cols": 100}),
+                                help_text="{spark, assertion, remediation}: see get_guardian_schemas")
+
+    class Meta:
+        model = GuardRule
+        fields = ["name", "spec_json", "enabled", "enforcement_mode", "severity", "os_target", "scope_expr"]
+
+    def clean_spec_json(self):
+        spec = self.cleaned_data["spec_json"]
+        error = guardian.check_spec(spec)
+        if error:
+            raise forms.ValidationError(error)
+        return spec
+
+
+@admin.register(GuardRule)
+class GuardRuleAdmin(RbacAdmin):
+    securable = "GuaranteedState"
+    form = GuardRuleForm
+    list_display = ("name", "assertion", "enforcement_mode", "severity", "os_target", "enabled", "version")
+    list_filter = ("enabled", "enforcement_mode", "severity")
+
+    @admin.display(description="assertion")
+    def assertion(self, obj):
+        return (obj.spec_json.get("assertion") or {}).get("type", "")
+
+    def save_model(self, request, obj, form, change):
+        obj.updated_by = request.user.get_username()
+        if not change:
+            obj.created_by = obj.updated_by
+        super().save_model(request, obj, form, change)
+        if change:
+            obj.bump(obj.updated_by)
+        audit(request.user, f"guaranteed_state.rule.{'update' if change else 'create'}", "success",
+              target_type="GuardRule", target_id=obj.pk, detail=f"name={obj.name} via=admin")
+
+    def delete_model(self, request, obj):
+        audit(request.user, "guaranteed_state.rule.delete", "success", target_type="GuardRule", target_id=obj.pk,
+              detail=f"name={obj.name} via=admin")
+        super().delete_model(request, obj)
+
+
+@admin.register(GuardianEvent)
+class GuardianEventAdmin(ReadOnlyAdmin):
+    securable = "GuaranteedState"
+    list_display = ("timestamp", "event_type", "rule_name", "agent", "severity", "detected_value", "expected_value")
+    list_filter = ("event_type", "severity", "guard_category")
+    search_fields = ("agent__agent_id", "rule_name")

@@ -1,0 +1,9 @@
+"""What the agent protocol tells other apps, without fleet knowing them: they connect receivers in their
+AppConfig.ready (compliance: startup-triggered policy checks, Guardian events)."""
+
+from django.dispatch import Signal
+
+#: an agent registered on a connection (kwargs: agent_id)
+agent_connected = Signal()
+#: an agent sent a report frame of an app's kind (kwargs: agent_id — the authenticated connection's —, frame)
+agent_report = Signal()

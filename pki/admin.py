@@ -1,0 +1,66 @@
+"""The CA in the admin: the issued certificates (read-only) and a Revoke action that needs a fresh
+authenticator code (step-up), the same service function as the tool and the REST route."""
+
+from django.contrib import admin, messages
+
+from yuzu import rbac
+from yuzu.auth import MFA_SESSION_KEY
+from yuzu.errors import YuzuError
+from yuzu.stepup import mfa_is_fresh
+
+from . import services
+from .models import IssuedCert
+
+
+def session_principal(request):
+    return rbac.Principal(user=request.user, via="session", mfa_verified_at=request.session.get(MFA_SESSION_KEY))
+
+
+@admin.register(IssuedCert)
+class IssuedCertAdmin(admin.ModelAdmin):
+    list_display = ("serial_hex", "subject", "purpose", "status", "not_after", "issued_at", "issued_by", "revoked_at")
+    list_filter = ("purpose", "status")
+    search_fields = ("serial_hex", "subject", "agent_id", "signer_name")
+    readonly_fields = [f.name for f in IssuedCert._meta.fields]
+    actions = ["revoke_selected"]
+
+    def _may(self, request, operation):
+        user = request.user
+        return bool(user.is_active and user.is_staff and rbac.may(rbac.Principal(user=user, via="session"),
+                                                                  "Security", operation))
+
+    def has_view_permission(self, request, obj=None):
+        return self._may(request, "Read")
+
+    def has_module_permission(self, request):
+        return self._may(request, "Read")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not self._may(request, "Delete"):
+            actions.pop("revoke_selected", None)
+        return actions
+
+    @admin.action(description="Revoke selected certificates (needs a fresh authenticator code)")
+    def revoke_selected(self, request, queryset):
+        principal = session_principal(request)
+        if not mfa_is_fresh(principal):
+            self.message_user(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter "
+                                       "the current code, then revoke again. Nothing was revoked.", messages.ERROR)
+            return
+        for row in queryset:
+            try:
+                r = services.revoke_certificate(principal, row.serial_hex, "revoked in the admin")
+            except YuzuError as exc:
+                self.message_user(request, f"{row.serial_hex}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{r['serial_hex']} revoked (CRL republished: {r['crl_republished']})")

@@ -1,0 +1,75 @@
+"""The compliance admin in a real browser (Debian's chromium via Playwright, against a real daphne): a
+PlatformEngineer signs in, writes a policy as YAML (a CEL mistake is shown on the form, with its position, and
+nothing is saved), saves it, and its page shows the fleet percentage of its verdicts.
+
+With YUZU_DOCS_SCREENSHOTS=1 the policy page is also written to docs/img/compliance-policy.png."""
+
+import os
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from compliance.models import Policy, PolicyAgentStatus, PolicyFragment
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
+from tests.support.compliance import FRAGMENT, POLICY, agents
+from tests.support.otp import code
+from yuzu.testing import ROOT
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
+
+PASSWORD = "engineer-password-1"
+VIEWPORT = {"width": 1100, "height": 900}
+
+
+def test_a_policy_written_in_the_admin_and_its_compliance_page(daphne, make_user, tmp_path):
+    sync_playwright = require_browser()
+    pat = make_user("pat", "PlatformEngineer", password=PASSWORD)
+    get_user_model().objects.filter(pk=pat.pk).update(is_staff=True)
+    device = TOTPDevice.objects.create(user=pat, name="phone", confirmed=True)
+    PolicyFragment().apply_yaml(FRAGMENT).save()
+    server = daphne()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
+            page.set_default_timeout(15000)
+            page.goto("/admin/login/?next=/admin/compliance/policy/add/")
+            page.fill("#id_username", "pat")
+            page.fill("#id_password", PASSWORD)
+            page.fill("#id_otp_token", code(device))
+            page.click("input[type=submit][value='Log in']")
+            page.wait_for_url(f"{server.base}/admin/compliance/policy/add/")
+
+            page.fill("#id_yaml_source", POLICY.replace("triggers:", "scope: 'ostype == '\n  triggers:"))
+            page.click("input[name=_save]")
+            assert "spec.scope is not a valid scope expression" in page.inner_text(".errorlist")
+            assert off_thread(lambda: Policy.objects.count()) == 0
+
+            page.fill("#id_yaml_source", POLICY)
+            page.click("input[name=_save]")
+            page.wait_for_url(f"{server.base}/admin/compliance/policy/")
+
+            def verdicts():
+                policy = Policy.objects.get()
+                for agent, status in zip(agents("web-1", "web-2", "web-3", "web-4"),
+                                         ("compliant", "compliant", "compliant", "non_compliant"), strict=True):
+                    PolicyAgentStatus.objects.create(policy=policy, agent=agent, status=status,
+                                                     last_check_at=timezone.now())
+                return policy.pk
+
+            policy_id = off_thread(verdicts)
+            page.goto(f"/admin/compliance/policy/{policy_id}/change/")
+            text = page.inner_text(".field-compliance")
+            assert "75.0 % compliant of 4 evaluated agent(s)" in text and "1 non-compliant" in text
+            page.screenshot(path=str(tmp_path / "compliance-policy.png"), full_page=True)
+            if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+                page.screenshot(path=str(ROOT / "docs" / "img" / "compliance-policy.png"), full_page=True)
+            page.click("text=Verdicts per agent")
+            page.wait_for_url(f"**/admin/compliance/policyagentstatus/?policy__id__exact={policy_id}")
+            page.wait_for_selector("#result_list tbody tr")
+            assert page.locator("#result_list tbody tr").count() == 4
+        finally:
+            browser.close()

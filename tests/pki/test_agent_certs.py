@@ -1,0 +1,194 @@
+"""Agent certificates over the agent WebSocket, against the real consumer (Channels' WebsocketCommunicator):
+cert.enroll after the token enrolment, the challenge and proof on every later connection, a revoked
+certificate closing the live connection at once (and at the next heartbeat if the push is lost) and refused
+on reconnect, and what a peer without the key gets."""
+
+import base64
+import time
+from datetime import timedelta
+
+import pytest
+from channels.db import database_sync_to_async
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from django.utils import timezone
+
+from fleet.agent.client import proof, renewal_due
+from pki import ca, services
+from pki.models import IssuedCert
+from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg, send
+from yuzu.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
+db = database_sync_to_async
+
+
+def new_key():
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+           .public_bytes(serialization.Encoding.PEM).decode())
+    return pem, csr
+
+
+async def enrolled_with_cert(token):
+    """Enrol, register, cert.enroll: (comm, agent_id, credential, key_pem, cert_pem, serial)."""
+    comm, agent_id, credential, _ = await enrolled_agent(token)
+    key_pem, csr = new_key()
+    issued = await send(comm, {"type": "cert.enroll", "csr_pem": csr})
+    assert issued["type"] == "cert.issued", issued
+    assert issued["chain_pem"] == (await db(ca.authority)()).cert_pem
+    return comm, agent_id, credential, key_pem, issued["cert_pem"], issued["serial_hex"]
+
+
+async def proved(agent_id, credential, key_pem, cert_pem, sign_with=None, refused=False):
+    """Connect, take the challenge, register with the certificate and a proof; the registered reply, or
+    (``refused``) nothing: the caller reads the close."""
+    comm = await connect()
+    challenge = await send(comm, {"type": "challenge"})
+    assert challenge["type"] == "challenge" and len(challenge["nonce"]) == 64
+    msg = register_msg(agent_id, credential, cert_pem=cert_pem,
+                       proof=proof(sign_with or key_pem, challenge["nonce"], agent_id))
+    if refused:
+        await comm.send_json_to(msg)
+        return comm, None
+    return comm, await send(comm, msg)
+
+
+def test_enrol_certificate_then_prove_it_on_reconnect():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
+        assert cert.subject.rfc4514_string() == f"CN={agent_id}"
+        # a second CSR while the certificate is young: refused, connection stays up
+        refused = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert refused["type"] == "cert.refused"
+        await comm.disconnect()
+        comm, reply = await proved(agent_id, credential, key_pem, cert_pem)
+        assert reply["type"] == "registered"
+        await comm.disconnect()
+        # the credential alone no longer admits this agent
+        comm = await connect()
+        await comm.send_json_to(register_msg(agent_id, credential))
+        assert "prove it" in await closed_with(comm, 4401)
+        # nor does the certificate without its key
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem, sign_with=new_key()[0], refused=True)
+        assert "proof" in await closed_with(comm, 4401)
+        return serial
+
+    serial = __import__("asyncio").run(scenario())
+    assert IssuedCert.objects.get(pk=serial).purpose == "agent"
+
+
+def test_revocation_closes_the_live_connection_and_refuses_reconnect(principal):
+    token = mint_device_token()
+    admin = principal("root", "Administrator")
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        comm, reply = await proved(agent_id, credential, key_pem, cert_pem)
+        assert reply["type"] == "registered"
+        await db(services.revoke_certificate)(admin, serial, "stolen")
+        assert "revoked" in await closed_with(comm, 4401)  # at once, through the channel layer
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem, refused=True)
+        assert "revoked" in await closed_with(comm, 4401)
+        # no new certificate on the credential while the revocation stands
+        comm = await connect()
+        await comm.send_json_to(register_msg(agent_id, credential))
+        await closed_with(comm, 4401)
+
+    __import__("asyncio").run(scenario())
+    assert AuditEvent.objects.filter(action="agent.register", result="failure").exists()
+
+
+def test_heartbeat_closes_a_connection_whose_certificate_was_revoked_meanwhile():
+    """If the revocation push is lost (another process, a layer hiccup), the next heartbeat checks the store."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        row = await db(IssuedCert.objects.get)(pk=serial)
+        await db(row.revoke)("quiet")  # no push
+        await comm.send_json_to({"type": "heartbeat"})
+        assert "revoked" in await closed_with(comm, 4401)
+
+    __import__("asyncio").run(scenario())
+
+
+@pytest.mark.parametrize("frame, why", [
+    ({"cert_pem": "x"}, "go together"),
+    ({"proof": "AAAA"}, "go together"),
+    ({"cert_pem": "-----BEGIN\x00", "proof": "AAAA"}, "cert_pem"),
+    ({"cert_pem": "x" * 9000, "proof": "AAAA"}, "cert_pem"),
+    ({"cert_pem": "x", "proof": "not base64!"}, "proof"),
+])
+def test_malformed_proofs_close_4400(frame, why):
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, _ = await enrolled_agent(token)
+        await comm.disconnect()
+        comm = await connect()
+        if "go together" not in why:
+            await send(comm, {"type": "challenge"})
+        await comm.send_json_to(register_msg(agent_id, credential, **frame))
+        assert why in await closed_with(comm, 4400)
+
+    __import__("asyncio").run(scenario())
+
+
+def test_cert_enroll_refuses_bad_csrs_without_closing():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, *_ = await enrolled_agent(token)
+        for bad in ("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+                    base64.b64encode(b"junk").decode()):
+            reply = await send(comm, {"type": "cert.enroll", "csr_pem": bad})
+            assert reply["type"] == "cert.refused" and "CSR" in reply["error"] or "PEM" in reply["error"]
+        await comm.send_json_to({"type": "cert.enroll", "csr_pem": "\x00"})
+        await closed_with(comm, 4400)
+
+    __import__("asyncio").run(scenario())
+
+
+def test_challenge_only_before_register_and_once():
+    token = mint_device_token()
+
+    async def scenario():
+        comm = await connect()
+        await send(comm, {"type": "challenge"})
+        await comm.send_json_to({"type": "challenge"})
+        assert "one challenge" in await closed_with(comm, 4400)
+        comm, *_ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "challenge"})
+        assert "after register" in await closed_with(comm, 4400)
+
+    __import__("asyncio").run(scenario())
+
+
+def test_renewal_in_the_last_third_of_the_certificate_life():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        assert (await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]}))["type"] == "cert.refused"
+        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
+                                                              not_after=timezone.now() + timedelta(days=115))
+        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert renewed["type"] == "cert.issued" and renewed["serial_hex"] != serial
+        await comm.disconnect()
+        return serial, renewed["cert_pem"]
+
+    old, new_pem = __import__("asyncio").run(scenario())
+    assert IssuedCert.objects.get(pk=old).status == "active"  # the old one runs out on its own
+    assert not renewal_due(new_pem) and renewal_due(new_pem, now=time.time() + 250 * 86400)
