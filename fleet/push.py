@@ -1,15 +1,14 @@
 """Messages to connected agents through the channel layer: each agent's connection listens on the group
 ``agent_group(agent_id)``, so any server process (or a Celery worker) can address any agent.
 
-``send_to_agents`` holds the project's one fork of Channels internals (for the in-memory layer of
-embedded mode; see there)."""
+A fan-out to N agents is N group sends: O(N) on channels-redis, and on embedded mode's in-process layer
+(yuzu.channel_layer), whose expiry sweep runs once a second rather than on every send."""
 
 import asyncio
 import logging
 
 from asgiref.sync import async_to_sync
-from channels.exceptions import ChannelFull
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import get_channel_layer
 
 from .models import Tag
 
@@ -40,20 +39,7 @@ async def send_to_agents(agent_ids, message):
     """Send ``message`` (a command) to each agent's group. A send that fails is logged, not raised: the
     agents concerned stay unacknowledged and the dispatcher sends again (fleet.tasks)."""
     layer = get_channel_layer()
-    if isinstance(layer, InMemoryChannelLayer):
-        # The fork. Channels 4.3 has no public batch send, and InMemoryChannelLayer.group_send sweeps the
-        # whole layer for expired messages on every call, which makes a fan-out quadratic in the number of
-        # connected agents. So: sweep once per batch (its private _clean_expired), then deliver to each
-        # group's channels (its private .groups) as group_send would. Revisit when Channels has a batch send.
-        layer._clean_expired()
-        for channel in [c for a in agent_ids for c in layer.groups.get(agent_group(a), {})]:
-            try:
-                await layer.send(channel, message)
-            except ChannelFull:
-                log.warning("channel %s is full; command %s not delivered", channel,
-                            message["payload"].get("command_id"))
-        return
-    # At most SEND_CONCURRENCY at once: each concurrent group_send takes a Redis connection of its own,
+    # At most SEND_CONCURRENCY at once: on Redis each concurrent group_send takes a connection of its own,
     # and hundreds opened at once per batch only queue up in Redis's accept backlog.
     limit = asyncio.Semaphore(SEND_CONCURRENCY)
 

@@ -3,7 +3,6 @@
 Every error object carries ``data.correlation_id`` (docs/mcp.md, "Errors"); the transport echoes it in
 the X-Correlation-Id header (``correlation_of``)."""
 
-import json
 from typing import Any
 
 from yuzu import jsondata
@@ -103,4 +102,4 @@ def parse_message(body: bytes | str) -> JsonObject:
 
 
 def dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    return jsondata.dumps(obj)

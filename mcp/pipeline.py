@@ -7,7 +7,6 @@ Sync tools run all of it in one worker-thread hop; async tools (the bridge's blo
 checks in one hop, await the handler on the event loop, then audit in a second hop.
 """
 
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -18,7 +17,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from jsonschema.exceptions import ValidationError as SchemaError
 
-from yuzu import rbac
+from yuzu import jsondata, rbac
 from yuzu.audit import audit
 from yuzu.errors import YuzuError, invalid_input
 from yuzu.jsondata import JsonObject
@@ -192,7 +191,7 @@ def _rbac_allows(principal: rbac.Principal, tool: Tool, args: JsonObject) -> boo
 
 
 def tool_result(structured: JsonObject, is_error: bool = False) -> JsonObject:
-    text = json.dumps(structured, ensure_ascii=False, default=str)
+    text = jsondata.dumps(structured, default=str).decode()
     result: JsonObject = {"content": [{"type": "text", "text": text}], "structuredContent": structured}
     if is_error:
         result["isError"] = True

@@ -7,6 +7,7 @@ audience names it, and an endpoint's 401 says where a client finds out how to ge
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -16,9 +17,9 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.utils import timezone
 from django_otp import DEVICE_ID_SESSION_KEY
 
-from .models import ApiToken, hash_secret
+from .models import ApiToken, AuthVersion, hash_secret
 from .policy import TIER_ORDER, tier_allows
-from .rbac import Principal, may
+from .rbac import Grants, Principal, may
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -54,15 +55,66 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-yuzu-token", "").strip() or None
 
 
+@dataclass(frozen=True)
+class _Known:
+    """What one token resolved to, as of an auth version: the token and its owner as loaded, and the owner's
+    grants. Shared read-only by every call that presents the token until the version moves."""
+
+    token: ApiToken
+    grants: Grants
+
+
+class PrincipalCache:
+    """Per process: token hash → what it resolved to. Each call reads the database's auth version (one
+    single-row SELECT; yuzu.models.AuthVersion, moved by triggers on every change to tokens, users, roles and
+    assignments, in any process) and drops every entry when it moved, so a revocation or a removed role is
+    refused on the very next call anywhere. Time-based ends (expiry, rotation retirement) are checked on every
+    call against the cached token, and never need a version."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.entries: dict[str, _Known] = {}
+
+    def get(self, token_hash: str, version: int) -> _Known | None:
+        if version != self.version:
+            self.entries = {}
+            self.version = version
+            return None
+        return self.entries.get(token_hash)
+
+    def put(self, token_hash: str, version: int, known: _Known) -> None:
+        # -1: no version row (a test run flushed the tables): nothing would invalidate the entry, so keep none
+        if version == self.version and version >= 0:
+            if len(self.entries) >= self.MAX_ENTRIES:
+                self.entries = {}
+            self.entries[token_hash] = known
+
+
+principals = PrincipalCache()
+
+
+def _load(token_hash: str) -> _Known:
+    try:
+        token = ApiToken.objects.select_related("owner").get(token_hash=token_hash)
+    except ApiToken.DoesNotExist:
+        raise AuthError("unknown token") from None
+    return _Known(token, Principal(user=token.owner, token=token).grants())
+
+
 def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIENCE_API,),
                         now: datetime | None = None) -> Principal:
     if not raw.startswith("yuzu_") or len(raw) != 69:
         raise AuthError("malformed token")
     now = now or timezone.now()
-    try:
-        token = ApiToken.objects.select_related("owner").get(token_hash=hash_secret(raw))
-    except ApiToken.DoesNotExist:
-        raise AuthError("unknown token") from None
+    token_hash = hash_secret(raw)
+    version = AuthVersion.current()
+    known = principals.get(token_hash, version)
+    if known is None:
+        known = _load(token_hash)
+        principals.put(token_hash, version, known)
+    token = known.token
     if not token.is_live(now):
         raise AuthError("token expired or revoked", f"this token no longer works: use another one (GET /api/v1/tokens lists "
                         f"yours), or have an administrator mint one with {MINT_HINT}")
@@ -78,7 +130,8 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
                         f"an API token (GET /api/v1/tokens lists yours; {MINT_HINT} mints one)")
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return Principal(user=token.owner, token=token, via="token")
+        token.last_used_at = now
+    return Principal(user=token.owner, token=token, via="token", _grants=known.grants)
 
 
 def principal_for_session(session_key: str | None) -> Principal | None:

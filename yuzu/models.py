@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 if TYPE_CHECKING:
@@ -215,3 +215,25 @@ class KekVersion(models.Model):
 
     def __str__(self) -> str:
         return f"secrets-kek-v{self.version}"
+
+
+class AuthVersion(models.Model):
+    """One row whose counter moves whenever something a cached principal depends on changes: a token's state
+    (revoked, expired, retired, re-hashed, re-tiered, deleted), a user's (deactivated, renamed, promoted), or a
+    role's grants or assignments. Database triggers move it (migration 0003), so every write path counts —
+    ``save()``, ``QuerySet.update()``, bulk operations, the admin, raw SQL — and it commits with the change.
+    yuzu.auth reads it once per call to know whether its per-process principal cache is still good."""
+
+    n = models.BigIntegerField(default=0)
+
+    @classmethod
+    def current(cls) -> int:
+        """The counter, in one round trip without the ORM's query building (this runs on every call)."""
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT n FROM yuzu_authversion WHERE id = 1")
+            row = cursor.fetchone()
+            if row is None:  # the migration creates the row; a flush (transactional tests) empties the table
+                cursor.execute("INSERT INTO yuzu_authversion (id, n) VALUES (1, 0) ON CONFLICT DO NOTHING")
+                cursor.execute("SELECT n FROM yuzu_authversion WHERE id = 1")
+                row = cursor.fetchone()
+        return int(row[0]) if row else -1

@@ -64,6 +64,8 @@ SECRET_KEY = _secret_key()
 YUZU_KEK_DIR = Path(os.environ.get("YUZU_KEK_DIR", VAR_DIR / "keys"))
 DEBUG = env_flag("YUZU_DEBUG")
 YUZU_BIND = os.environ.get("YUZU_BIND", "127.0.0.1:8000")
+#: server (daphne) processes `serve` runs on the one port; 0: one per core with Redis, 1 in embedded mode
+YUZU_SERVE_PROCESSES = int(os.environ.get("YUZU_SERVE_PROCESSES", "0") or 0)
 YUZU_BRIDGE_URL = os.environ.get("YUZU_BRIDGE_URL", f"http://{YUZU_BIND}/mcp/bridge/")
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("YUZU_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 # Origins a browser-based MCP client may send; empty Origin (CLI clients) is always fine.
@@ -173,7 +175,9 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_TASK_ALWAYS_EAGER = False
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' InMemoryChannelLayer sweeps the whole layer on every group send and receive (O(N²) fan-out):
+    # yuzu's own in-process layer sweeps once a second instead (yuzu/channel_layer.py).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "yuzu.channel_layer.LocalChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
     # Embedded mode: tasks run in-process, so nothing else must be installed.
     CELERY_TASK_ALWAYS_EAGER = True

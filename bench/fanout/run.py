@@ -13,7 +13,7 @@ Reference, measured in the same run: the 100-agent time (growth), and a bare cha
 of N messages (N group_send + N receive on the configured layer, in this process): the messaging floor
 with no database, no WebSocket and no agent.
 
-Embedded by default: a fresh SQLite file under a temp dir, the in-memory channel layer, dispatch run
+Embedded by default: a fresh SQLite file under a temp dir, the in-process channel layer (yuzu.channel_layer), dispatch run
 by Celery eagerly inside daphne. With YUZU_REDIS_URL: the Redis layer and a separate Celery worker
 (started here). With YUZU_DATABASE_URL: that database, which must be a scratch one (agents are added).
 Every wait is bounded.
@@ -196,7 +196,7 @@ def main():
     redis = bool(settings.REDIS_URL)
     database = "PostgreSQL" if settings.DATABASE_IS_POSTGRES else "SQLite (temp file, WAL)"
     mode = ("Redis channel layer + a separate Celery worker" if redis
-            else "embedded: in-memory channel layer, Celery eager inside daphne")
+            else "embedded: in-process channel layer (yuzu.channel_layer), Celery eager inside daphne")
     daphne = worker = None
     swarms = []
     results, floors, failures = {}, {}, {}

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -97,6 +98,8 @@ async def open_session(client, url, token):
 class Cell:
     """One measurement: a server at a concurrency level."""
 
+    served = 0  # every answered request of the run, warm-up included (for CPU per request)
+
     def __init__(self):
         self.latencies = []
         self.errors = 0
@@ -123,6 +126,7 @@ async def worker(url, token, cell, deadline, max_requests, warmup_until, counter
                 t0 = time.perf_counter()
                 r = await client.post(url, content=body, headers=h)
                 dt = time.perf_counter() - t0
+                Cell.served += 1
                 ok = r.status_code == 200 and b'"result"' in r.content and b'"isError":true' not in r.content
                 if ok and cell.checked is None:
                     cell.checked = len(r.json()["result"]["structuredContent"]["agents"])
@@ -137,16 +141,59 @@ async def worker(url, token, cell, deadline, max_requests, warmup_until, counter
             await client.delete(url, headers=h)
 
 
+async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, counter):
+    """GET /api/v1/agents: the REST face of the same capability (same service function, same checks but the
+    MCP session and the audit row: a read through REST is not audited)."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    h = {"authorization": f"Bearer {token}", "accept": "application/json"}
+    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        while time.perf_counter() < deadline and cell.issued < max_requests:
+            t0 = time.perf_counter()
+            r = await client.get(url, headers=h)
+            dt = time.perf_counter() - t0
+            Cell.served += 1
+            ok = r.status_code == 200 and b'"agent_id"' in r.content
+            if ok and cell.checked is None:
+                cell.checked = len(r.json()["data"])
+            if t0 < warmup_until:
+                continue
+            cell.issued += 1
+            if ok:
+                cell.latencies.append(dt)
+            else:
+                cell.errors += 1
+
+
 async def measure(url, tokens, concurrency, duration, warmup, max_requests):
     cell = Cell()
     start = time.perf_counter()
     warmup_until = start + warmup
     deadline = warmup_until + duration
     counter = [0]
-    await asyncio.gather(*(worker(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
+    work = rest_worker if url.endswith("/api/v1/agents") else worker
+    await asyncio.gather(*(work(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
                            for i in range(concurrency)))
     elapsed = min(time.perf_counter(), deadline) - warmup_until
     return cell.summary(elapsed)
+
+
+def cpu_seconds(proc, only=None):
+    """User + system CPU of a process and its descendants (``only``: those whose command line has it — serve's
+    daphnes, not its idle background workers)."""
+    total = 0.0
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root] + root.children(recursive=True):
+            try:
+                if only and only not in " ".join(p.cmdline()):
+                    continue
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+    return total
 
 
 def wait_ready(proc, probe, what, log, timeout=40):
@@ -165,9 +212,9 @@ def wait_ready(proc, probe, what, log, timeout=40):
 
 def stop(proc):
     if proc is not None and proc.poll() is None:
-        proc.terminate()
+        proc.terminate()  # serve stops everything it started
         try:
-            proc.wait(10)
+            proc.wait(45)
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -197,6 +244,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds per cell not counted")
     ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--processes", type=int, help="server processes (serve --processes); default: serve's own")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
@@ -210,7 +258,9 @@ def main():
     if not env.get("YUZU_DATABASE_URL"):
         env["YUZU_SQLITE_PATH"] = str(tmp / "bench.sqlite3")
     database = "PostgreSQL (YUZU_DATABASE_URL)" if env.get("YUZU_DATABASE_URL") else "SQLite (temp file, WAL)"
+    database += ", Redis (YUZU_REDIS_URL)" if env.get("YUZU_REDIS_URL") else ", in-process layer"
     ours = ref = None
+    load_before = f"{os.getloadavg()[0]:.2f}"
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
         n_tokens = max(a.concurrency)
@@ -222,11 +272,15 @@ def main():
 
         p_ours, p_ref = free_port(), free_port()
         ours_url = f"http://127.0.0.1:{p_ours}/mcp/v1/"
+        rest_url = f"http://127.0.0.1:{p_ours}/api/v1/agents"
         ref_url = f"http://127.0.0.1:{p_ref}/mcp"
         log_ours, log_ref = tmp / "daphne.log", tmp / "reference.log"
-        ours = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(p_ours),
-                                 "yuzu.asgi:application"], cwd=ROOT, env=env, stdout=open(log_ours, "w"),
-                                stderr=subprocess.STDOUT)
+        # the server as `make run` starts it: `manage.py serve` (one daphne per core with Redis, one embedded,
+        # plus the background workers), without the local agent
+        serve = [sys.executable, "manage.py", "serve", "--no-agent"] + (
+            ["--processes", str(a.processes)] if a.processes else [])
+        ours = subprocess.Popen(serve, cwd=ROOT, env={**env, "YUZU_BIND": f"127.0.0.1:{p_ours}"},
+                                stdout=open(log_ours, "w"), stderr=subprocess.STDOUT)
         ref_env = {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_"))}
         ref = subprocess.Popen([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(p_ref), "--agents",
                                 str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
@@ -237,8 +291,13 @@ def main():
 
         results = {}
         for c in a.concurrency:
-            for name, url in (("yuzu", ours_url), ("reference", ref_url)):
-                results[(name, c)] = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
+            for name, url in (("yuzu", ours_url), ("reference", ref_url), ("yuzu-rest", rest_url)):
+                proc, only = (ref, None) if name == "reference" else (ours, "daphne")
+                cpu0, n0 = cpu_seconds(proc, only), Cell.served
+                results[(name, c)] = r = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
+                # server CPU per answered request, warm-up included on both counts: on a shared machine this
+                # ratio moves far less than req/s does
+                r["cpu_ms_per_req"] = (cpu_seconds(proc, only) - cpu0) * 1000 / max(1, Cell.served - n0)
     finally:
         stop(ours)
         stop(ref)
@@ -247,23 +306,31 @@ def main():
 
     print(f"tools/call list_agents — {setup['total_agents']} agents in the database ({database}); "
           f"{a.duration:g}s per cell after {a.warmup:g}s warm-up")
-    print(f"machine: {machine()}")
-    print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} {'agents':>6}")
+    print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
+    print(f"server: {' '.join(serve[1:])}")
+    print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
+          f"{'agents':>6} {'CPU ms/req':>10}")
     for (name, c), r in results.items():
         print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
-              f"{r['errors']:>6} {r['agents_in_result']!s:>6}")
+              f"{r['errors']:>6} {r['agents_in_result']!s:>6} {r['cpu_ms_per_req']:>10.2f}")
     print("\nratio ours/reference (req/s: higher is better for us; latency: lower is better for us)")
     ratios = {}
     for c in a.concurrency:
-        o, r = results[("yuzu", c)], results[("reference", c)]
-        ratios[c] = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
-                     "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
-                     "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None}
-        print(f"  {c:>2} conn: req/s x{ratios[c]['rps']:.2f}   p50 x{ratios[c]['p50']:.2f}   p99 x{ratios[c]['p99']:.2f}")
+        r = results[("reference", c)]
+        for ours_name in ("yuzu", "yuzu-rest"):
+            o = results[(ours_name, c)]
+            ratios[f"{ours_name}@{c}"] = x = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
+                                              "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
+                                              "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
+                                              "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"]
+                                              if r["cpu_ms_per_req"] else None}
+            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f}   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}"
+                  f"   CPU/req x{x['cpu']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
-                                            "ratios": {str(c): v for c, v in ratios.items()}}, indent=2))
+                                            "ratios": ratios,
+                                            "server": serve[1:], "load": [load_before, os.getloadavg()[0]]}, indent=2))
     bad = [k for k, r in results.items() if r["errors"] or not r["requests"]]
     if bad:
         print(f"\nerrors in: {bad}", file=sys.stderr)

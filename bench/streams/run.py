@@ -477,7 +477,7 @@ def main():
                f"{round(psutil.virtual_memory().total / 2**30)} GiB RAM, Linux {platform.release()}, "
                f"Python {platform.python_version()}, "
                f"{'PostgreSQL' if os.environ.get('YUZU_DATABASE_URL') else 'SQLite'}, "
-               f"{'Redis layer' if os.environ.get('YUZU_REDIS_URL') else 'in-memory layer'}, "
+               f"{'Redis layer' if os.environ.get('YUZU_REDIS_URL') else 'in-process layer'}, "
                f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}")
     try:
         env.run([PY, "manage.py", "migrate", "--noinput", "-v0"])

@@ -108,7 +108,7 @@ class GetStream:
         self.follow: str | None = None
         self.closed = False
         self.wrote_since_tick = False
-        self.watch = CredentialWatch(principal, session.id)
+        self.watch = CredentialWatch(principal, session.id, wake=lambda: self.conn.post({"type": "mcp.tick"}))
         self.ticker: asyncio.Future[None] | None = None
         self.budget_held = True
 
@@ -229,6 +229,7 @@ class GetStream:
     async def _release(self) -> None:
         if self.ticker is not None:
             self.ticker.cancel()
+        self.watch.stop()
         if self.budget_held:
             self.budget_held = False
             release_get(self.principal.key)

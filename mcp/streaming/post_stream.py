@@ -76,7 +76,7 @@ class PostStream:
         track(self)
         self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
                                  mode="post", stream_tag=f"post:{ctx.request_id}", writer=self.write_frame)
-        self.watch = CredentialWatch(ctx.principal, ctx.session_id or "")
+        self.watch = CredentialWatch(ctx.principal, ctx.session_id or "", wake=lambda: asyncio.ensure_future(self._tick()))
 
     async def write_frame(self, eid: int, frame: JsonObject) -> bool:
         if not self.wire_open:
@@ -127,6 +127,7 @@ class PostStream:
                     self.conn.post({"type": "mcp.stopped"})
         finally:
             ticker.cancel()
+            self.watch.stop()
             release_record(self.key, self.ctx.request_id)
             self._release_lease()
 

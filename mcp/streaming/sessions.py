@@ -170,6 +170,19 @@ if redis.call('HGET', KEYS[1], 'principal') == ARGV[1] then redis.call('HSET', K
 return 0
 """
 
+# Validate in one round trip: the session's fields, its idle expiry slid only when it is this principal's.
+_VALIDATE = """
+local data = redis.call('HGETALL', KEYS[3])
+local principal = nil
+for i = 1, #data, 2 do if data[i] == 'principal' then principal = data[i + 1] end end
+if principal ~= ARGV[1] then return {} end
+local exp = tonumber(ARGV[2]) + tonumber(ARGV[3])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[1], exp, ARGV[4])
+redis.call('ZADD', KEYS[2], exp, ARGV[4])
+return data
+"""
+
 
 class RedisSessionStore(SessionStore):
     """(redis-py types each command's answer for its sync and asyncio clients at once; this client answers
@@ -181,6 +194,7 @@ class RedisSessionStore(SessionStore):
         self.redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._create = self.redis.register_script(_CREATE)
         self._note = self.redis.register_script(_NOTE)
+        self._validate = self.redis.register_script(_VALIDATE)
 
     def _keys(self, principal: str, sid: str) -> list[str]:
         return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
@@ -199,17 +213,10 @@ class RedisSessionStore(SessionStore):
         return Session(sid, principal, protocol_version, client_name, client_version)
 
     def validate(self, sid: str, principal: str) -> Session | None:
-        all_key, p_key, s_key = self._keys(principal, sid)
-        data = self._hash(s_key)
-        if not data or data.get("principal") != principal:
+        flat = cast(list[str], self._validate(keys=self._keys(principal, sid), args=[principal, time.time(), IDLE_TTL, sid]))
+        if not flat:
             return None
-        exp = time.time() + IDLE_TTL
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.expire(s_key, IDLE_TTL)
-        pipe.zadd(all_key, {sid: exp})
-        pipe.zadd(p_key, {sid: exp})
-        pipe.execute()
-        return self._session(sid, data)
+        return self._session(sid, dict(zip(flat[::2], flat[1::2], strict=True)))
 
     @staticmethod
     def _session(sid: str, data: dict[str, str]) -> Session:

@@ -1,15 +1,27 @@
 """A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (not revoked,
 expired or retired; its owner still active) and the session still exists (which also slides its idle
 expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with
-auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace."""
+auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace.
+
+The checks themselves are made once per tick for every stream of the process (``_Pass``): one worker-thread
+hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
+since the credentials were last read — a token, user or role changed somewhere — does it read the tokens and
+users of the streams, one query each. A stream's own tick (its heartbeat, at its own moment, so 5,000 streams
+do not all write at once) reads the verdict of the latest pass, and a pass that finds a stream's credential or
+session gone wakes that stream at once, so it closes within a tick. 5,000 streams cost one hop and one query
+per tick, not 5,000 hops and 10,000 queries."""
 
 import asyncio
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError
+from django.utils import timezone
 
+from yuzu.models import ApiToken, AuthVersion
 from yuzu.rbac import Principal
 
 from ..pipeline import hop
@@ -34,37 +46,131 @@ def every_tick(step: Callable[[], Awaitable[bool]]) -> asyncio.Future[None]:
     return asyncio.ensure_future(loop())
 
 
-def revalidate(principal: Principal, session_id: str) -> str:
-    """"ok", "credential_revoked", "session_terminated", "session_deleted" (by its client's own DELETE), or
-    "indeterminate" (the backend did not answer). Runs in a worker thread."""
+class _Verified:
+    """The principals whose credentials were read at ``version`` (cleared when it moves). One batch at a time
+    reads and marks them (``lock``): a batch that read before a change must not mark after it."""
+
+    version = -1
+    keys: set[str] = set()
+    lock = threading.Lock()
+
+
+def _credentials(principals: list[Principal]) -> dict[str, bool]:
+    """principal key → credential still good. Reads the tokens and users only when the auth version moved
+    since they were last read; refreshes the principals' token objects with what it read."""
+    with _Verified.lock:
+        return _read_credentials(principals)
+
+
+def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
+    now = timezone.now()
+    version = AuthVersion.current()
+    if version != _Verified.version or version < 0:
+        _Verified.version, _Verified.keys = version, set()
+    stale = [p for p in principals if p.key not in _Verified.keys]
+    if stale:
+        token_ids = {p.token.pk for p in stale if p.token is not None}
+        user_ids = {p.user.pk for p in stale if p.token is None}
+        tokens = {row[0]: row[1:] for row in ApiToken.objects.filter(pk__in=token_ids).values_list(
+            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active")} if token_ids else {}
+        users = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "is_active")) if user_ids else {}
+        gone = set()
+        for p in stale:
+            if p.token is not None:
+                row = tokens.get(p.token.pk)
+                if row is None or not row[3]:
+                    gone.add(p.key)
+                else:
+                    p.token.revoked_at, p.token.expires_at, p.token.retire_at = row[:3]
+            elif not users.get(p.user.pk):
+                gone.add(p.key)
+        _Verified.keys |= {p.key for p in stale} - gone
+    return {p.key: p.key in _Verified.keys and (p.token is None or p.token.is_live(now)) for p in principals}
+
+
+def revalidate_all(checks: list[tuple[Principal, str]]) -> list[str]:
+    """For each (principal, session id): "ok", "credential_revoked", "session_terminated", "session_deleted" (by
+    its client's own DELETE), or "indeterminate" (the backend did not answer). Runs in a worker thread."""
     try:
-        token = principal.token
-        if token is not None:
-            token.refresh_from_db(fields=["revoked_at", "expires_at", "retire_at"])
-            if not token.is_live():
-                return "credential_revoked"
-        user = principal.user
-        user.refresh_from_db(fields=["is_active"])
-        if not user.is_active:
-            return "credential_revoked"
-        if session_id and store().validate(session_id, principal.key) is None:  # "": a modern, session-less stream
-            return "session_deleted" if store().deleted_by_client(session_id, principal.key) else "session_terminated"
-        return "ok"
-    except ObjectDoesNotExist:
-        return "credential_revoked"
+        good = _credentials([p for p, _ in checks])
     except (DatabaseError, OSError):
-        return "indeterminate"
+        return ["indeterminate"] * len(checks)
+    verdicts = []
+    for principal, session_id in checks:
+        if not good[principal.key]:
+            verdicts.append("credential_revoked")
+            continue
+        if not session_id:  # a 2026-07-28 stream (subscriptions/listen) has no session: its credential is all
+            verdicts.append("ok")
+            continue
+        try:
+            if store().validate(session_id, principal.key) is not None:
+                verdicts.append("ok")
+            elif store().deleted_by_client(session_id, principal.key):
+                verdicts.append("session_deleted")
+            else:
+                verdicts.append("session_terminated")
+        except (DatabaseError, OSError):
+            verdicts.append("indeterminate")
+    return verdicts
+
+
+def revalidate(principal: Principal, session_id: str) -> str:
+    """One stream's verdict (see revalidate_all)."""
+    return revalidate_all([(principal, session_id)])[0]
+
+
+class _Pass:
+    """Every watch of one event loop, re-checked together once per tick by one hop."""
+
+    def __init__(self) -> None:
+        self.watches: weakref.WeakSet[CredentialWatch] = weakref.WeakSet()
+        self.task: asyncio.Future[None] | None = None
+
+    def add(self, watch: "CredentialWatch") -> None:
+        self.watches.add(watch)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self.run())
+
+    async def run(self) -> None:
+        while self.watches:
+            await asyncio.sleep(TICK_SECONDS)
+            watches = list(self.watches)
+            if not watches:
+                break
+            try:
+                verdicts = await hop(revalidate_all)([(w.principal, w.session_id) for w in watches])
+            except Exception:
+                verdicts = ["indeterminate"] * len(watches)
+            for watch, verdict in zip(watches, verdicts, strict=True):
+                watch.verdict = verdict
+                if verdict not in ("ok", "indeterminate") and watch.wake is not None:
+                    watch.wake()  # the stream closes now, not at its own next tick
+
+
+_passes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pass]" = weakref.WeakKeyDictionary()
 
 
 class CredentialWatch:
-    """A stream's tick verdict: None to go on, else the reason to close with."""
+    """A stream's tick verdict: None to go on, else the reason to close with. Created on the event loop;
+    the loop's pass re-checks it every tick while the stream lives (``stop`` when it ends), and calls ``wake``
+    when the verdict turns against it."""
 
-    def __init__(self, principal: Principal, session_id: str) -> None:
-        self.principal, self.session_id = principal, session_id
+    def __init__(self, principal: Principal, session_id: str, wake: Callable[[], object] | None = None) -> None:
+        self.principal, self.session_id, self.wake = principal, session_id, wake
         self.failing_since: float | None = None
+        self.verdict = "ok"  # admitted just now; the next pass says otherwise if it must
+        loop = asyncio.get_running_loop()
+        if loop not in _passes:
+            _passes[loop] = _Pass()
+        _passes[loop].add(self)
+
+    def stop(self) -> None:
+        for each in _passes.values():
+            each.watches.discard(self)
 
     async def check(self) -> str | None:
-        verdict = await hop(revalidate)(self.principal, self.session_id)
+        verdict = self.verdict
         if verdict == "ok":
             self.failing_since = None
             return None

@@ -1,8 +1,14 @@
 """Run everything `make run` needs in the foreground: daphne, the background workers and a local
-agent. Ctrl-C (or SIGTERM) stops everything it started."""
+agent. Ctrl-C (or SIGTERM) stops everything it started.
+
+With Redis (YUZU_REDIS_URL) it runs one daphne per core on one port: sessions, stream rings, the bridge's
+rendezvous and the channel layer are shared through Redis, so any process can answer any request. The parent
+opens the listening socket and every daphne adopts it (``--fd``), so the kernel hands each new connection to
+whichever process accepts first. In embedded mode that state lives in one process, so there is one daphne."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 
 class Command(BaseCommand):
@@ -19,20 +25,32 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--no-agent", action="store_true", help="do not start the local agent")
+        parser.add_argument("--no-beat", action="store_true",
+                            help="do not start celery beat (on every host but one, when several hosts serve)")
+        parser.add_argument("--processes", type=int, default=None,
+                            help="server (daphne) processes on the one port; default: YUZU_SERVE_PROCESSES, else "
+                                 "the number of cores with Redis, 1 in embedded mode")
 
-    def handle(self, *args: str, no_agent: bool, **opts: object) -> None:
+    def handle(self, *args: str, no_agent: bool, no_beat: bool, processes: int | None, **opts: object) -> None:
         # The checks that need the database too (e.g. yuzu.E010: the secrets' key files match it): refuse to
         # serve with keys that cannot open what is stored.
         self.check(databases=["default"], display_num_errors=True)
         host, _, port = settings.YUZU_BIND.rpartition(":")
         py = sys.executable
         manage = str(Path(settings.BASE_DIR) / "manage.py")
-        procs = {"daphne": [py, "-m", "daphne", "-b", host.strip("[]") or "127.0.0.1", "-p", port,
-                            "--application-close-timeout", "35", "yuzu.asgi:application"]}
+        n = server_processes(processes)
+        daphne = [py, "-m", "daphne", "--application-close-timeout", "35", "yuzu.asgi:application"]
+        listener = None
+        if n == 1:
+            procs = {"daphne": daphne[:3] + ["-b", host.strip("[]") or "127.0.0.1", "-p", port] + daphne[3:]}
+        else:
+            listener = listen(host.strip("[]") or "127.0.0.1", int(port))
+            procs = {f"daphne-{i + 1}": daphne[:3] + ["--fd", str(listener.fileno())] + daphne[3:] for i in range(n)}
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
-            procs["celery-beat"] = [py, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
-                                    "-s", str(settings.VAR_DIR / "celerybeat-schedule")]
+            if not no_beat:
+                procs["celery-beat"] = [py, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
+                                        "-s", str(settings.VAR_DIR / "celerybeat-schedule")]
         else:
             procs["sweeper"] = [py, manage, "run_periodic"]
         for name, argv in self.extra_processes(no_agent, py, manage, host, port).items():
@@ -43,8 +61,11 @@ class Command(BaseCommand):
                           f"  REST API reference:  {base}/api/v1/docs   (OpenAPI: {base}/api/v1/openapi.json)")
         # celery beat writes its schedule under var/ and starts nothing else: it alone runs with a private
         # umask (the others keep the caller's, which bridge workers and agent commands inherit).
-        running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1)
+        running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1,
+                                          pass_fds=(listener.fileno(),) if listener and name.startswith("daphne") else ())
                    for name, argv in procs.items()}
+        if listener is not None:
+            listener.close()  # the daphnes hold it now
         stop = {"now": False}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -84,3 +105,23 @@ class Command(BaseCommand):
         return extra
 
 
+
+
+def server_processes(requested: int | None) -> int:
+    """How many daphnes: asked for, else YUZU_SERVE_PROCESSES, else one per core with Redis and 1 without."""
+    n = requested or settings.YUZU_SERVE_PROCESSES or ((os.cpu_count() or 1) if settings.REDIS_URL else 1)
+    if n < 1:
+        raise CommandError("--processes must be at least 1")
+    if n > 1 and not settings.REDIS_URL:
+        raise CommandError(f"{n} server processes need Redis (YUZU_REDIS_URL): in embedded mode MCP sessions, "
+                           "streams and the channel layer live inside one process. Set YUZU_REDIS_URL, or serve "
+                           "with --processes 1.")
+    return n
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The one listening socket every daphne adopts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    return sock

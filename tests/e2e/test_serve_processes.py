@@ -1,0 +1,65 @@
+"""`manage.py serve` runs one daphne per core on one port when Redis is configured (one in embedded mode),
+and Ctrl-C stops every process it started."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from bridge.testing.harness import start_redis
+from yuzu.testing import free_port, server_env, spawn, wait_until
+
+
+def children(pid):
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return {int(line.split(None, 1)[0]): line.split(None, 1)[1] for line in out.splitlines() if line.strip()}
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone, only not yet reaped
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+@pytest.mark.live
+def test_serve_runs_several_daphnes_on_one_port_and_ctrl_c_stops_them_all(transactional_db, tmp_path):
+    redis_url, redis = os.environ.get("YUZU_REDIS_URL"), None
+    if not redis_url:
+        if shutil.which("redis-server") is None:
+            pytest.skip("neither YUZU_REDIS_URL nor redis-server (Debian package 'redis-server')")
+        redis, redis_url = start_redis(tmp_path)
+    port = free_port()
+    var = tmp_path / "var"
+    var.mkdir(mode=0o700)
+    env = server_env(YUZU_BIND=f"127.0.0.1:{port}", YUZU_VAR_DIR=str(var), YUZU_REDIS_URL=redis_url)
+    serve = spawn("serve", [sys.executable, "manage.py", "serve", "--no-agent", "--processes", "2"], env, tmp_path)
+    try:
+        wait_until(lambda: serve.proc.poll() is None and _healthy(port), 60, what=f"serve: {serve.log()}")
+        kids = children(serve.proc.pid)
+        daphnes = [pid for pid, args in kids.items() if "daphne" in args]
+        assert len(daphnes) == 2 and all("--fd" in kids[p] for p in daphnes), kids
+        for _ in range(20):  # whichever daphne accepts, it answers
+            assert _healthy(port)
+        serve.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert serve.proc.wait(60) == 0, serve.log()
+        wait_until(lambda: not any(alive(p) for p in kids), 10, what=f"every child to exit: {kids}")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1, trust_env=False)
+    finally:
+        serve.stop()
+        if redis is not None:
+            redis.stop()
+
+
+def _healthy(port):
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False

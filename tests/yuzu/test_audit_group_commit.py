@@ -1,0 +1,76 @@
+"""Audit group commit (yuzu.audit.GroupCommit): concurrent callers' rows go to the database in one INSERT, each
+caller learns only once its row is committed, and an audit store that is down still answers
+``audit_persisted: false`` instead of failing the call."""
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from tests.support.mcp_http import McpClient
+from yuzu import audit as audit_mod
+from yuzu.audit import audit
+from yuzu.models import AuditEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_concurrent_rows_share_inserts_and_each_is_committed_when_its_caller_returns(monkeypatch):
+    batches = []
+    write = audit_mod._write
+
+    def spy(events):
+        batches.append(len(events))
+        return write(events)
+
+    monkeypatch.setattr(audit_mod, "_write", spy)
+    n = 24
+    start = threading.Barrier(n)
+    seen = {}
+
+    def caller(i):
+        start.wait()
+        ok = audit(f"p{i}", "bench.call", "success", correlation_id=f"c{i}")
+        # committed: another connection sees it the moment audit() returned
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM yuzu_auditevent WHERE correlation_id = %s", [f"c{i}"])
+                seen[i] = (ok, cur.fetchone()[0])
+        finally:
+            other.close()
+            connections.close_all()
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(v == (True, 1) for v in seen.values()), seen
+    assert sum(batches) == n and AuditEvent.objects.filter(action="bench.call").count() == n
+    assert len(batches) < n, batches  # some rows shared an INSERT
+
+
+def test_inside_a_transaction_the_row_is_the_transactions():
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            assert audit("alice", "tx.call", "success")
+            raise RuntimeError
+    assert not AuditEvent.objects.filter(action="tx.call").exists()
+
+
+def test_audit_store_down_answers_audit_persisted_false(mint):
+    c = McpClient(mint("alice", tier="operator"))
+    c.initialize()
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE yuzu_auditevent RENAME TO yuzu_auditevent_away")
+    try:
+        r = c.call("list_agents").json()
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE yuzu_auditevent_away RENAME TO yuzu_auditevent")
+    assert r["result"]["structuredContent"]["audit_persisted"] is False, r
+    r = c.call("list_agents").json()
+    assert "audit_persisted" not in r["result"]["structuredContent"]
