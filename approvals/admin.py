@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from yuzu import rbac
-from yuzu.auth import MFA_SESSION_KEY
+from yuzu.admin_rbac import RbacAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.plans import SENSITIVE_KEY_RE
 from yuzu.stepup import mfa_is_fresh, prove
@@ -43,10 +43,6 @@ def pretty_arguments(scope_expression):
     if isinstance(args, dict) and isinstance(args.get("params"), dict):
         args["params"] = {k: "[redacted]" if SENSITIVE_KEY_RE.search(k) else v for k, v in args["params"].items()}
     return json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
-
-
-def session_principal(request):
-    return rbac.Principal(user=request.user, via="session", mfa_verified_at=request.session.get(MFA_SESSION_KEY))
 
 
 def risk_badge(risk):
@@ -86,7 +82,9 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(admin.ModelAdmin):
+class ApprovalAdmin(RbacAdmin):
+    securable = "Approval"
+    group_scoped = True  # approvers of one group see (and review) that group's tickets
     list_display = ("what", "targets", "risk_class", "requested_by", "age", "expires", "status")
     list_display_links = None
     list_filter = (StatusFilter, "origin")
@@ -109,17 +107,6 @@ class ApprovalAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def _may(self, request, operation):
-        user = request.user
-        return bool(user.is_active and user.is_staff and rbac.has_any(rbac.Principal(user=user, via="session"),
-                                                                      "Approval", operation))
-
-    def has_view_permission(self, request, obj=None):
-        return self._may(request, "Read")
-
-    def has_module_permission(self, request):
-        return self._may(request, "Read")
-
     def get_queryset(self, request):
         """Only the tickets this user submitted or may review (services: visibility rules)."""
         qs = super().get_queryset(request)
@@ -130,7 +117,7 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def get_actions(self, request):
         actions = super().get_actions(request)
-        if not self._may(request, "Approve"):
+        if not self.may(request, "Approve"):
             actions.pop("reject_selected", None)
         return actions
 

@@ -7,38 +7,12 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from yuzu import rbac
+from yuzu.admin_rbac import RbacAdmin
 from yuzu.audit import audit
 
 from . import guardian
 from .documents import DocumentError
 from .models import GuardianEvent, GuardRule, Policy, PolicyAgentStatus, PolicyFragment
-
-
-class RbacAdmin(admin.ModelAdmin):
-    """Views and edits gated by RBAC on ``securable`` (Read / Write / Delete), for active staff only."""
-
-    securable = "Policy"
-
-    def _may(self, request, operation):
-        user = request.user
-        return bool(user.is_active and user.is_staff and rbac.may(rbac.Principal(user=user, via="session"),
-                                                                  self.securable, operation))
-
-    def has_module_permission(self, request):
-        return self._may(request, "Read")
-
-    def has_view_permission(self, request, obj=None):
-        return self._may(request, "Read")
-
-    def has_add_permission(self, request):
-        return self._may(request, "Write")
-
-    def has_change_permission(self, request, obj=None):
-        return self._may(request, "Write")
-
-    def has_delete_permission(self, request, obj=None):
-        return self._may(request, "Delete")
 
 
 class ReadOnlyAdmin(RbacAdmin):
@@ -99,6 +73,7 @@ class PolicyForm(YamlForm):
 
 @admin.register(PolicyFragment)
 class PolicyFragmentAdmin(RbacAdmin):
+    securable = "Policy"
     form = FragmentForm
     list_display = ("name", "check_instruction", "fix_instruction", "updated_at")
     search_fields = ("name",)
@@ -113,6 +88,7 @@ class PolicyFragmentAdmin(RbacAdmin):
 
 @admin.register(Policy)
 class PolicyAdmin(RbacAdmin):
+    securable = "Policy"
     form = PolicyForm
     list_display = ("name", "fragment", "enabled", "interval_seconds", "compliance_pct", "last_dispatch_at")
     list_filter = ("enabled",)
@@ -153,6 +129,7 @@ class PolicyAdmin(RbacAdmin):
 
 @admin.register(PolicyAgentStatus)
 class VerdictAdmin(ReadOnlyAdmin):
+    securable = "Policy"
     list_display = ("policy", "agent", "status", "last_check_at", "fix_attempts")
     list_filter = ("status", "policy")
     search_fields = ("agent__agent_id", "agent__hostname", "policy__name")

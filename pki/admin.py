@@ -3,8 +3,7 @@ authenticator code (step-up), the same service function as the tool and the REST
 
 from django.contrib import admin, messages
 
-from yuzu import rbac
-from yuzu.auth import MFA_SESSION_KEY
+from yuzu.admin_rbac import RbacAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.stepup import mfa_is_fresh
 
@@ -12,28 +11,14 @@ from . import services
 from .models import IssuedCert
 
 
-def session_principal(request):
-    return rbac.Principal(user=request.user, via="session", mfa_verified_at=request.session.get(MFA_SESSION_KEY))
-
-
 @admin.register(IssuedCert)
-class IssuedCertAdmin(admin.ModelAdmin):
+class IssuedCertAdmin(RbacAdmin):
+    securable = "Security"
     list_display = ("serial_hex", "subject", "purpose", "status", "not_after", "issued_at", "issued_by", "revoked_at")
     list_filter = ("purpose", "status")
     search_fields = ("serial_hex", "subject", "agent_id", "signer_name")
     readonly_fields = [f.name for f in IssuedCert._meta.fields]
     actions = ["revoke_selected"]
-
-    def _may(self, request, operation):
-        user = request.user
-        return bool(user.is_active and user.is_staff and rbac.may(rbac.Principal(user=user, via="session"),
-                                                                  "Security", operation))
-
-    def has_view_permission(self, request, obj=None):
-        return self._may(request, "Read")
-
-    def has_module_permission(self, request):
-        return self._may(request, "Read")
 
     def has_add_permission(self, request):
         return False
@@ -46,7 +31,7 @@ class IssuedCertAdmin(admin.ModelAdmin):
 
     def get_actions(self, request):
         actions = super().get_actions(request)
-        if not self._may(request, "Delete"):
+        if not self.may(request, "Delete"):
             actions.pop("revoke_selected", None)
         return actions
 
