@@ -55,6 +55,17 @@ REDACTED = "[redacted]"
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
 
 
+#: Callables ``(plugin, action)`` that raise a YuzuError to refuse any dispatch of that command, installed by
+#: other apps in their AppConfig.ready (operations: plugin kill switches). Run when a command is validated
+#: and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
+DISPATCH_GATES = []
+
+
+def dispatch_gate(plugin, action):
+    for gate in DISPATCH_GATES:
+        gate(plugin, action)
+
+
 def invalid(message, remediation=None, **extra):
     return YuzuError(message, status=400, rpc_code=-32602, remediation=remediation, extra=extra or None)
 
@@ -74,6 +85,7 @@ def _command(plugin, action, params):
         if _nbytes(value) > MAX_NAME_BYTES:
             raise invalid(f"{field} exceeds {MAX_NAME_BYTES} bytes")
         names.append(value.lower())
+    dispatch_gate(names[0], names[1])
     if params is None:
         params = {}
     if not isinstance(params, dict):
@@ -224,6 +236,7 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
             expires_in):
     """Create the rows, then enqueue dispatch. Sensitive parameter values are stored redacted and reach
     the dispatch task only through its message."""
+    dispatch_gate(plugin, action)
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
     now = timezone.now()
     with transaction.atomic():

@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "pki",
     "bridge",
     "compliance",
+    "operations",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
@@ -192,6 +193,12 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format
     "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
     "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
 }
+# Instruction schedules (docs/operator.md): the tick; with Redis a Celery beat task, embedded on the server's loop.
+YUZU_SCHEDULE_TICK_S = float(os.environ.get("YUZU_SCHEDULE_TICK_S", "30"))
+if REDIS_URL:
+    CELERY_BEAT_SCHEDULE["run-schedules"] = {"task": "operations.tasks.run_schedules",
+                                             "schedule": YUZU_SCHEDULE_TICK_S}
+YUZU_UPLOAD_DIR = os.environ.get("YUZU_UPLOAD_DIR") or str(VAR_DIR / "uploads")
 # Compliance (docs/compliance.md): the evaluator's tick, its grace window for answers, and how long the
 # fleet-wide counts are cached. With Redis the tick is a Celery beat task; embedded, it runs on the server's
 # event loop (compliance.receivers), where the in-memory channel layer reaches the agents.

@@ -27,7 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from . import __version__, signing
+from .control import PluginControl
 from .guardian import Guardian
+from .inventory_sync import InventorySync
 from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
 
 log = logging.getLogger("yuzu.agent")
@@ -148,6 +150,8 @@ class AgentClient:
         elif self.config.get("require_signature"):
             raise Refused("require_signature is set but no trust_bundle is configured: refusing to start")
         self.pending_key = None  # the key of a cert.enroll awaiting its certificate
+        self.control = PluginControl()  # pushed plugin configuration and kill switches (fleet.agent.control)
+        self.software = None  # the daily software-inventory sync (fleet.agent.inventory_sync)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -254,11 +258,18 @@ class AgentClient:
         if not state.get("cert_pem") or renewal_due(state["cert_pem"]):
             await self.send({"type": "cert.enroll", "csr_pem": self.csr()})
         heartbeat = asyncio.create_task(self.heartbeat(float(reply.get("heartbeat_interval") or 30)))
+        sync = None
+        if not self.config.get("inventory_disable"):
+            self.software = InventorySync(self.send, self.state_dir / "software-sync.json", state["agent_id"],
+                                          self.config)
+            sync = asyncio.create_task(self.software.run(self.pool))
         try:
             async for raw in ws:
                 self.handle(raw)
         finally:
             heartbeat.cancel()
+            if sync is not None:
+                sync.cancel()
 
     async def expect(self, ws, kind, *fields):
         raw = await asyncio.wait_for(ws.recv(), REPLY_TIMEOUT_S)
@@ -308,6 +319,14 @@ class AgentClient:
         elif kind == "tags" and isinstance(msg.get("tags"), dict):
             self.tags = msg["tags"]
             log.info("%s: tags now %s", self.hostname, self.tags)
+        elif kind in ("plugin.config", "plugin.kill"):
+            report = (self.control.apply_config if kind == "plugin.config" else self.control.apply_kill)(msg)
+            if report is not None:
+                task = asyncio.create_task(self.send(report))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        elif kind == "software.resync" and self.software is not None:
+            self.software.resync()
         elif kind == "guardian.rules" and isinstance(msg.get("rules"), list):
             self.guardian.apply(msg["rules"], full_sync=msg.get("full_sync", True) is not False)
 
@@ -350,6 +369,8 @@ class AgentClient:
             return Result("TIMEOUT", error="the command expired before it started")
         if f"{plugin}.{action}" not in self.plugins:
             return Result("REJECTED", error=f"unknown plugin/action: {plugin}.{action}")
+        if refusal := self.control.refusal(plugin, action):
+            return Result("REJECTED", error=refusal)
         await self.send(self.response(cid, Result("RUNNING")))
         loop = asyncio.get_running_loop()
 
@@ -357,7 +378,8 @@ class AgentClient:
             frame = self.response(cid, Result("RUNNING", output))
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.send(frame)))
 
-        ctx = Context(config={**self.config, "hostname": self.hostname}, server=self.url, progress=progress)
+        ctx = Context(config={**self.config, "hostname": self.hostname, "plugin_config": self.control.snapshot()},
+                      server=self.url, progress=progress, stop=self.control.stop_event(plugin))
         return await loop.run_in_executor(self.pool, self.execute, plugin, action, params, ctx)
 
     def execute(self, plugin, action, params, ctx):

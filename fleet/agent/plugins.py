@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import psutil
 from jsonschema import Draft202012Validator
 
+from . import upload
+
 READ, WRITE, DESTRUCTIVE = "read", "write", "destructive"
 DIGITS = {"type": "string", "pattern": r"^[0-9]{1,7}$"}
 SCRIPT_OUTPUT_CAP = 64 * 1024
@@ -47,6 +49,7 @@ class Context:
     config: dict = field(default_factory=dict)
     server: str = ""
     progress: Callable[[str], None] = lambda output: None
+    stop: object = None  # a threading.Event set when the plugin is switched off (fleet.agent.control)
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def system_uptime(params, ctx):
 
 def process_list(params, ctx):
     name = params.get("name", "").lower()
-    limit = int(params.get("limit", "200"))
+    limit = int(params.get("limit") or plugin_config(ctx, "process").get("default_limit", "200"))
     procs = []
     for p in psutil.process_iter(["pid", "ppid", "name", "username", "status", "memory_info", "create_time"]):
         info = p.info
@@ -273,7 +276,7 @@ def parse_argv(text):
     return shlex.split(text)
 
 
-def run_argv(argv, timeout, cap, progress=lambda output: None):
+def run_argv(argv, timeout, cap, progress=lambda output: None, stop=None):
     """Run without a shell; returns (exit code or None on timeout, output bytes capped at ``cap``, truncated)."""
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -282,6 +285,9 @@ def run_argv(argv, timeout, cap, progress=lambda output: None):
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
         while (remaining := deadline - time.monotonic()) > 0:
+            if stop is not None and stop.is_set():  # the plugin was switched off: end the process now
+                deadline = time.monotonic()
+                break
             if sel.select(min(remaining, 1.0)):
                 chunk = os.read(proc.stdout.fileno(), 65536)
                 if not chunk:
@@ -316,10 +322,12 @@ def script_run(params, ctx):
     timeout = min(int(params.get("timeout", "30")), int(ctx.config.get("script_timeout_max", SCRIPT_TIMEOUT_MAX)))
     cap = int(ctx.config.get("script_output_cap", SCRIPT_OUTPUT_CAP))
     try:
-        code, out, truncated = run_argv(argv, max(timeout, 1), cap, ctx.progress)
+        code, out, truncated = run_argv(argv, max(timeout, 1), cap, ctx.progress, ctx.stop)
     except OSError as exc:
         return failed(f"cannot execute {argv[0]}: {exc.strerror or exc}")
     text = out.decode(errors="replace") + (f"\n[output truncated at {cap} bytes]" if truncated else "")
+    if code is None and ctx.stop is not None and ctx.stop.is_set():
+        return Result("FAILURE", text, None, "kill_switched: stopped, the plugin was switched off; process killed")
     if code is None:
         return Result("TIMEOUT", text, None, f"timed out after {timeout} s; process killed")
     return Result("SUCCESS" if code == 0 else "FAILURE", text, code, None if code == 0 else f"exit code {code}")
@@ -403,6 +411,36 @@ def quarantine_release(params, ctx):
     return ok(report)
 
 
+# --- content distribution: upload one file under a grant -----------------------------------------
+
+def plugin_config(ctx, plugin):
+    """The configuration the server pushed for ``plugin`` (fleet.agent.control), {} when none."""
+    return (ctx.config.get("plugin_config") or {}).get(plugin) or {}
+
+
+def upload_file(params, ctx):
+    path = params["path"]
+    if not os.path.isfile(path):
+        return failed(f"not a regular file: {path}")
+    try:
+        done = upload.upload_file(path, params["grant_id"], params["grant_secret"], ctx.server,
+                                  cafile=ctx.config.get("trust_bundle"))
+    except upload.UploadRefused as exc:
+        return failed(f"upload refused: {exc}", {"status": exc.status, "reason": exc.reason})
+    except OSError as exc:
+        return failed(f"upload failed: {exc}")
+    return ok(done)
+
+
+#: Each plugin's configuration keys and their schemas (values are strings); the server validates
+#: set_plugin_config against them (the ``config`` of the register catalogue).
+CONFIG_SCHEMAS = {
+    "process": {"default_limit": {"type": "string", "pattern": "^[0-9]{1,5}$",
+                                  "description": "process.list's row limit when the call gives none"}},
+    "content_dist": {"note": {"type": "string", "maxLength": 256}},
+}
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 PLUGINS = {p.name: p for p in [
@@ -440,12 +478,22 @@ PLUGINS = {p.name: p for p in [
            "unless the agent's operator enabled enforcement)."),
     Plugin("quarantine.release", DESTRUCTIVE, schema(), quarantine_release,
            "Removes the network quarantine from the device."),
+    Plugin("content_dist.upload_file", WRITE,
+           schema({"path": {"type": "string", "minLength": 1, "maxLength": 4096},
+                   "grant_id": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+                   "grant_secret": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+                  ["path", "grant_id", "grant_secret"]), upload_file,
+           "Uploads one file from the device to the server under a one-time upload grant (mint_upload_grant)."),
 ]}
 
 
 def catalogue(registry=PLUGINS):
     """The ``plugins`` field of the register message."""
-    return {name: {"risk": p.risk, "params": p.params, "description": p.description} for name, p in registry.items()}
+    out = {name: {"risk": p.risk, "params": p.params, "description": p.description} for name, p in registry.items()}
+    for name, entry in out.items():
+        if name.split(".", 1)[0] in CONFIG_SCHEMAS:
+            entry["config"] = CONFIG_SCHEMAS[name.split(".", 1)[0]]
+    return out
 
 
 def execute(registry, plugin, action, params, ctx):

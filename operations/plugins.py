@@ -1,0 +1,386 @@
+"""Plugin configuration, write-only plugin secrets and kill switches: one store (spec/operator.md §1).
+
+Every capability is one function shared by the MCP tools (operations.mcp_tools), the REST views
+(operations.api) and the admin. Each validates first (identifiers, bounds, the plugin's declared
+configuration schema), audits before it mutates (a REST caller gets 503 and no write when the audit row
+cannot be stored; an MCP caller proceeds with ``audit_persisted: false``), then writes and pushes the new
+state to the connected agents (configuration and kill switches; secrets never leave the server)."""
+
+import json
+import logging
+
+from django.db import DatabaseError, transaction
+from jsonschema import Draft202012Validator
+
+from fleet.models import Agent, AgentInventory
+from fleet.push import send_to_agent
+from yuzu import rbac
+from yuzu import secrets as sealed
+from yuzu.audit import audit
+from yuzu.errors import STORE_FAULT_SHORT_RETRY_MS, YuzuError
+from yuzu.plans import Plan
+
+from .metrics import KILL_SWITCH_REFUSALS, PLUGIN_STORE_WRITES
+from .models import (
+    ACTION_RE,
+    KEY_RE,
+    MAX_REASON,
+    MAX_SECRET_BYTES,
+    MAX_VALUE_BYTES,
+    PLUGIN_RE,
+    RESERVED_PLUGIN_RE,
+    SECRET_VALUE,
+    PluginConfig,
+    PluginKillSwitch,
+    PluginSecret,
+    now_ms,
+)
+
+log = logging.getLogger("yuzu.operations")
+LIST_CAP = 5000
+
+
+def invalid(message, remediation=None, **extra):
+    return YuzuError(message, status=400, rpc_code=-32602, remediation=remediation, extra=extra or None)
+
+
+def not_found(message):
+    return YuzuError(message, status=404, rpc_code=-32602, remediation="nothing was changed")
+
+
+def store_fault():
+    return YuzuError("plugin configuration store unavailable", status=503, rpc_code=-32603,
+                     retry_after_ms=STORE_FAULT_SHORT_RETRY_MS, remediation="retry shortly")
+
+
+def audit_fault():
+    return YuzuError("the audit row could not be stored; nothing was changed", status=503, rpc_code=-32603,
+                     retry_after_ms=STORE_FAULT_SHORT_RETRY_MS, remediation="retry shortly")
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+def check_plugin(plugin, *, reserved=False):
+    if not isinstance(plugin, str) or not (PLUGIN_RE.fullmatch(plugin)
+                                           or (reserved and RESERVED_PLUGIN_RE.fullmatch(plugin))):
+        raise invalid("plugin must match ^[a-z0-9_][a-z0-9_-]{0,63}$" + (" (or the reserved form __name__)"
+                                                                         if reserved else ""))
+    return plugin
+
+
+def check_key(key):
+    if not isinstance(key, str) or not KEY_RE.fullmatch(key):
+        raise invalid("key must match ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ (dots mark a nested path)")
+    return key
+
+
+def check_action(action):
+    if action in (None, ""):
+        return ""
+    if not isinstance(action, str) or not ACTION_RE.fullmatch(action):
+        raise invalid("action must match ^[a-z0-9_][a-z0-9_-]{0,63}$")
+    return action
+
+
+def declared_plugins():
+    """{plugin: {key: JSON Schema}} from the catalogues the agents declared on register (the ``config`` of
+    each plugin's actions), the plugins without configuration included with {}."""
+    out = {}
+    rows = AgentInventory.objects.filter(plugin=AgentInventory.CATALOGUE).values_list("data", flat=True)
+    for catalogue in rows.distinct()[:256]:
+        for name, spec in (catalogue or {}).items():
+            if not isinstance(name, str) or "." not in name:
+                continue
+            schema = out.setdefault(name.split(".", 1)[0], {})
+            config = (spec or {}).get("config") if isinstance(spec, dict) else None
+            if isinstance(config, dict):
+                schema.update({k: v for k, v in config.items() if isinstance(v, dict)})
+    return out
+
+
+def config_schema(plugin):
+    plugins = declared_plugins()
+    if plugin not in plugins:
+        raise invalid(f"unknown plugin: {plugin} (no agent declared it)",
+                      "discover_plugins lists the plugins the agents declared")
+    return plugins[plugin]
+
+
+def check_value(plugin, key, value):
+    if not isinstance(value, str):
+        raise invalid("value must be a string")
+    if len(value.encode(errors="surrogatepass")) > MAX_VALUE_BYTES:
+        raise invalid(f"value exceeds {MAX_VALUE_BYTES} bytes")
+    if "\x00" in value:
+        raise invalid("value must not contain NUL characters")
+    schema = config_schema(plugin)
+    if key not in schema:
+        declared = ", ".join(sorted(schema)) or "none"
+        raise invalid(f"plugin {plugin} declares no configuration key '{key}' (declared: {declared})",
+                      "get the plugin's configuration keys from discover_plugins (config)")
+    error = next(iter(Draft202012Validator(schema[key]).iter_errors(value)), None)
+    if error is not None:
+        raise invalid(f"value for {plugin}.{key} does not match the plugin's schema: {error.message}")
+    return value
+
+
+def _fleet_wide(principal, securable, operation):
+    """The plugin store is the whole install's: a grant confined to management groups does not reach it."""
+    if rbac.group_scope(principal, securable, operation) is not None:
+        raise rbac.denial(principal, securable, operation)
+
+
+def _audit_first(principal, action, target, detail, surface, cid):
+    """Audit before mutate: False when the row could not be stored (REST refuses with 503 then)."""
+    persisted = audit(principal, action, "success", target_type="PluginConfig", target_id=target, detail=detail,
+                      correlation_id=cid)
+    if not persisted and surface == "rest":
+        raise audit_fault()
+    return persisted
+
+
+def _with_audit(out, persisted):
+    return out if persisted else {**out, "audit_persisted": False}
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+def get_plugin_config(principal, plugin, key):
+    _fleet_wide(principal, "PluginConfig", "Read")
+    check_plugin(plugin), check_key(key)
+    try:
+        row = PluginConfig.objects.filter(plugin=plugin, key=key).first()
+    except DatabaseError:
+        raise store_fault() from None
+    if row is None:
+        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+    return row.to_dict()
+
+
+def list_plugin_config(principal, plugin=None):
+    """A management-group-confined grant is denied, never filtered (spec)."""
+    _fleet_wide(principal, "PluginConfig", "Read")
+    qs = PluginConfig.objects.all()
+    if plugin:
+        qs = qs.filter(plugin=check_plugin(plugin))
+    try:
+        rows = list(qs.order_by("plugin", "key")[:LIST_CAP + 1])
+    except DatabaseError:
+        raise store_fault() from None
+    return {"data": [r.to_dict() for r in rows[:LIST_CAP]], "truncated": len(rows) > LIST_CAP}
+
+
+def plan_set_plugin_config(principal, plugin, key, value):
+    _fleet_wide(principal, "PluginConfig", "Write")
+    check_plugin(plugin), check_key(key)
+    check_value(plugin, key, value)
+    return Plan(summary=f"Set {plugin}.{key}", value=(plugin, key, value), risk="write")
+
+
+def set_plugin_config(principal, plugin, key, value, *, cid="", surface="mcp"):
+    plugin, key, value = plan_set_plugin_config(principal, plugin, key, value).value
+    persisted = _audit_first(principal, "plugin_config.set", f"{plugin}.{key}",
+                             f"plugin={plugin} key={key} bytes={len(value.encode())}", surface, cid)
+    try:
+        with transaction.atomic():
+            row, _ = PluginConfig.objects.update_or_create(
+                plugin=plugin, key=key, defaults={"value": value, "updated_at_ms": now_ms(),
+                                                  "updated_by": principal.name})
+    except DatabaseError:
+        raise store_fault() from None
+    PLUGIN_STORE_WRITES.labels("config_set").inc()
+    push_config(plugin)
+    return _with_audit(row.to_dict(), persisted)
+
+
+def plan_delete_plugin_config(principal, plugin, key, pinned=None):
+    _fleet_wide(principal, "PluginConfig", "Delete")
+    check_plugin(plugin), check_key(key)
+    if not PluginConfig.objects.filter(plugin=plugin, key=key).exists():
+        audit(principal, "plugin_config.delete", "failure", target_type="PluginConfig", target_id=f"{plugin}.{key}",
+              detail="not_found")
+        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+    return Plan(summary=f"Delete plugin configuration value {plugin}.{key}", value=(plugin, key),
+                pins={"config": f"{plugin}.{key}"}, risk="destructive", facts={"plugin": plugin, "key": key})
+
+
+def delete_plugin_config(principal, plugin=None, key=None, *, cid="", plan=None, surface="mcp"):
+    plugin, key = (plan or plan_delete_plugin_config(principal, plugin, key)).value
+    persisted = _audit_first(principal, "plugin_config.delete", f"{plugin}.{key}", f"plugin={plugin} key={key}",
+                             surface, cid)
+    deleted, _ = PluginConfig.objects.filter(plugin=plugin, key=key).delete()
+    if not deleted:
+        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+    PLUGIN_STORE_WRITES.labels("config_delete").inc()
+    push_config(plugin)
+    return _with_audit({"deleted": True}, persisted)
+
+
+# --- secrets (write-only) --------------------------------------------------------------------------
+
+def plan_set_plugin_secret(principal, plugin, key, value):
+    _fleet_wide(principal, "PluginSecret", "Write")
+    check_plugin(plugin), check_key(key)
+    config_schema(plugin)  # the plugin must be one an agent declared
+    if not isinstance(value, str) or not value:
+        raise invalid("value must be a non-empty string")
+    if len(value.encode(errors="surrogatepass")) > MAX_SECRET_BYTES:
+        raise invalid(f"value exceeds {MAX_SECRET_BYTES} bytes")
+    if "\x00" in value:
+        raise invalid("value must not contain NUL characters")
+    return Plan(summary=f"Store secret {plugin}.{key}", value=(plugin, key, value), risk="write")
+
+
+def set_plugin_secret(principal, plugin, key, value, *, cid="", surface="mcp"):
+    """Seals the value under a fresh data key bound to this row; returns metadata only."""
+    plugin, key, value = plan_set_plugin_secret(principal, plugin, key, value).value
+    scope_key = f"{plugin}.{key}"
+    persisted = _audit_first(principal, "plugin_secret.set", scope_key, f"plugin={plugin} key={key}", surface, cid)
+    try:
+        blob = sealed.seal(value, SECRET_VALUE.where(scope_key))
+        with transaction.atomic():
+            row, _ = PluginSecret.objects.update_or_create(
+                scope_key=scope_key, defaults={"plugin": plugin, "key": key, "sealed_value": blob,
+                                               "updated_at_ms": now_ms(), "updated_by": principal.name})
+    except (DatabaseError, sealed.SecretError) as exc:
+        log.error("plugin secret %s not stored: %s", scope_key, type(exc).__name__)
+        raise store_fault() from None
+    PLUGIN_STORE_WRITES.labels("secret_set").inc()
+    return _with_audit(row.to_dict(), persisted)
+
+
+def plan_delete_plugin_secret(principal, plugin, key, pinned=None):
+    _fleet_wide(principal, "PluginSecret", "Delete")
+    check_plugin(plugin), check_key(key)
+    scope_key = f"{plugin}.{key}"
+    if not PluginSecret.objects.filter(pk=scope_key).exists():
+        audit(principal, "plugin_secret.delete", "failure", target_type="PluginSecret", target_id=scope_key,
+              detail="not_found")
+        raise not_found(f"not_found: no secret {scope_key}")
+    return Plan(summary=f"Delete plugin secret {scope_key}", value=(plugin, key), pins={"secret": scope_key},
+                risk="destructive", facts={"plugin": plugin, "key": key})
+
+
+def delete_plugin_secret(principal, plugin=None, key=None, *, cid="", plan=None, surface="mcp"):
+    plugin, key = (plan or plan_delete_plugin_secret(principal, plugin, key)).value
+    scope_key = f"{plugin}.{key}"
+    persisted = _audit_first(principal, "plugin_secret.delete", scope_key, f"plugin={plugin} key={key}", surface,
+                             cid)
+    deleted, _ = PluginSecret.objects.filter(pk=scope_key).delete()
+    if not deleted:
+        raise not_found(f"not_found: no secret {scope_key}")
+    PLUGIN_STORE_WRITES.labels("secret_delete").inc()
+    return _with_audit({"deleted": True}, persisted)
+
+
+# --- kill switches ---------------------------------------------------------------------------------
+
+def _switch_view(plugin, action, row):
+    if row is None:
+        return {"plugin": plugin, "action": action, "enabled": True}
+    return row.to_dict()
+
+
+def get_plugin_kill_switch(principal, plugin, action=""):
+    """The display view: a store error is an error here, not 'disabled'."""
+    _fleet_wide(principal, "PluginConfig", "Read")
+    check_plugin(plugin, reserved=True)
+    action = check_action(action)
+    try:
+        row = PluginKillSwitch.objects.filter(pk=PluginKillSwitch.key_of(plugin, action)).first()
+    except DatabaseError:
+        raise store_fault() from None
+    return _switch_view(plugin, action, row)
+
+
+def plan_set_plugin_kill_switch(principal, plugin, enabled, action="", reason=""):
+    _fleet_wide(principal, "PluginConfig", "Write")
+    check_plugin(plugin, reserved=True)
+    action = check_action(action)
+    if not isinstance(enabled, bool):
+        raise invalid("enabled must be true or false")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON or "\x00" in reason:
+        raise invalid(f"reason must be text of at most {MAX_REASON} characters")
+    return Plan(summary=f"{'Enable' if enabled else 'Kill'} {PluginKillSwitch.key_of(plugin, action)}",
+                value=(plugin, action, enabled, reason), risk="write")
+
+
+def set_plugin_kill_switch(principal, plugin, enabled, action="", reason="", *, cid="", surface="mcp"):
+    plugin, action, enabled, reason = plan_set_plugin_kill_switch(principal, plugin, enabled, action, reason).value
+    scope_key = PluginKillSwitch.key_of(plugin, action)
+    persisted = _audit_first(principal, "plugin_kill_switch.set", scope_key,
+                             f"plugin={plugin} action={action} enabled={enabled} reason={reason}", surface, cid)
+    try:
+        with transaction.atomic():
+            row, _ = PluginKillSwitch.objects.update_or_create(
+                scope_key=scope_key, defaults={"plugin": plugin, "action": action, "enabled": enabled,
+                                               "reason": reason, "set_by": principal.name, "updated_at_ms": now_ms()})
+    except DatabaseError:
+        raise store_fault() from None
+    PLUGIN_STORE_WRITES.labels("kill_switch_set").inc()
+    push_kill_switches()
+    return _with_audit(row.to_dict(), persisted)
+
+
+def action_allowed(plugin, action):
+    """The dispatch gate: (allowed, reason). The action's row wins over the plugin's; no row means allowed;
+    any store error means disabled (fail closed)."""
+    try:
+        rows = {r.scope_key: r for r in PluginKillSwitch.objects.filter(
+            pk__in=[PluginKillSwitch.key_of(plugin, action), plugin])}
+    except DatabaseError:
+        return False, "kill switch store unavailable (fail closed)"
+    row = rows.get(PluginKillSwitch.key_of(plugin, action)) or rows.get(plugin)
+    if row is None or row.enabled:
+        return True, ""
+    return False, f"{row.scope_key} is switched off by {row.set_by}" + (f": {row.reason}" if row.reason else "")
+
+
+def dispatch_gate(plugin, action):
+    """fleet.executions' hook: refuse a dispatch to a switched-off plugin or action."""
+    allowed, why = action_allowed(plugin, action)
+    if not allowed:
+        KILL_SWITCH_REFUSALS.inc()
+        raise YuzuError(f"kill_switched: {plugin}.{action} refused: {why}", status=403, rpc_code=-32602,
+                        remediation="set_plugin_kill_switch with enabled=true turns it back on",
+                        extra={"reason": "kill_switched"}, audit_result="denied")
+
+
+# --- delivery to agents ----------------------------------------------------------------------------
+
+def config_message(plugin):
+    values = dict(PluginConfig.objects.filter(plugin=plugin).values_list("key", "value"))
+    return {"type": "plugin.config", "plugin": plugin, "config": values}
+
+
+def kill_message():
+    switches = [{"plugin": r.plugin, "action": r.action, "enabled": r.enabled, "reason": r.reason}
+                for r in PluginKillSwitch.objects.all()]
+    return {"type": "plugin.kill", "switches": switches}
+
+
+def _connected():
+    return list(Agent.objects.filter(connected=True).values_list("agent_id", flat=True))
+
+
+def push_config(plugin):
+    message = {"type": "agent.push", "payload": config_message(plugin)}
+    for agent_id in _connected():
+        send_to_agent(agent_id, message)
+
+
+def push_kill_switches():
+    message = {"type": "agent.push", "payload": kill_message()}
+    for agent_id in _connected():
+        send_to_agent(agent_id, message)
+
+
+def sync_agent(agent_id):
+    """On connect: the whole configuration (one frame per plugin) and every kill switch."""
+    for plugin in PluginConfig.objects.values_list("plugin", flat=True).distinct():
+        send_to_agent(agent_id, {"type": "agent.push", "payload": config_message(plugin)})
+    send_to_agent(agent_id, {"type": "agent.push", "payload": kill_message()})
+
+
+def catalogue_json(plugin):
+    return json.dumps(config_schema(plugin), sort_keys=True)
