@@ -153,7 +153,7 @@ def get_plugin_config(principal, plugin, key):
     except DatabaseError:
         raise store_fault() from None
     if row is None:
-        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+        raise not_found(f"not_found: configuration value {plugin}.{key} not found")
     return row.to_dict()
 
 
@@ -199,7 +199,7 @@ def plan_delete_plugin_config(principal, plugin, key, pinned=None):
     if not PluginConfig.objects.filter(plugin=plugin, key=key).exists():
         audit(principal, "plugin_config.delete", "failure", target_type="PluginConfig", target_id=f"{plugin}.{key}",
               detail="not_found")
-        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+        raise not_found(f"not_found: configuration value {plugin}.{key} not found")
     return Plan(summary=f"Delete plugin configuration value {plugin}.{key}", value=(plugin, key),
                 pins={"config": f"{plugin}.{key}"}, risk="destructive", facts={"plugin": plugin, "key": key})
 
@@ -210,7 +210,7 @@ def delete_plugin_config(principal, plugin=None, key=None, *, cid="", plan=None,
                              surface, cid)
     deleted, _ = PluginConfig.objects.filter(plugin=plugin, key=key).delete()
     if not deleted:
-        raise not_found(f"not_found: no configuration value {plugin}.{key}")
+        raise not_found(f"not_found: configuration value {plugin}.{key} not found")
     PLUGIN_STORE_WRITES.labels("config_delete").inc()
     push_config(plugin)
     return _with_audit({"deleted": True}, persisted)
@@ -256,7 +256,7 @@ def plan_delete_plugin_secret(principal, plugin, key, pinned=None):
     if not PluginSecret.objects.filter(pk=scope_key).exists():
         audit(principal, "plugin_secret.delete", "failure", target_type="PluginSecret", target_id=scope_key,
               detail="not_found")
-        raise not_found(f"not_found: no secret {scope_key}")
+        raise not_found(f"not_found: secret {scope_key} not found")
     return Plan(summary=f"Delete plugin secret {scope_key}", value=(plugin, key), pins={"secret": scope_key},
                 risk="destructive", facts={"plugin": plugin, "key": key})
 
@@ -268,7 +268,7 @@ def delete_plugin_secret(principal, plugin=None, key=None, *, cid="", plan=None,
                              cid)
     deleted, _ = PluginSecret.objects.filter(pk=scope_key).delete()
     if not deleted:
-        raise not_found(f"not_found: no secret {scope_key}")
+        raise not_found(f"not_found: secret {scope_key} not found")
     PLUGIN_STORE_WRITES.labels("secret_delete").inc()
     return _with_audit({"deleted": True}, persisted)
 

@@ -111,7 +111,9 @@ def _targets(principal, tree, pinned=None):
 
 def create_schedule(principal, d, *, cid=""):
     rbac.check(principal, "Schedule", "Write", any_scope=True)
-    rbac.check(principal, "Execution", "Execute", any_scope=True)
+    # RBAC only: a supervised token may create a schedule; its runs then wait for one approval (below).
+    if not rbac.has_any(principal, "Execution", "Execute"):
+        raise rbac.denial(principal, "Execution", "Execute")
     definition, tree, start_at = validate(d)
     needs_approval = bool(d.get("requires_approval")) or principal.tier == "supervised"
     row = InstructionSchedule(

@@ -20,7 +20,7 @@ from fleet.models import Agent
 from fleet.services import visible_agents
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.errors import YuzuError
+from yuzu.errors import NotFound, YuzuError
 from yuzu.plans import Plan
 
 from .metrics import UPLOAD_BYTES, UPLOAD_EVENTS
@@ -77,7 +77,7 @@ def plan_mint(principal, agent_id, declared_max_size, source_path="", expected_s
     ttl = UploadGrant.TTL_DEFAULT_S if not ttl_secs or ttl_secs <= 0 else min(ttl_secs, UploadGrant.TTL_DEFAULT_S)
     if not Agent.objects.filter(pk=agent_id).exists() or \
             not visible_agents(principal, "UploadGrant", "Write").filter(pk=agent_id).exists():
-        raise invalid(f"unknown agent: {agent_id} (not found)")
+        raise NotFound(f"unknown agent: agent {agent_id} not found")
     return Plan(summary=f"Let agent {agent_id} upload one file of at most {declared_max_size} bytes",
                 value={"agent_id": agent_id, "declared_max_size": declared_max_size, "source_path": source_path,
                            "expected_sha256": expected_sha256 or "", "retention_class": retention_class, "ttl": ttl},
@@ -117,7 +117,7 @@ def plan_revoke(principal, grant_id, pinned=None):
         qs = qs.filter(agent_id__in=visible_agents(principal, "UploadGrant", "Delete").values("agent_id"))
     grant = qs.first()
     if grant is None:
-        raise invalid(f"not_found: no unredeemed upload grant {grant_id}")
+        raise NotFound(f"not_found: unredeemed upload grant {grant_id} not found")
     return Plan(summary=f"Revoke upload grant {grant_id} (agent {grant.agent_id})", value=grant_id,
                 pins={"grant": grant_id}, risk="destructive")
 
@@ -127,7 +127,7 @@ def revoke_upload_grant(principal, grant_id=None, *, cid="", plan=None):
     changed = UploadGrant.objects.filter(pk=grant_id, state=UploadGrant.State.MINTED).update(
         state=UploadGrant.State.REVOKED)
     if not changed:
-        raise invalid(f"not_found: no unredeemed upload grant {grant_id}")
+        raise NotFound(f"not_found: unredeemed upload grant {grant_id} not found")
     audit(principal, "upload_grant.revoke", "success", target_type="UploadGrant", target_id=grant_id,
           correlation_id=cid)
     UPLOAD_EVENTS.labels("revoke").inc()

@@ -45,6 +45,7 @@ from fleet.models import (
     Tag,
 )
 from mcp.server import Request, handle
+from operations.models import InstructionSchedule, PluginConfig, PluginSecret, UploadGrant
 from pki import ca
 from yuzu.models import AccountLockout, ApiToken
 from yuzu.rbac import BUILTIN_ROLES, assign_role
@@ -201,6 +202,8 @@ class World:
     fragments: dict = field(default_factory=dict)  # IN/OUT/GHOST -> a fragment no policy uses
     rules: dict = field(default_factory=dict)  # IN/OUT/GHOST -> guard rule id
     cert: str = ""  # an active agent certificate's serial (the CA's certificates are fleet-wide: no in/out)
+    grants: dict = field(default_factory=dict)  # IN/OUT/GHOST -> an unredeemed upload grant for that agent
+    schedule: int = 0  # an instruction schedule (fleet-wide)
 
     def token_of(self, caller, tier):
         return self.tokens[(caller.username, tier)]
@@ -265,6 +268,20 @@ def compliance_world(w, agents):
     w.policies[GHOST] = w.fragments[GHOST] = w.rules[GHOST] = "0" * 8 + "-0000-4000-8000-" + "0" * 12
 
 
+def operations_world(w, agents):
+    """A plugin configuration value and a secret to delete, and an unredeemed upload grant per agent."""
+    PluginConfig.objects.create(plugin="process", key="default_limit", value="50", updated_by="zed")
+    PluginSecret.objects.create(scope_key="process.api_token", plugin="process", key="api_token",
+                                sealed_value=b"never-opened", updated_by="zed")
+    for target, agent, grant_id in zip((IN, OUT), agents, ("a" * 32, "b" * 32), strict=True):
+        w.grants[target] = UploadGrant.objects.create(
+            grant_id=grant_id, secret_sha256="0" * 64, agent_id=agent.pk, declared_max_size=10, minted_by="zed",
+            expires_at=timezone.now() + timedelta(minutes=15)).pk
+    w.grants[GHOST] = "f" * 32
+    w.schedule = InstructionSchedule.objects.create(name="nightly", definition_id="def-1", frequency_type="daily",
+                                                    time_of_day="02:00", created_by="zed", creator_key="u0.s").pk
+
+
 def build_world(callers=CALLERS, tiers=TIERS):
     User = get_user_model()
     w = World()
@@ -286,6 +303,7 @@ def build_world(callers=CALLERS, tiers=TIERS):
     AccountLockout.objects.create(user=locked, failed_attempts=5, locked_until=timezone.now() + timedelta(minutes=15))
     InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
     compliance_world(w, (a_in, a_out))
+    operations_world(w, (a_in, a_out))
     expires = timezone.now() + timedelta(days=30)
     for caller in callers:
         user = User.objects.create_user(caller.username)

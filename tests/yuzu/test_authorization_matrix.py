@@ -168,6 +168,30 @@ V1 = {
     "get_fleet_compliance": [V("Policy", "Read", lambda w, t, c, tok: {})],
     "get_guardian_schemas": [V("GuaranteedState", "Read", lambda w, t, c, tok: {})],
     "reject_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
+    # the operator surface (operations/): the plugin store is fleet-wide; upload grants name an agent
+    "get_plugin_config": [V("PluginConfig", "Read", lambda w, t, c, tok: {"plugin": "process", "key": "default_limit"},
+                            compound=fleet_wide("PluginConfig", "Read"))],
+    "list_plugin_config": [V("PluginConfig", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("PluginConfig", "Read"))],
+    "set_plugin_config": [V("PluginConfig", "Write", lambda w, t, c, tok: {"plugin": "process", "key": "default_limit",
+                                                                             "value": "7"})],
+    "delete_plugin_config": [V("PluginConfig", "Delete", lambda w, t, c, tok: {"plugin": "process",
+                                                                               "key": "default_limit"})],
+    "set_plugin_secret": [V("PluginSecret", "Write", lambda w, t, c, tok: {"plugin": "process", "key": "api_token",
+                                                                             "value": "matrix-secret"})],
+    "delete_plugin_secret": [V("PluginSecret", "Delete", lambda w, t, c, tok: {"plugin": "process",
+                                                                               "key": "api_token"})],
+    "get_plugin_kill_switch": [V("PluginConfig", "Read", lambda w, t, c, tok: {"plugin": "process"})],
+    "set_plugin_kill_switch": [V("PluginConfig", "Write", lambda w, t, c, tok: {"plugin": "process", "enabled": False,
+                                                                                  "reason": "matrix"})],
+    "mint_upload_grant": [V("UploadGrant", "Write", lambda w, t, c, tok: {"agent_id": agent(w, t),
+                                                                          "declared_max_size": 10}, "agent")],
+    "list_upload_grants": [V("UploadGrant", "Read", lambda w, t, c, tok: {})],
+    "revoke_upload_grant": [V("UploadGrant", "Delete", lambda w, t, c, tok: {"grant_id": w.grants[t]}, "agent")],
+    "list_schedules": [V("Schedule", "Read", lambda w, t, c, tok: {})],
+    "query_installed_software": [V("Inventory", "Read", lambda w, t, c, tok: {"name": "bash"})],
+    "query_software_licenses": [
+        V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": agent(w, IN)}, label="known"),
+        V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": "ghost-1"}, label="unknown")],
 }
 
 BRIDGE = {
@@ -509,6 +533,50 @@ REST.update({
     ("api/v1/guaranteed-state/schemas", "GET"): [R("GuaranteedState", "Read",
                                                    lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
 })
+PC = "/api/v1/plugin-config"
+SCHEDULE_BODY = {"name": "matrix", "definition_id": "def-1", "frequency_type": "interval", "interval_minutes": 60}
+REST.update({
+    ("api/v1/plugin-config", "GET"): [R("PluginConfig", "Read", lambda w, t, c, tok: PC,
+                                        compound=fleet_wide("PluginConfig", "Read"))],
+    ("api/v1/plugin-config/<str:plugin>/<str:key>", "GET"): [R(
+        "PluginConfig", "Read", lambda w, t, c, tok: f"{PC}/process/default_limit",
+        compound=fleet_wide("PluginConfig", "Read"))],
+    ("api/v1/plugin-config/<str:plugin>/<str:key>", "PUT"): [R(
+        "PluginConfig", "Write", lambda w, t, c, tok: f"{PC}/process/default_limit",
+        body=lambda w, t, c, tok: {"value": "9"})],
+    ("api/v1/plugin-config/<str:plugin>/<str:key>", "DELETE"): [R(
+        "PluginConfig", "Delete", lambda w, t, c, tok: f"{PC}/process/default_limit")],
+    ("api/v1/plugin-config/<str:plugin>/<str:key>/secret", "PUT"): [R(
+        "PluginSecret", "Write", lambda w, t, c, tok: f"{PC}/process/api_token/secret",
+        body=lambda w, t, c, tok: {"value": "matrix-secret"})],
+    ("api/v1/plugin-config/<str:plugin>/<str:key>/secret", "DELETE"): [R(
+        "PluginSecret", "Delete", lambda w, t, c, tok: f"{PC}/process/api_token/secret")],
+    ("api/v1/plugin-config/<str:plugin>/kill-switch", "GET"): [R(
+        "PluginConfig", "Read", lambda w, t, c, tok: f"{PC}/process/kill-switch?action=list")],
+    ("api/v1/plugin-config/<str:plugin>/kill-switch", "PUT"): [R(
+        "PluginConfig", "Write", lambda w, t, c, tok: f"{PC}/process/kill-switch",
+        body=lambda w, t, c, tok: {"enabled": False, "reason": "matrix"})],
+    ("api/v1/upload-grants", "GET"): [R("UploadGrant", "Read", lambda w, t, c, tok: "/api/v1/upload-grants")],
+    ("api/v1/upload-grants", "POST"): [R("UploadGrant", "Write", lambda w, t, c, tok: "/api/v1/upload-grants",
+                                         body=lambda w, t, c, tok: {"agent_id": A(w, t), "declared_max_size": 10},
+                                         target="agent", ok=201)],
+    ("api/v1/upload-grants/<str:grant_id>", "DELETE"): [R(
+        "UploadGrant", "Delete", lambda w, t, c, tok: f"/api/v1/upload-grants/{w.grants[t]}", target="agent")],
+    ("api/v1/schedules", "GET"): [R("Schedule", "Read", lambda w, t, c, tok: "/api/v1/schedules")],
+    ("api/v1/schedules", "POST"): [R("Schedule", "Write", lambda w, t, c, tok: "/api/v1/schedules", ok=201,
+                                     body=lambda w, t, c, tok: SCHEDULE_BODY, also=(("Execution", "Execute"),))],
+    ("api/v1/schedules/<str:schedule_id>", "DELETE"): [R(
+        "Schedule", "Delete", lambda w, t, c, tok: f"/api/v1/schedules/{w.schedule}")],
+    ("api/v1/schedules/<str:schedule_id>/enable", "POST"): [R(
+        "Schedule", "Write", lambda w, t, c, tok: f"/api/v1/schedules/{w.schedule}/enable",
+        body=lambda w, t, c, tok: {"enabled": False})],
+    ("api/v1/inventory/software", "GET"): [R("Inventory", "Read", lambda w, t, c, tok: "/api/v1/inventory/software")],
+    ("api/v1/sle/agents/<str:agent_id>", "GET"): [R("SoftwareLicensing", "Read",
+                                                    lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, IN)}")],
+    ("api/v1/sle/agents/<str:agent_id>", "DELETE"): [R(
+        "SoftwareLicensing", "Delete", lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, IN)}",
+        also=(("Inventory", "Delete"), ("GuaranteedState", "Delete")))],
+})
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
 PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET"),
           ("api/v1/ca/root", "GET"), ("api/v1/ca/crl", "GET")}  # what agents and signers trust: public by design
@@ -526,6 +594,12 @@ OAUTH = {(".well-known/oauth-protected-resource", "GET"): 200,
          ("oauth/revoke", "GET"): 405}
 #: the hook sink takes a bridge worker's own token only: every API token is refused as a credential (401)
 WORKER_ONLY = {("api/v1/bridge/members/<str:pane_id>/events", "POST"): "/api/v1/bridge/members/%25999999/events"}
+#: the agents' upload routes take an upload grant or session secret only (operations.api): an API token is no
+#: credential there, and without one a GET answers as the protocol fixes (405 on the POST/PUT-only routes,
+#: 401 session_unknown on the session's status); their own rules: tests/operations/test_uploads.py
+UPLOAD_AGENT = {("api/v1/uploads", "GET"): 405, ("api/v1/uploads/<str:upload_id>", "GET"): 401,
+                ("api/v1/uploads/<str:upload_id>/chunk", "GET"): 405,
+                ("api/v1/uploads/<str:upload_id>/commit", "GET"): 405}
 #: the admin is for people: an OTP-verified session. Its pages redirect anyone else to the login page;
 #: only these answer without one.
 ADMIN_OPEN = {"admin/login/", "admin/logout/", "admin/jsi18n/"}
@@ -595,7 +669,7 @@ def test_rest_matrix():
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]
     rows = [(f"{m} {r}", "-", "-", "-", "a row in REST / PUBLIC / WORKER_ONLY", "no row")
             for r, m in api if (r, m) not in REST and (r, m) not in PUBLIC and (r, m) not in WORKER_ONLY
-            and (r, m) not in OAUTH]
+            and (r, m) not in OAUTH and (r, m) not in UPLOAD_AGENT]
     rows += [(f"{m} {r}", "-", "-", "-", "a route", "no such route") for r, m in set(REST) - set(api)]
     w = build_world()
     client = Client()
@@ -622,10 +696,11 @@ def test_rest_matrix():
             else WORKER_ONLY.get((route, method), "/" + route)
         r = rest_call(client, method, path, None, None)
         cells += 1
-        want = OAUTH.get((route, method)) or (200 if (route, method) in ANONYMOUS_OK else 401)
+        want = OAUTH.get((route, method)) or UPLOAD_AGENT.get((route, method)) or \
+            (200 if (route, method) in ANONYMOUS_OK else 401)
         if r.status_code != want:
             rows.append((f"{method} {route}", "anonymous", "-", "-", want, r.status_code))
-        if (route, method) in OAUTH:
+        if (route, method) in OAUTH or (route, method) in UPLOAD_AGENT:
             r = rest_call(client, method, path, None, raw)
             cells += 1
             if r.status_code != want:
