@@ -13,6 +13,7 @@ channel-layer group (fleet.events).
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -58,7 +59,7 @@ GROUP_BY = ("status", "agent_id", "exit_code", "output")
 #: Callables ``(plugin, action)`` that raise a YuzuError to refuse any dispatch of that command, installed by
 #: other apps in their AppConfig.ready (operations: plugin kill switches). Run when a command is validated
 #: and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
-DISPATCH_GATES = []
+DISPATCH_GATES: list[Callable[[str, str], None]] = []
 
 
 def dispatch_gate(plugin, action):

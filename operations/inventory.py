@@ -25,7 +25,7 @@ MAX_PAGES = 64
 MAX_ROWS = 20000
 HASH_RE = re.compile(r"[0-9a-f]{64}")
 VERSION_PART_RE = re.compile(r"(\d+|[A-Za-z]+|~)")
-_staged = {}  # (agent_id, hash) -> {page: rows}, this process's pages of a full list still arriving
+_staged: dict[tuple[str, str], dict[int, list[dict[str, str]]]] = {}  # (agent_id, hash) -> {page: rows}, this process's pages of a full list still arriving
 
 
 class Malformed(ValueError):

@@ -1,0 +1,243 @@
+"""The operator surface in the admin, each page gated by its securable (yuzu.admin_rbac) and every change made
+through the same service function as the MCP tool and the REST route (validation, audit, push to agents):
+plugin configuration, write-only plugin secrets (the value is typed in, never shown), kill switches,
+instruction schedules; upload grants and the uploaded files with their hashes, the software inventory and the
+detected licences, read-only."""
+
+from django import forms
+from django.contrib import admin, messages
+
+from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.errors import YuzuError
+
+from . import plugins, schedules
+from .models import (
+    DetectedLicense,
+    InstalledSoftware,
+    InstructionSchedule,
+    PluginConfig,
+    PluginKillSwitch,
+    PluginSecret,
+    UploadGrant,
+    UploadSession,
+)
+
+
+class ReadOnlyAdmin(RbacAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class ServiceForm(forms.ModelForm):
+    """Validates with the service's own checks, so the admin refuses exactly what the tool refuses."""
+
+    def service_check(self, data):
+        raise NotImplementedError
+
+    def clean(self):
+        data = super().clean()
+        if not self.errors:
+            try:
+                self.service_check(data)
+            except YuzuError as exc:
+                raise forms.ValidationError(exc.message) from None
+        return data
+
+
+class ServiceAdmin(RbacAdmin):
+    """save_model and delete_model call the service (audit, push); the form has validated with it already."""
+
+    def message_error(self, request, exc):
+        self.message_user(request, exc.message, messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+class PluginConfigForm(ServiceForm):
+    class Meta:
+        model = PluginConfig
+        fields = ["plugin", "key", "value"]
+
+    def service_check(self, data):
+        plugins.check_plugin(data.get("plugin")), plugins.check_key(data.get("key"))
+        plugins.check_value(data["plugin"], data["key"], data.get("value", ""))
+
+
+@admin.register(PluginConfig)
+class PluginConfigAdmin(ServiceAdmin):
+    securable = "PluginConfig"
+    form = PluginConfigForm
+    list_display = ("plugin", "key", "value", "updated_by", "updated_at_ms")
+    list_filter = ("plugin",)
+    search_fields = ("plugin", "key")
+
+    def save_model(self, request, obj, form, change):
+        plugins.set_plugin_config(session_principal(request), obj.plugin, obj.key, obj.value, surface="rest")
+
+    def delete_model(self, request, obj):
+        plugins.delete_plugin_config(session_principal(request), obj.plugin, obj.key, surface="rest")
+
+
+class PluginSecretForm(ServiceForm):
+    value = forms.CharField(widget=forms.PasswordInput(render_value=False), max_length=65536,
+                            help_text="Write-only: stored encrypted, never shown again.")
+
+    class Meta:
+        model = PluginSecret
+        fields = ["plugin", "key"]
+
+    def service_check(self, data):
+        plugins.plan_set_plugin_secret(session_principal(self.request), data.get("plugin"), data.get("key"),
+                                       data.get("value"))
+
+
+@admin.register(PluginSecret)
+class PluginSecretAdmin(ServiceAdmin):
+    securable = "PluginSecret"
+    form = PluginSecretForm
+    list_display = ("scope_key", "updated_by", "updated_at_ms")
+    search_fields = ("scope_key",)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.request = request
+        return form
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("plugin", "key") if obj is not None else ()
+
+    def save_model(self, request, obj, form, change):
+        plugins.set_plugin_secret(session_principal(request), obj.plugin, obj.key, form.cleaned_data["value"],
+                                  surface="rest")
+
+    def delete_model(self, request, obj):
+        plugins.delete_plugin_secret(session_principal(request), obj.plugin, obj.key, surface="rest")
+
+
+class KillSwitchForm(ServiceForm):
+    class Meta:
+        model = PluginKillSwitch
+        fields = ["plugin", "action", "enabled", "reason"]
+
+    def service_check(self, data):
+        plugins.check_plugin(data.get("plugin"), reserved=True)
+        plugins.check_action(data.get("action") or "")
+
+
+@admin.register(PluginKillSwitch)
+class PluginKillSwitchAdmin(ServiceAdmin):
+    securable = "PluginConfig"
+    form = KillSwitchForm
+    list_display = ("scope_key", "enabled", "reason", "set_by", "updated_at_ms")
+    list_filter = ("enabled",)
+    actions = ["switch_off", "switch_on"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a switch is turned back on, not deleted (its row is the record of who flipped it)
+
+    def save_model(self, request, obj, form, change):
+        plugins.set_plugin_kill_switch(session_principal(request), obj.plugin, obj.enabled, obj.action or "",
+                                       obj.reason or "", surface="rest")
+
+    def _flip(self, request, queryset, enabled):
+        for row in queryset:
+            try:
+                plugins.set_plugin_kill_switch(session_principal(request), row.plugin, enabled, row.action,
+                                               row.reason if not enabled else "", surface="rest")
+            except YuzuError as exc:
+                self.message_error(request, exc)
+        self.message_user(request, f"{queryset.count()} switch(es) turned {'on' if enabled else 'off'}")
+
+    @admin.action(description="Switch the selected plugins/actions OFF (refuse every dispatch)")
+    def switch_off(self, request, queryset):
+        self._flip(request, queryset, False)
+
+    @admin.action(description="Switch the selected plugins/actions back ON")
+    def switch_on(self, request, queryset):
+        self._flip(request, queryset, True)
+
+
+class ScheduleForm(ServiceForm):
+    class Meta:
+        model = InstructionSchedule
+        fields = ["name", "definition_id", "parameters", "frequency_type", "interval_minutes", "time_of_day",
+                  "time_zone", "day_of_week", "day_of_month", "start_at", "scope_expression", "requires_approval",
+                  "enabled"]
+
+    def service_check(self, data):
+        d = dict(data)
+        d["start_at"] = data["start_at"].isoformat() if data.get("start_at") else None
+        schedules.validate(d)
+
+
+@admin.register(InstructionSchedule)
+class InstructionScheduleAdmin(ServiceAdmin):
+    securable = "Schedule"
+    form = ScheduleForm
+    list_display = ("id", "name", "definition_id", "frequency_type", "enabled", "approval_state",
+                    "next_execution_at", "last_executed_at", "execution_count", "last_error")
+    list_filter = ("enabled", "frequency_type", "approval_state")
+    actions = ["enable", "disable"]
+
+    def has_change_permission(self, request, obj=None):
+        return False if obj is not None else super().has_change_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        d = {f: form.cleaned_data.get(f) for f in ScheduleForm.Meta.fields}
+        d["start_at"] = d["start_at"].isoformat() if d.get("start_at") else None
+        created = schedules.create_schedule(session_principal(request), d)
+        obj.pk = created["id"]
+
+    def delete_model(self, request, obj):
+        schedules.delete_schedule(session_principal(request), obj.pk)
+
+    @admin.action(description="Enable the selected schedules")
+    def enable(self, request, queryset):
+        for row in queryset:
+            schedules.enable_schedule(session_principal(request), row.pk, True)
+
+    @admin.action(description="Disable the selected schedules")
+    def disable(self, request, queryset):
+        for row in queryset:
+            schedules.enable_schedule(session_principal(request), row.pk, False)
+
+
+@admin.register(UploadGrant)
+class UploadGrantAdmin(ReadOnlyAdmin):
+    securable = "UploadGrant"
+    list_display = ("grant_id", "agent_id", "state", "declared_max_size", "retention_class", "minted_by",
+                    "created_at", "expires_at")
+    list_filter = ("state", "retention_class")
+    exclude = ("secret_sha256",)
+
+
+@admin.register(UploadSession)
+class UploadSessionAdmin(ReadOnlyAdmin):
+    securable = "UploadGrant"
+    list_display = ("upload_id", "grant", "state", "actual_size", "sha256", "committed_at")
+    list_filter = ("state",)
+    exclude = ("session_sha256",)
+
+
+@admin.register(InstalledSoftware)
+class InstalledSoftwareAdmin(ReadOnlyAdmin):
+    securable = "Inventory"
+    list_display = ("agent_id", "name", "version", "publisher", "install_date", "source")
+    list_filter = ("source",)
+    search_fields = ("=name", "=agent__agent_id")
+
+
+@admin.register(DetectedLicense)
+class DetectedLicenseAdmin(ReadOnlyAdmin):
+    securable = "SoftwareLicensing"
+    list_display = ("agent_id", "product", "license_type", "state", "channel", "expiry_at", "detector", "confidence")
+    list_filter = ("state", "license_type", "detector")
+    search_fields = ("=product", "=agent__agent_id")
