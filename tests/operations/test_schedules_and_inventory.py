@@ -1,0 +1,158 @@
+"""Schedules (next run in a time zone, coalescing, the approval pinned to targets, bad input) and the typed
+software inventory and licences (paged reports, hash-skip, version comparison, confinement, no user_ref on MCP)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Approval
+from fleet.models import Agent, Execution, InstructionDefinition, ManagementGroup
+from operations import inventory, schedules
+from operations.models import DetectedLicense, InstalledSoftware, InstructionSchedule, InventoryState
+from tests.operations.conftest import Caller
+from yuzu.rbac import Principal
+
+pytestmark = pytest.mark.django_db
+HASH = "a" * 64
+
+
+def test_next_run_reads_time_of_day_in_the_schedule_time_zone():
+    s = InstructionSchedule(frequency_type="daily", time_of_day="09:30", time_zone="Europe/Paris")
+    assert s.next_after(datetime(2026, 7, 1, 6, 0, tzinfo=UTC)) == datetime(2026, 7, 1, 7, 30, tzinfo=UTC)
+    assert s.next_after(datetime(2026, 12, 1, 9, 0, tzinfo=UTC)) == datetime(2026, 12, 2, 8, 30, tzinfo=UTC)
+    weekly = InstructionSchedule(frequency_type="weekly", time_of_day="00:00", day_of_week=0)  # Sunday
+    assert weekly.next_after(datetime(2026, 12, 1, tzinfo=UTC)).weekday() == 6
+    monthly = InstructionSchedule(frequency_type="monthly", time_of_day="12:00", day_of_month=28)
+    assert monthly.next_after(datetime(2026, 2, 28, 13, 0, tzinfo=UTC)) == datetime(2026, 3, 28, 12, 0, tzinfo=UTC)
+    assert InstructionSchedule(frequency_type="interval", interval_minutes=5).next_after(
+        datetime(2026, 1, 1, tzinfo=UTC)) == datetime(2026, 1, 1, 0, 5, tzinfo=UTC)
+    assert InstructionSchedule(frequency_type="once").next_after(timezone.now()) is None
+
+
+@pytest.fixture
+def definition(db):
+    return InstructionDefinition.objects.create(id="up", name="uptime", plugin="system", action="uptime")
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"definition_id": "nope", "frequency_type": "interval"}, "unknown definition"),
+    ({"definition_id": "up", "frequency_type": "daily"}, "time_of_day"),
+    ({"definition_id": "up", "frequency_type": "once", "start_at": "2001-01-01T00:00:00Z"}, "past"),
+    ({"definition_id": "up", "frequency_type": "once"}, "needs start_at"),
+    ({"definition_id": "up", "frequency_type": "daily", "time_of_day": "10:00", "time_zone": "Mars/Base"},
+     "time_zone"),
+    ({"definition_id": "up", "frequency_type": "interval", "scope_expression": "ostype =="}, "scope"),
+])
+def test_bad_schedules_are_refused_and_nothing_is_written(agent, definition, principal, body, needle):
+    with pytest.raises(Exception) as exc:
+        schedules.create_schedule(principal("boss", "Administrator"), {"name": "x", **body})
+    assert needle in str(exc.value)
+    assert not InstructionSchedule.objects.exists() and not Approval.objects.exists()
+
+
+def test_a_supervised_schedule_fires_only_once_approved_on_its_pinned_targets(agent, definition, mint):
+    raw = mint("sup", role="Administrator", tier="supervised")
+    from yuzu.models import ApiToken
+    token = ApiToken.objects.get(owner__username="sup")
+    p = Principal(user=token.owner, token=token)
+    row = schedules.create_schedule(p, {"name": "s", "definition_id": "up", "frequency_type": "interval",
+                                        "interval_minutes": 1})
+    assert raw and row["approval_state"] == "pending"
+    ticket = Approval.objects.get(pk=row["approval_id"])
+    assert ticket.pins == {"agents": ["a1"]} and ticket.submitted_by == "sup"
+    Agent.objects.create(agent_id="a2", hostname="a2", os="linux", connected=True)  # arrives later: not pinned
+    assert schedules.tick() == 1 and not Execution.objects.exists()
+    Approval.objects.filter(pk=ticket.pk).update(status=Approval.APPROVED)
+    schedules.tick()
+    ex = Execution.objects.get()
+    assert ex.dispatched_by == f"schedule:{row['id']}" and ex.agents_targeted == 1
+    Approval.objects.filter(pk=ticket.pk).update(status=Approval.REJECTED)  # approved once is enough
+    InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now())
+    schedules.tick()
+    assert Execution.objects.count() == 2
+
+
+def test_missed_runs_coalesce_into_one(agent, definition, principal):
+    row = schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "s", "definition_id": "up", "frequency_type": "interval", "interval_minutes": 1})
+    InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now() - timedelta(hours=5))
+    schedules.tick()
+    schedules.tick()
+    assert Execution.objects.count() == 1
+    assert InstructionSchedule.objects.get(pk=row["id"]).next_execution_at > timezone.now()
+
+
+def test_list_schedules_tool(agent, definition, principal, mcp):
+    schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "s", "definition_id": "up", "frequency_type": "daily", "time_of_day": "03:00"})
+    out, _ = mcp("Viewer", "readonly").tool("list_schedules", {})
+    [s] = out["schedules"]
+    assert s["name"] == "s" and s["frequency_type"] == "daily" and s["next_execution_at"]
+
+
+# --- software inventory ----------------------------------------------------------------------------------
+
+def pkg(name, version, source="dpkg"):
+    return {"name": name, "version": version, "publisher": "Debian", "install_date": "2026-01-01", "source": source}
+
+
+def test_paged_reports_replace_in_full_and_hash_skip_asks_for_a_resync(agent):
+    assert inventory.receive_software("a1", {"hash": HASH, "page": 0, "pages": 2,
+                                             "packages": [pkg("openssl", "3.0.2-1")]}) is None
+    assert not InstalledSoftware.objects.exists()  # nothing until the last page
+    inventory.receive_software("a1", {"hash": HASH, "page": 1, "pages": 2, "packages": [pkg("bash", "5.2-1")]})
+    assert set(InstalledSoftware.objects.values_list("name", flat=True)) == {"openssl", "bash"}
+    assert inventory.receive_software("a1", {"hash": HASH}) is None
+    assert inventory.receive_software("a1", {"hash": "b" * 64}) == {"type": "software.resync"}
+    inventory.receive_software("a1", {"hash": "c" * 64, "page": 0, "pages": 1, "packages": [pkg("bash", "5.3-1")]})
+    assert list(InstalledSoftware.objects.values_list("name", "version")) == [("bash", "5.3-1")]
+    assert InventoryState.objects.get(agent_id="a1", source="software").content_hash == "c" * 64
+    for bad in ({"hash": "x"}, {"hash": HASH, "page": 3, "pages": 2, "packages": []},
+                {"hash": HASH, "page": 0, "pages": 1, "packages": [pkg("x", "1", "brew")]},
+                {"hash": HASH, "page": 0, "pages": 1, "packages": [{"name": "x\x00", "source": "dpkg"}]}):
+        with pytest.raises(inventory.Malformed):
+            inventory.receive_software("a1", bad)
+    assert InstalledSoftware.objects.count() == 1
+
+
+def test_version_comparison_is_dpkg_like():
+    key = inventory.version_key
+    assert key("1.0~rc1") < key("1.0") < key("1.0.1") < key("1.10") < key("1:0.1")
+    assert key("3.0.2-0ubuntu1.10") > key("3.0.2-0ubuntu1.9")
+
+
+def test_query_filters_counts_and_confines(agent, mcp, mint):
+    other = Agent.objects.create(agent_id="b2", hostname="b2", os="linux")
+    g = ManagementGroup.objects.create(name="g")
+    g.members.add(agent)
+    inventory.receive_software("a1", {"hash": HASH, "page": 0, "pages": 1,
+                                      "packages": [pkg("openssl", "3.0.2-1"), pkg("bash", "5.2")]})
+    inventory.receive_software("b2", {"hash": HASH, "page": 0, "pages": 1, "packages": [pkg("openssl", "3.0.13-1")]})
+    out, _ = mcp("Viewer", "readonly").tool("query_installed_software",
+                                            {"name": "openssl", "version": "3.0.10", "version_op": "lt",
+                                             "counts": True})
+    assert [r["agent_id"] for r in out["software"]] == ["a1"]
+    assert out["versions"] == [{"name": "openssl", "version": "3.0.2-1", "devices": 1}]
+    confined = Caller(mint("gv", role="Viewer", tier="readonly", group=g))
+    out, _ = confined.tool("query_installed_software", {"name": "openssl"})
+    assert [r["agent_id"] for r in out["software"]] == ["a1"] and out["devices_omitted"] == 1
+    _, error = mcp().tool("query_installed_software", {"name": "x", "version": "1"})
+    assert error["code"] == -32602
+    assert other.pk == "b2"
+
+
+def test_licences_per_device_never_user_ref_on_mcp(agent, mcp, mint):
+    inventory.receive_licenses("a1", {"licenses": [{
+        "product": "rhel", "vendor": "Red Hat", "version": "9", "license_type": "subscription",
+        "state": "subscription_active", "channel": "entitlement", "expiry_at": 1893456000,
+        "detector": "entitlement_cert", "confidence": "authoritative", "key_hint": "ab12", "exe_hints": []}]})
+    DetectedLicense.objects.update(user_ref="alice")
+    out, _ = mcp().tool("query_software_licenses", {"agent_id": "a1"})
+    assert out["count"] == 1 and "user_ref" not in out["licenses"][0]
+    assert mcp().tool("query_software_licenses", {"agent_id": "nope"})[0] == {"agent_id": "nope", "count": 0,
+                                                                              "licenses": []}
+    with pytest.raises(inventory.Malformed):
+        inventory.receive_licenses("a1", {"licenses": [{"product": "x", "license_type": "stolen", "state": "unknown",
+                                                        "detector": "heuristic", "confidence": "heuristic"}]})
+    assert DetectedLicense.objects.count() == 1
