@@ -81,6 +81,7 @@ class PluginConfigAdmin(ServiceAdmin):
 
     def save_model(self, request, obj, form, change):
         plugins.set_plugin_config(session_principal(request), obj.plugin, obj.key, obj.value, surface="rest")
+        obj.pk = PluginConfig.objects.get(plugin=obj.plugin, key=obj.key).pk
 
     def delete_model(self, request, obj):
         plugins.delete_plugin_config(session_principal(request), obj.plugin, obj.key, surface="rest")
@@ -117,6 +118,7 @@ class PluginSecretAdmin(ServiceAdmin):
     def save_model(self, request, obj, form, change):
         plugins.set_plugin_secret(session_principal(request), obj.plugin, obj.key, form.cleaned_data["value"],
                                   surface="rest")
+        obj.scope_key = f"{obj.plugin}.{obj.key}"
 
     def delete_model(self, request, obj):
         plugins.delete_plugin_secret(session_principal(request), obj.plugin, obj.key, surface="rest")
@@ -146,6 +148,7 @@ class PluginKillSwitchAdmin(ServiceAdmin):
     def save_model(self, request, obj, form, change):
         plugins.set_plugin_kill_switch(session_principal(request), obj.plugin, obj.enabled, obj.action or "",
                                        obj.reason or "", surface="rest")
+        obj.scope_key = PluginKillSwitch.key_of(obj.plugin, obj.action or "")
 
     def _flip(self, request, queryset, enabled):
         for row in queryset:
