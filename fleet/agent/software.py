@@ -14,6 +14,8 @@ import shutil
 import subprocess
 from datetime import UTC, datetime
 
+from cryptography import x509
+
 MAX_ROWS = 20000
 MAX_FIELD = 256
 MAX_LICENSES = 2000
@@ -180,8 +182,6 @@ def rpm_licenses():
 
 
 def entitlement_licenses(pattern="/etc/pki/entitlement/*.pem"):
-    from cryptography import x509  # deferred: only hosts with entitlement certificates need it
-
     out = []
     for path in sorted(glob.glob(pattern)):
         if path.endswith("-key.pem"):
