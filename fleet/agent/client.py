@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from . import __version__, signing
+from .dex import Telemetry
 from .guardian import Guardian
 from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
 
@@ -75,7 +76,8 @@ def load_config(path):
     """The agent's config: a JSON file (optional), then environment overrides.
 
     Keys: ``tags`` {key: value}, ``script_allow`` [[argv…]…], ``script_timeout_max`` s,
-    ``script_output_cap`` bytes, ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
+    ``script_output_cap`` bytes, ``dex_disable`` bool, ``procperf_enabled`` bool (fleet.agent.dex),
+    ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
     the expected state back), ``guardian_poll_s`` (override the guards' poll intervals), ``trust_bundle`` (CA
     PEM path), ``require_signature`` bool, ``crl_max_age`` s (fleet.agent.signing)."""
     config = {}
@@ -90,6 +92,8 @@ def load_config(path):
         config["trust_bundle"] = os.environ["YUZU_AGENT_TRUST_BUNDLE"]
     if os.environ.get("YUZU_AGENT_REQUIRE_SIGNATURE"):
         config["require_signature"] = os.environ["YUZU_AGENT_REQUIRE_SIGNATURE"].lower() in ("1", "true", "yes", "on")
+    if os.environ.get("YUZU_AGENT_DEX_DISABLE"):
+        config["dex_disable"] = os.environ["YUZU_AGENT_DEX_DISABLE"].lower() in ("1", "true", "yes", "on")
     if os.environ.get("YUZU_AGENT_TAGS"):
         config["tags"] = dict(kv.split("=", 1) for kv in os.environ["YUZU_AGENT_TAGS"].split(",") if "=" in kv)
     return config
@@ -148,6 +152,8 @@ class AgentClient:
         elif self.config.get("require_signature"):
             raise Refused("require_signature is set but no trust_bundle is configured: refusing to start")
         self.pending_key = None  # the key of a cert.enroll awaiting its certificate
+        # DEX telemetry (fleet.agent.dex, docs/dex.md): off with --dex-disable / dex_disable
+        self.dex = None if self.config.get("dex_disable") else Telemetry(self.config)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -272,9 +278,16 @@ class AgentClient:
         return reply
 
     async def heartbeat(self, interval):
+        if self.dex is not None:
+            self.dex.last = None  # a new session: the first heartbeat only sets the delta baselines
         while True:
             await asyncio.sleep(interval)
-            await self.send({"type": "heartbeat"})
+            frame, extra = {"type": "heartbeat"}, []
+            if self.dex is not None:  # read in a worker thread (ss, journalctl, /proc): heartbeats stay on time
+                frame["dex"], extra = await asyncio.get_running_loop().run_in_executor(self.pool, self.dex.tick)
+            await self.send(frame)
+            for telemetry in extra:
+                await self.send(telemetry)
 
     async def send(self, frame, keep=False):
         """Send one frame; a ``keep`` frame that cannot be sent now waits in the outbox."""
