@@ -33,8 +33,8 @@ class DeviceFacts(models.Model):
     updated_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
-        verbose_name = "device perf and network facts"
-        verbose_name_plural = "device perf and network facts"
+        verbose_name = "DEX dashboard"  # its admin page is the dashboard of the fleet's now-views (dex.admin)
+        verbose_name_plural = "DEX dashboard"
 
     def __str__(self):
         return f"{self.agent_id} cpu={self.cpu_pct} commit={self.commit_pct}"

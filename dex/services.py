@@ -572,3 +572,66 @@ def reap(signal_days=30):
     """Delete what is past retention: observations (signal_days), B1 (31 days), B2 (180 days)."""
     return {"observations": Observation.objects.reap(signal_days), "app_days": AppDay.objects.reap(B1_DAYS),
             "app_fleet_days": AppFleetDay.objects.reap(B2_DAYS)}
+
+
+# --- the posture section (fleet.orientation.POSTURE_SECTIONS["dex"]) ---------------------------------------
+
+def posture(principal):
+    """DEX health for get_fleet_posture_fast: → (section, the tools to call next). status is no_data when no device
+    the caller can read reports DEX facts or signals (not 'healthy'), attention when a device is under pressure or
+    a signal fired in the last 24 h, else ok."""
+    facts = current(principal)
+    perf = [r for r in facts if r.has_perf]
+    net = [r for r in facts if r.has_net]
+    signals = list(_observations(principal, "24h").values("obs_type").annotate(count=Count("id"))
+                   .order_by("-count", "obs_type")[:3])
+    pressure = sum(1 for r in perf if r.under_pressure)
+
+    def p90(rows, column):
+        s = stats.stat(getattr(r, column) for r in rows)
+        return s["p90"] if s else None
+
+    status = "no_data" if not perf and not net and not signals else (
+        "attention" if pressure or signals else "ok")
+    section = {"status": status, "perf_reporting": len(perf), "devices_under_pressure": pressure,
+               "cpu_pct_p90": p90(perf, "cpu_pct"), "commit_pct_p90": p90(perf, "commit_pct"),
+               "disk_lat_ms_p90": p90(perf, "disk_lat_ms"), "net_reporting": len(net),
+               "rtt_ms_p90": p90(net, "rtt_ms"), "retrans_pct_p90": p90(net, "retrans_pct"),
+               "signals_24h": sum(s["count"] for s in signals), "top_signals_24h": signals}
+    tools = {"attention": ["list_dex_perf_devices", "list_dex_signals"], "ok": ["get_dex_perf_fleet"],
+             "no_data": []}[status]
+    return section, tools
+
+
+# --- the admin dashboard (dex.admin) -----------------------------------------------------------------------
+
+def dashboard(principal, top=10):
+    """Everything the DEX dashboard shows, from one read of the facts: the fleet perf and network now-views, the
+    worst devices per metric, who does not report, and the signals of the last 24 h. Audited once
+    (dex.dashboard.view): it lists devices."""
+    facts = current(principal)
+    perf = [r for r in facts if r.has_perf]
+    net = [r for r in facts if r.has_net]
+    hosts = dict(Agent.objects.filter(pk__in=[r.agent_id for r in facts]).values_list("pk", "hostname"))
+
+    def worst(rows, column, reverse=True):
+        have = sorted((r for r in rows if getattr(r, column) is not None), key=lambda r: getattr(r, column),
+                      reverse=reverse)[:top]
+        ranked = sorted(getattr(r, column) for r in rows if getattr(r, column) is not None)
+        return [{"agent_id": r.agent_id, "hostname": hosts.get(r.agent_id, ""), "value": getattr(r, column),
+                 "fleet_pctile": stats.pctile_rank(ranked, getattr(r, column)), "under_pressure": r.under_pressure}
+                for r in have]
+
+    perf_online = _online(principal, PERF_PLATFORMS)
+    out = {"perf": {c: stats.stat(getattr(r, c) for r in perf) for c in PERF_COLS},
+           "net": {c: stats.stat(getattr(r, c) for r in net) for c in NET_COLS},
+           "perf_reporting": len(perf), "net_reporting": len(net), "perf_online": perf_online.count(),
+           "online": _online(principal).count(), "under_pressure": sum(1 for r in perf if r.under_pressure),
+           "worst": {"cpu_pct": worst(perf, "cpu_pct"), "commit_pct": worst(perf, "commit_pct"),
+                     "disk_lat_ms": worst(perf, "disk_lat_ms"), "rtt_ms": worst(net, "rtt_ms"),
+                     "retrans_pct": worst(net, "retrans_pct")},
+           "not_reporting": list(perf_online.exclude(pk__in=[r.agent_id for r in perf]).order_by("agent_id")
+                                 .values_list("hostname", flat=True)[:top]),
+           "signals": list_signals(principal, "24h")["signals"][:top]}
+    _audit(principal, "dex.dashboard.view", f"devices={len(facts)}")
+    return out

@@ -205,6 +205,8 @@ if REDIS_URL:
 YUZU_COMPLIANCE_GRACE_S = float(os.environ.get("YUZU_COMPLIANCE_GRACE_S", "15"))
 YUZU_COMPLIANCE_CACHE_S = int(os.environ.get("YUZU_COMPLIANCE_CACHE_S", "60"))
 YUZU_GUARDIAN_EVENT_RETENTION_DAYS = int(os.environ.get("YUZU_GUARDIAN_EVENT_RETENTION_DAYS", "30"))
+# Seconds between agent heartbeats (fleet.models.heartbeat_interval; docs/fleet.md), and so between DEX facts.
+YUZU_AGENT_HEARTBEAT_S = int(os.environ.get("YUZU_AGENT_HEARTBEAT_S", "30"))
 # DEX (docs/dex.md): how long signal observations are kept, and the blast-radius alert's tuning.
 YUZU_DEX_SIGNAL_RETENTION_DAYS = int(os.environ.get("YUZU_DEX_SIGNAL_RETENTION_DAYS", "30"))
 YUZU_DEX_BLAST_DEVICES = int(os.environ.get("YUZU_DEX_BLAST_DEVICES", "5"))

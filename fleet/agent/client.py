@@ -278,13 +278,17 @@ class AgentClient:
         return reply
 
     async def heartbeat(self, interval):
-        if self.dex is not None:
-            self.dex.last = None  # a new session: the first heartbeat only sets the delta baselines
+        reading = None  # the DEX readings run in a worker thread and never hold a heartbeat back: each heartbeat
+        if self.dex is not None:  # carries the last finished reading, then starts the next one
+            self.dex.last = None  # a new session: the first reading only sets the delta baselines
         while True:
             await asyncio.sleep(interval)
             frame, extra = {"type": "heartbeat"}, []
-            if self.dex is not None:  # read in a worker thread (ss, journalctl, /proc): heartbeats stay on time
-                frame["dex"], extra = await asyncio.get_running_loop().run_in_executor(self.pool, self.dex.tick)
+            if reading is not None and reading.done():
+                frame["dex"], extra = reading.result()
+                reading = None
+            if self.dex is not None and reading is None:
+                reading = asyncio.get_running_loop().run_in_executor(self.pool, self.dex.tick)
             await self.send(frame)
             for telemetry in extra:
                 await self.send(telemetry)

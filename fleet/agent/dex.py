@@ -33,6 +33,7 @@ REAL_FS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs"}
 GIB = 1024 ** 3
 MAX_OBS_PER_FRAME = 100
 MAX_APP_ROWS = 500
+VERSION_LOOKUPS = 8  # package-version lookups per app sample (dpkg -S is slow): the busiest executables first
 RTT_RE = re.compile(r"\brtt:([0-9.]+)/[0-9.]+")
 KERNEL_RULES = (  # (obs_type, pattern) over kernel log lines
     ("memory.exhausted", re.compile(r"Out of memory: Kill(?:ed)? process \d+ \(([^)]*)\)")),
@@ -148,10 +149,12 @@ class Sustained:
         if value is None:
             return None
         self.samples.append((now, value))
-        while self.samples and now - self.samples[0][0] > self.window:
+        # keep one sample at or before the window's start, so the samples cover the whole window whatever the
+        # interval between readings
+        while len(self.samples) > 1 and now - self.samples[1][0] >= self.window:
             self.samples.popleft()
         span = now - self.samples[0][0]
-        if span < self.window * 0.9 or len(self.samples) < 2:
+        if span < self.window or len(self.samples) < 2:
             return None
         values = [v for _, v in self.samples]
         if not self.fired and min(values) >= self.threshold:
@@ -338,6 +341,7 @@ class Telemetry:
     def version_of(self, exe):
         """The owning package's version (dpkg, then rpm), cached; "" when it cannot be resolved."""
         if not exe:
+            self.versions[exe] = ""
             return ""
         if exe in self.versions:
             return self.versions[exe]
@@ -360,21 +364,22 @@ class Telemetry:
         return self.versions[exe]
 
     def sample_apps(self):
+        """One sample of every process, by name and package version. An executable whose version is not resolved
+        yet is left out of this sample (never counted under a wrong version); the lookups are budgeted
+        (VERSION_LOOKUPS per sample, the busiest processes first), so a sample stays cheap."""
         day = datetime.fromtimestamp(self.clock(), UTC).date().isoformat()
+        infos = [p.info for p in psutil.process_iter(["name", "cpu_percent", "memory_info", "exe"])]
+        infos = [i for i in infos if i.get("name") and i.get("memory_info") is not None]
+        pending = sorted({(-(i.get("cpu_percent") or 0.0), i.get("exe") or "") for i in infos
+                          if (i.get("exe") or "") not in self.versions})
+        for _, exe in pending[:VERSION_LOOKUPS]:
+            self.version_of(exe)
         per = {}
-        lookups = 0
-        for p in psutil.process_iter(["name", "cpu_percent", "memory_info", "exe"]):
-            info = p.info
-            name = info.get("name")
-            if not name or info.get("memory_info") is None:
-                continue
+        for info in infos:
             exe = info.get("exe") or ""
-            if exe not in self.versions and lookups >= 5:
-                version = ""  # resolved on a later sample: at most five package lookups per sample
-            else:
-                lookups += exe not in self.versions
-                version = self.version_of(exe)
-            cur = per.setdefault((name, version), [0, 0.0, 0.0])
+            if exe not in self.versions:
+                continue
+            cur = per.setdefault((info["name"], self.versions[exe]), [0, 0.0, 0.0])
             cur[0] += 1
             cur[1] += (info.get("cpu_percent") or 0.0) / self.ncpu  # share of the machine's capacity
             cur[2] += info["memory_info"].rss
