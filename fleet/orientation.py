@@ -146,7 +146,8 @@ INTENTS = [
            r"\b(openshift|kubernetes|k8s|libvirt|kvm|vmware|esxi|vcenter|oracle|jira|servicenow|zscaler|splunk|"
            r"salesforce|okta|azure ad|entra|teams|zoom|slack|webex|confluence|github|gitlab)\b",
            unless=r"\b(agents?|endpoints?|hosts?|laptops?|desktops?|servers?|machines?|workstations?|devices?|"
-                  r"sensor|service|process(es)?|client|installed|uninstall\w*|running on)\b|" + HOST),
+                  r"sensor|service|process(es)?|client|installed|uninstall\w*|running on|call quality|choppy|packet loss|"
+                  r"latency|jitter)\b|" + HOST),
 
     # -- approvals: humans review; a client lists, reads, withdraws its own
     Intent("withdraw_approval", NOW, ("withdraw_approval", "list_pending_approvals"),
@@ -378,18 +379,8 @@ PLAYBOOKS = {
                   "query_responses: stopped or missing services, then process.list on those agents"],
         "safety": ["Restarting or reinstalling the client is a change: it needs a human approval."],
     },
-    # digital experience (docs/dex.md): the stored telemetry first, live probes to confirm
-    "slow devices": {
-        "first_tool": "get_dex_perf_fleet",
-        "aliases": r"\b(slow|sluggish|laggy|high cpu|memory pressure|performance)\b",
-        "steps": ["get_dex_perf_fleet: fleet CPU, memory commit and disk latency now (null = nobody reported)",
-                  "list_dex_perf_devices metric=cpu (or commit, disk_lat): the worst devices first",
-                  "get_dex_perf_cohorts key=model (or yuzu:os, yuzu:agent_version) to see whether one cohort is "
-                  "worse; get_dex_perf_cohort_diff for two of them",
-                  "list_dex_signals window=24h for perf.cpu_sustained / perf.memory_pressure episodes",
-                  "execute_instruction process.list on the worst devices to name the process"],
-        "safety": ["Read-only until a human approves a change (killing a process is a change)."],
-    },
+    # digital experience (docs/dex.md): the stored telemetry first, live probes to confirm (the most specific
+    # first: an alias list is searched in this order)
     "collaboration quality": {
         "first_tool": "get_network_fleet",
         "aliases": r"\b(call|meeting|video|voice|collaboration)\b.*\b(quality|choppy|drop\w*|lag\w*)\b|"
@@ -418,6 +409,17 @@ PLAYBOOKS = {
                   "list_dex_perf_devices metric=commit on the database hosts (memory pressure)",
                   "execute_instruction disk.usage and process.list on the host"],
         "safety": ["Read-only: restarting the database is a change for its owners."],
+    },
+    "slow devices": {
+        "first_tool": "get_dex_perf_fleet",
+        "aliases": r"\b(slow|sluggish|laggy|high cpu|memory pressure|performance)\b",
+        "steps": ["get_dex_perf_fleet: fleet CPU, memory commit and disk latency now (null = nobody reported)",
+                  "list_dex_perf_devices metric=cpu (or commit, disk_lat): the worst devices first",
+                  "get_dex_perf_cohorts key=model (or yuzu:os, yuzu:agent_version) to see whether one cohort is "
+                  "worse; get_dex_perf_cohort_diff for two of them",
+                  "list_dex_signals window=24h for perf.cpu_sustained / perf.memory_pressure episodes",
+                  "execute_instruction process.list on the worst devices to name the process"],
+        "safety": ["Read-only until a human approves a change (killing a process is a change)."],
     },
 }
 
