@@ -118,7 +118,8 @@ def get_dex_perf_fleet(ctx, args):
        "yuzu:agent_version, yuzu:group); small cohorts are suppressed: below floor (10) devices a cohort shows its "
        "population only (suppressed:true, no stat keys). A metric null in an unsuppressed cohort means none of its "
        "devices reported it. Devices without the key form the cohort \"\". available_keys lists the keys present "
-       "on reporting devices. Head to head: get_dex_perf_cohort_diff.",
+       "on reporting devices. An empty cohorts list means no device you can read reports perf now. Head to head: "
+       "get_dex_perf_cohort_diff.",
        obj({"key": KEY}),
        obj({"key": string(64), "floor": integer(0), "cohorts": array(COHORT_ROW), "available_keys": array(string(64))},
            ["key", "floor", "cohorts", "available_keys"]))
@@ -176,8 +177,8 @@ def list_dex_perf_apps(ctx, args):
        "version and UTC day (up to 180 days). A point with fewer than 10 devices is suppressed: device_count only. "
        "Percentiles are {value, lower_bound} read from buckets (CPU 0,1,2,5,10,20,30,50,75,100+; MiB "
        "16…4096+): value is the bucket's upper edge, or with lower_bound:true the floor of the open top bucket; "
-       "null when the row predates the bucket scheme (hist_stale). No points: the app never ran on a device you can "
-       "read, or the name/version does not match exactly (list_dex_perf_apps).",
+       "null when the row predates the bucket scheme (hist_stale). Empty points: the app never ran on a device you "
+       "can read, or the name/version does not match exactly (list_dex_perf_apps).",
        obj({"app": APP, "version": VERSION}, ["app"]),
        obj({"app": string(512), "version": nullable(string(512)), "points": array(APP_POINT)}, ["app", "points"]))
 def get_dex_app_perf(ctx, args):
@@ -186,7 +187,8 @@ def get_dex_app_perf(ctx, args):
 
 @_read("get_dex_group_app_perf", "App performance trend in one management group",
        "The same app trend as get_dex_app_perf restricted to one management group's members (≤31 days, computed "
-       "from the per-device daily rows), with the same suppression floor (10). An unknown group, or one you cannot "
+       "from the per-device daily rows), with the same suppression floor (10); empty points: no member ran the app "
+       "in 31 days (or sends no app performance). An unknown group, or one you cannot "
        "read, is -32602 'management group not found'. Service-scoped tokens may call it (confined to what they "
        "can read).",
        obj({"group_id": GROUP, "app": APP, "version": VERSION}, ["group_id", "app"]),
