@@ -27,7 +27,7 @@ from .identity import Refused, Superseded
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
 from .responses import RECEIVED, responses
-from .signals import agent_connected, agent_report
+from .signals import agent_connected, agent_report, agent_telemetry
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -162,7 +162,7 @@ def _response(msg):
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     TYPES = ("enroll", "challenge", "register", "heartbeat", "inventory", "response", "received", "report",
-             "cert.enroll")  # handled by on_<type> ('.' → '_')
+             "cert.enroll", "dex.observation", "dex.app_perf")  # handled by on_<type> ('.' → '_')
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
@@ -318,6 +318,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def on_heartbeat(self, msg):
         if not await database_sync_to_async(identity.heartbeat)(self.agent_id, self.cert_serial):
             await self.refuse(CLOSE_REFUSED, "certificate revoked")
+            return
+        if "dex" in msg:  # DEX facts (docs/dex.md): each value is validated, and dropped if bad, by the dex app
+            await self._announce(agent_telemetry, agent_id=self.agent_id, kind="heartbeat", frame=msg)
+
+    async def on_dex_observation(self, msg):
+        """DEX signal observations, at most 100 per frame (their fields are validated by the dex app)."""
+        items = msg.get("observations")
+        if not isinstance(items, list) or len(items) > 100:
+            raise Malformed("'observations' must be a list of at most 100 objects")
+        await self._announce(agent_telemetry, agent_id=self.agent_id, kind="dex.observation", frame=msg)
+
+    async def on_dex_app_perf(self, msg):
+        """One UTC day's per-app performance summary, at most 500 rows (validated by the dex app)."""
+        rows = msg.get("rows")
+        if not isinstance(rows, list) or len(rows) > 500 or not isinstance(msg.get("day"), str):
+            raise Malformed("'day' must be a string and 'rows' a list of at most 500 objects")
+        await self._announce(agent_telemetry, agent_id=self.agent_id, kind="dex.app_perf", frame=msg)
 
     async def on_cert_enroll(self, msg):
         """The agent's CSR: its certificate (pki.ca), or a ``cert.refused`` frame saying why (the

@@ -25,6 +25,7 @@ POSTURE_SCHEMA = obj({
     "agents": obj({"total": integer(0), "connected": integer(0), "disconnected": integer(0),
                    "quarantined": integer(0)}, additional=True),
     "os_mix": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "dex": {"type": "object", "description": "DEX health (docs/dex.md), when the dex app is installed"},
     "recommended_next_tools": array(string(64), min_items=1),
 }, ["generated_at", "data_age_seconds", "partial", "agents", "os_mix", "recommended_next_tools"])
 
@@ -42,6 +43,9 @@ SUMMARY_SCHEMA = obj({"kind": string(32), "narrative": string(8192),
                      ["kind", "narrative", "items"])
 
 _cache: dict[str, dict] = {}  # principal key -> its last fleet_posture
+#: other apps' health sections of the posture (fleet knows none of them): name -> section(principal) returning
+#: (a JSON object, the tools it recommends next); registered in their AppConfig.ready (dex: the DEX health)
+POSTURE_SECTIONS: dict = {}
 _cache_lock = threading.Lock()
 
 
@@ -66,6 +70,13 @@ def fleet_posture(principal, ttl_seconds=30):
         if total - connected:
             tools.append("get_agent_details")
         tools += ["execute_instruction", "get_execution_status"] if connected else ["query_audit_log"]
+        for name, section in POSTURE_SECTIONS.items():
+            try:
+                hit[name], more = section(principal)
+                tools += [t for t in more if t not in tools]
+            except Exception:  # the section's store is away: say so, keep the rest
+                hit["partial"] = True
+                hit["missing_sources"].append(name)
         hit["recommended_next_tools"] = tools
         with _cache_lock:
             _cache[key] = hit
@@ -135,7 +146,8 @@ INTENTS = [
            r"\b(openshift|kubernetes|k8s|libvirt|kvm|vmware|esxi|vcenter|oracle|jira|servicenow|zscaler|splunk|"
            r"salesforce|okta|azure ad|entra|teams|zoom|slack|webex|confluence|github|gitlab)\b",
            unless=r"\b(agents?|endpoints?|hosts?|laptops?|desktops?|servers?|machines?|workstations?|devices?|"
-                  r"sensor|service|process(es)?|client|installed|uninstall\w*|running on)\b|" + HOST),
+                  r"sensor|service|process(es)?|client|installed|uninstall\w*|running on|call quality|choppy|packet loss|"
+                  r"latency|jitter)\b|" + HOST),
 
     # -- approvals: humans review; a client lists, reads, withdraws its own
     Intent("withdraw_approval", NOW, ("withdraw_approval", "list_pending_approvals"),
@@ -228,6 +240,32 @@ INTENTS = [
            r"\b(scope|expression)\b.*\b(valid|parse|parses|well-formed)\b"),
     Intent("preview_scope_targets", NOW, ("preview_scope_targets", "validate_scope"),
            r"\b(would|will|does|do)\b.{0,40}\b(hit|match|target|select|cover)\b|\bscope\b|\bexpression\b"),
+
+    # -- digital experience (DEX, docs/dex.md): stored telemetry answers fleet-wide performance, app, network and
+    #    signal questions at once, before any live probe (a question naming one host still gets the live probe)
+    Intent("dex_app_versions", NOW, ("compare_app_perf_versions", "list_dex_perf_apps", "get_dex_app_perf"),
+           r"\b(upgrade[ds]?|new version|after (the |we |our )?(update|upgrade|roll ?out|deploy\w*|patch\w*))\b.{0,80}"
+           r"\b(slow\w*|sluggish|degrad\w*|cpu|memory|ram|perform\w*|regress\w*|worse)\b|\b(slow\w*|degrad\w*|"
+           r"regress\w*|worse)\b.{0,80}\b(since|after) (the |we |our )?(upgrade|update|new version|roll ?out)\b",
+           host=False, playbook="app degradation"),
+    Intent("dex_app", NOW, ("list_dex_perf_apps", "get_dex_app_perf", "get_dex_group_app_perf"),
+           r"\b(java|jvm|node(\.js)?|gateway|apps?|applications?|browsers?|chrome)\b.{0,60}\b(slow\w*|sluggish|"
+           r"degrad\w*|cpu|memory|ram|hog\w*|leak\w*|perform\w*)\b|\b(slow\w*|degrad\w*|sluggish)\b.{0,40}\b(java|"
+           r"jvm|node(\.js)?|apps?|applications?)\b", host=False, playbook="app degradation"),
+    Intent("dex_database", NOW, ("list_dex_perf_devices", "get_dex_signal_detail", "get_dex_perf_fleet"),
+           r"\b(database|db|postgres\w*|mysql|sql server|oracle db)\b.{0,60}\b(slow\w*|bottleneck\w*|latency|i/?o|"
+           r"disk)\b", host=False, playbook="database bottleneck"),
+    Intent("dex_network", NOW, ("get_network_fleet", "list_network_devices"),
+           r"\b(latency|round[- ]trip|rtt|packet loss|retransmi\w*|jitter|choppy|call quality|meeting quality|"
+           r"video calls?|network (quality|performance|is slow|slowness)|slow network|bandwidth|throughput)\b",
+           host=False, playbook="collaboration quality"),
+    Intent("dex_signals", NOW, ("list_dex_signals", "get_dex_signal_detail"),
+           r"\b(crash(es|ed|ing)?|oom|out of memory|kernel panics?|bugchecks?|blue ?screens?|bsod|throttl\w*|"
+           r"dirty shutdowns?|hung services?|dex signals?)\b", host=False),
+    Intent("dex_perf", NOW, ("get_dex_perf_fleet", "list_dex_perf_devices", "get_dex_perf_cohorts"),
+           r"\b(slow\w*|sluggish|laggy|high cpu|cpu (usage|load|pressure)|memory pressure|(high|low) memory|"
+           r"disk latency|(device|machine|endpoint|fleet|laptop) performance|performance|worst (devices|machines|"
+           r"laptops|endpoints))\b", host=False, playbook="slow devices"),
 
     # -- live probes: the agents answer now (execute_instruction, then poll)
     Intent("pending_reboot", LIVE, ("execute_instruction", "get_execution_status", "query_responses"),
@@ -340,6 +378,48 @@ PLAYBOOKS = {
                   "execute_instruction service.status for the client's service on that scope",
                   "query_responses: stopped or missing services, then process.list on those agents"],
         "safety": ["Restarting or reinstalling the client is a change: it needs a human approval."],
+    },
+    # digital experience (docs/dex.md): the stored telemetry first, live probes to confirm (the most specific
+    # first: an alias list is searched in this order)
+    "collaboration quality": {
+        "first_tool": "get_network_fleet",
+        "aliases": r"\b(call|meeting|video|voice|collaboration)\b.*\b(quality|choppy|drop\w*|lag\w*)\b|"
+                   r"\b(latency|packet loss|retransmi\w*|jitter)\b",
+        "steps": ["get_network_fleet: RTT, retransmit % and throughput now, and how many devices report",
+                  "list_network_devices metric=retrans (then rtt) with key/cohort_value for the site's group or tag",
+                  "list_dex_perf_devices for the same devices: a busy CPU also breaks calls (under_pressure)",
+                  "execute_instruction network.interfaces on the worst devices"],
+        "safety": ["yuzu sees endpoints only: the meeting service and the WAN are connector gaps."],
+    },
+    "app degradation": {
+        "first_tool": "list_dex_perf_apps",
+        "aliases": r"\b(java|jvm|node|gateway|app|application)\b.*\b(slow|degrad\w*|leak\w*|cpu|memory)\b|"
+                   r"\b(upgrade|new version)\b.*\b(slow\w*|worse|regress\w*)\b",
+        "steps": ["list_dex_perf_apps: the app names with history (names only, as the process is called)",
+                  "get_dex_app_perf app=<name>: CPU and working set per version and day",
+                  "after an upgrade: compare_app_perf_versions app, group, baseline, candidate (evidence only)",
+                  "get_dex_group_app_perf for one management group; then service.status / process.list live"],
+        "safety": ["Rolling a version back is a change: it needs a human approval."],
+    },
+    "database bottleneck": {
+        "first_tool": "list_dex_perf_devices",
+        "aliases": r"\b(database|db|postgres\w*|mysql|sql)\b.*\b(slow|bottleneck|latency|io)\b",
+        "steps": ["list_dex_perf_devices metric=disk_lat: the devices with the slowest disk IO",
+                  "get_dex_signal_detail obs_type=perf.disk_latency_high and obs_type=storage.low",
+                  "list_dex_perf_devices metric=commit on the database hosts (memory pressure)",
+                  "execute_instruction disk.usage and process.list on the host"],
+        "safety": ["Read-only: restarting the database is a change for its owners."],
+    },
+    "slow devices": {
+        "first_tool": "get_dex_perf_fleet",
+        "aliases": r"\b(slow|sluggish|laggy|high cpu|memory pressure|performance)\b",
+        "steps": ["get_dex_perf_fleet: fleet CPU, memory commit and disk latency now (null = nobody reported)",
+                  "list_dex_perf_devices metric=cpu (or commit, disk_lat): the worst devices first",
+                  "get_dex_perf_cohorts key=model (or yuzu:os, yuzu:agent_version) to see whether one cohort is "
+                  "worse; get_dex_perf_cohort_diff for two of them",
+                  "list_dex_signals window=24h for perf.cpu_sustained / perf.memory_pressure episodes",
+                  "execute_instruction process.list on the worst devices to name the process"],
+        "safety": ["Read-only until a human approves a change (killing a process is a change)."],
     },
 }
 

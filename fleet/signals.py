@@ -7,3 +7,6 @@ from django.dispatch import Signal
 agent_connected = Signal()
 #: an agent sent a report frame of an app's kind (kwargs: agent_id — the authenticated connection's —, frame)
 agent_report = Signal()
+#: an agent sent DEX telemetry (kwargs: agent_id, kind — "heartbeat", "dex.observation" or "dex.app_perf" —, frame);
+#: the receiving app validates every field itself (docs/agent-protocol.md)
+agent_telemetry = Signal()

@@ -268,15 +268,22 @@ def _incident(name: str, description: str, arg: str, arg_description: str, focus
 
 
 _incident("investigate_collaboration_quality_issue", "poor call or meeting quality.", "site_or_group",
-          "Site or management group", "probe network.interfaces and process.list on affected endpoints.")
+          "Site or management group", "read get_network_fleet and list_network_devices (worst RTT and "
+          "retransmits, key/cohort_value for the site) and list_dex_perf_devices first, then probe "
+          "network.interfaces and process.list on the worst endpoints.")
 _incident("investigate_endpoint_security_client_outage", "an endpoint security client is down.", "client",
           "The security client's name", "check service.status for the client's service across the scope.")
 _incident("investigate_patch_or_reboot_risk", "patch or reboot risk.", "scope",
-          "Optional scope expression", "run reboot.pending and system.uptime on the scope.")
+          "Optional scope expression", "read list_dex_signals window=30d (os.uptime_report, "
+          "service.crashed, memory.exhausted) for the stored evidence, then run reboot.pending and system.uptime "
+          "on the scope.")
 _incident("investigate_container_or_build_failure", "a container or build failure on a host.", "service_or_host",
           "Service or host", "check disk.usage and process.list on the build hosts.")
 _incident("investigate_java_gateway_or_node_service_degradation", "a degraded Java gateway or Node service.",
-          "service", "Service name", "check service.status and process.list for the service.")
+          "service", "Service name", "read list_dex_perf_apps, get_dex_app_perf for the java/node process (and "
+          "compare_app_perf_versions after an upgrade), then check service.status and process.list.")
 _incident("investigate_database_client_or_host_bottleneck", "a database client or host bottleneck.", "database",
-          "Database or host", "check disk.usage, process.list and system.uptime on the host.")
+          "Database or host", "read list_dex_perf_devices metric=disk_lat (then commit) and "
+          "get_dex_signal_detail obs_type=perf.disk_latency_high, then check disk.usage, process.list and "
+          "system.uptime on the host.")
 

@@ -54,3 +54,14 @@ CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
                           "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
 CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
                           "Active certificates of the internal CA that expire within 14 days")
+
+# DEX telemetry (docs/dex.md): the fleet gauges are computed at scrape time by dex.metrics.FleetCollector.
+DEX_TELEMETRY_FRAMES = Counter("yuzu_server_dex_telemetry_frames_total", "DEX telemetry frames received from agents",
+                               ["kind"])
+DEX_TELEMETRY_DROPPED = Counter("yuzu_server_dex_telemetry_dropped_total",
+                                "DEX telemetry values dropped by validation (never stored as 0), by field and reason",
+                                ["field", "reason"])
+DEX_ROWS_REAPED = Counter("yuzu_server_dex_rows_reaped_total", "DEX rows deleted by the retention sweep", ["table"])
+DEX_ALERT_FIRED = Counter("yuzu_server_dex_alert_fired_total", "DEX blast-radius alerts raised")
+DEX_BLAST_RADIUS_DEVICES = Histogram("yuzu_server_dex_blast_radius_devices",
+                                     "Distinct devices behind each blast-radius alert")

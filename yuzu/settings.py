@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "bridge",
     "compliance",
     "operations",
+    "dex",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
@@ -192,6 +193,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
     "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
     "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
+    "dex-rollup": {"task": "dex.tasks.rollup_app_perf", "schedule": 900.0},  # docs/dex.md
+    "dex-reap": {"task": "dex.tasks.reap", "schedule": 3600.0},
 }
 # Instruction schedules (docs/operator.md): the tick; with Redis a Celery beat task, embedded on the server's loop.
 YUZU_SCHEDULE_TICK_S = float(os.environ.get("YUZU_SCHEDULE_TICK_S", "30"))
@@ -209,6 +212,13 @@ if REDIS_URL:
 YUZU_COMPLIANCE_GRACE_S = float(os.environ.get("YUZU_COMPLIANCE_GRACE_S", "15"))
 YUZU_COMPLIANCE_CACHE_S = int(os.environ.get("YUZU_COMPLIANCE_CACHE_S", "60"))
 YUZU_GUARDIAN_EVENT_RETENTION_DAYS = int(os.environ.get("YUZU_GUARDIAN_EVENT_RETENTION_DAYS", "30"))
+# Seconds between agent heartbeats (fleet.models.heartbeat_interval; docs/fleet.md), and so between DEX facts.
+YUZU_AGENT_HEARTBEAT_S = int(os.environ.get("YUZU_AGENT_HEARTBEAT_S", "30"))
+# DEX (docs/dex.md): how long signal observations are kept, and the blast-radius alert's tuning.
+YUZU_DEX_SIGNAL_RETENTION_DAYS = int(os.environ.get("YUZU_DEX_SIGNAL_RETENTION_DAYS", "30"))
+YUZU_DEX_BLAST_DEVICES = int(os.environ.get("YUZU_DEX_BLAST_DEVICES", "5"))
+YUZU_DEX_BLAST_WINDOW_S = int(os.environ.get("YUZU_DEX_BLAST_WINDOW_S", "900"))
+YUZU_DEX_BLAST_COOLDOWN_S = int(os.environ.get("YUZU_DEX_BLAST_COOLDOWN_S", "3600"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},

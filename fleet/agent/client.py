@@ -28,6 +28,7 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from . import __version__, signing
 from .control import PluginControl
+from .dex import Telemetry
 from .guardian import Guardian
 from .inventory_sync import InventorySync
 from .plugins import PLUGINS, Context, Result, catalogue, execute, os_facts
@@ -77,7 +78,8 @@ def load_config(path):
     """The agent's config: a JSON file (optional), then environment overrides.
 
     Keys: ``tags`` {key: value}, ``script_allow`` [[argv…]…], ``script_timeout_max`` s,
-    ``script_output_cap`` bytes, ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
+    ``script_output_cap`` bytes, ``dex_disable`` bool, ``procperf_enabled`` bool (fleet.agent.dex),
+    ``quarantine_enforce`` bool, ``guardian_enforce`` bool (Guardian may write
     the expected state back), ``guardian_poll_s`` (override the guards' poll intervals), ``trust_bundle`` (CA
     PEM path), ``require_signature`` bool, ``crl_max_age`` s (fleet.agent.signing)."""
     config = {}
@@ -92,6 +94,8 @@ def load_config(path):
         config["trust_bundle"] = os.environ["YUZU_AGENT_TRUST_BUNDLE"]
     if os.environ.get("YUZU_AGENT_REQUIRE_SIGNATURE"):
         config["require_signature"] = os.environ["YUZU_AGENT_REQUIRE_SIGNATURE"].lower() in ("1", "true", "yes", "on")
+    if os.environ.get("YUZU_AGENT_DEX_DISABLE"):
+        config["dex_disable"] = os.environ["YUZU_AGENT_DEX_DISABLE"].lower() in ("1", "true", "yes", "on")
     if os.environ.get("YUZU_AGENT_TAGS"):
         config["tags"] = dict(kv.split("=", 1) for kv in os.environ["YUZU_AGENT_TAGS"].split(",") if "=" in kv)
     return config
@@ -152,6 +156,8 @@ class AgentClient:
         self.pending_key = None  # the key of a cert.enroll awaiting its certificate
         self.control = PluginControl()  # pushed plugin configuration and kill switches (fleet.agent.control)
         self.software = None  # the daily software-inventory sync (fleet.agent.inventory_sync)
+        # DEX telemetry (fleet.agent.dex, docs/dex.md): off with --dex-disable / dex_disable
+        self.dex = None if self.config.get("dex_disable") else Telemetry(self.config)
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -283,9 +289,20 @@ class AgentClient:
         return reply
 
     async def heartbeat(self, interval):
+        reading = None  # the DEX readings run in a worker thread and never hold a heartbeat back: each heartbeat
+        if self.dex is not None:  # carries the last finished reading, then starts the next one
+            self.dex.last = None  # a new session: the first reading only sets the delta baselines
         while True:
             await asyncio.sleep(interval)
-            await self.send({"type": "heartbeat"})
+            frame, extra = {"type": "heartbeat"}, []
+            if reading is not None and reading.done():
+                frame["dex"], extra = reading.result()
+                reading = None
+            if self.dex is not None and reading is None:
+                reading = asyncio.get_running_loop().run_in_executor(self.pool, self.dex.tick)
+            await self.send(frame)
+            for telemetry in extra:
+                await self.send(telemetry)
 
     async def send(self, frame, keep=False):
         """Send one frame; a ``keep`` frame that cannot be sent now waits in the outbox."""

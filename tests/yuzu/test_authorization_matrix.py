@@ -192,6 +192,21 @@ V1 = {
     "query_software_licenses": [
         V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": agent(w, IN)}, label="known"),
         V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": "ghost-1"}, label="unknown")],
+    # DEX (docs/dex.md): GuaranteedState:Read, a fleet-wide grant only; rows confined by Infrastructure:Read, and a
+    # group the caller cannot read (or none) reads as absent
+    **{name: [V("GuaranteedState", "Read", lambda w, t, c, tok, a=args: dict(a))] for name, args in (
+        ("list_dex_signals", {"window": "30d"}), ("get_dex_signal_scope", {}),
+        ("get_dex_signal_detail", {"obs_type": "perf.cpu_sustained"}), ("get_dex_perf_fleet", {}),
+        ("get_dex_perf_cohorts", {"key": "owner"}), ("get_dex_perf_cohort_diff", {"key": "owner", "a": "payments",
+                                                                                  "b": ""}),
+        ("list_dex_perf_devices", {}), ("list_dex_perf_apps", {}), ("get_dex_app_perf", {"app": "java"}),
+        ("get_network_fleet", {}), ("list_network_devices", {"metric": "throughput"}))},
+    "get_dex_group_app_perf": [V("GuaranteedState", "Read", lambda w, t, c, tok: {"group_id": group(w, t),
+                                                                                   "app": "java"},
+                                 "group", reach=("Infrastructure", "Read"))],
+    "compare_app_perf_versions": [V("GuaranteedState", "Read", lambda w, t, c, tok: {
+        "app": "java", "group": group(w, t), "baseline": "1.0", "candidate": "2.0"}, "group",
+        reach=("Infrastructure", "Read"))],
 }
 
 BRIDGE = {
@@ -532,6 +547,22 @@ REST.update({
         target="agent")],
     ("api/v1/guaranteed-state/schemas", "GET"): [R("GuaranteedState", "Read",
                                                    lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
+    # DEX (docs/dex.md)
+    **{(route, "GET"): [R("GuaranteedState", "Read", lambda w, t, c, tok, p=path: p)] for route, path in (
+        ("api/v1/dex/signals", "/api/v1/dex/signals?window=all"), ("api/v1/dex/scope", "/api/v1/dex/scope"),
+        ("api/v1/dex/signals/<str:obs_type>", "/api/v1/dex/signals/perf.cpu_sustained"),
+        ("api/v1/dex/perf/fleet", "/api/v1/dex/perf/fleet"), ("api/v1/dex/perf/cohorts", "/api/v1/dex/perf/cohorts"),
+        ("api/v1/dex/perf/cohort-diff", "/api/v1/dex/perf/cohort-diff?a=payments&b="),
+        ("api/v1/dex/perf/devices", "/api/v1/dex/perf/devices"), ("api/v1/dex/perf/apps", "/api/v1/dex/perf/apps"),
+        ("api/v1/dex/perf/app", "/api/v1/dex/perf/app?app=java"),
+        ("api/v1/network/fleet", "/api/v1/network/fleet"), ("api/v1/network/devices", "/api/v1/network/devices"))},
+    ("api/v1/dex/perf/group", "GET"): [R("GuaranteedState", "Read",
+                                         lambda w, t, c, tok: f"/api/v1/dex/perf/group?group_id={G(w, t)}&app=java",
+                                         target="group", reach=("Infrastructure", "Read"))],
+    ("api/v1/dex/perf/compare", "GET"): [R(
+        "GuaranteedState", "Read",
+        lambda w, t, c, tok: f"/api/v1/dex/perf/compare?app=java&group={G(w, t)}&baseline=1.0&candidate=2.0",
+        target="group", reach=("Infrastructure", "Read"))],
 })
 PC = "/api/v1/plugin-config"
 SCHEDULE_BODY = {"name": "matrix", "definition_id": "def-1", "frequency_type": "interval", "interval_minutes": 60}

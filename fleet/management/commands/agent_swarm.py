@@ -13,6 +13,7 @@ lost on the way out, so only the kept result answers the re-send). ``--record FI
 import asyncio
 import logging
 import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +28,22 @@ def synthetic_inventory(index, hostname):
     return {"hostname": hostname, "system": "Linux", "kernel": "6.1.0-simulated", "machine": "x86_64",
             "distribution": "Simulated Linux", "distribution_id": "simulated", "cpu_count": 2 + index % 8,
             "memory_total": (4 + index % 4) * 2**30, "simulated": True}
+
+
+class SwarmTelemetry:
+    """DEX facts of a simulated agent for load tests (``--dex``): values from a cheap generator, never read from
+    the machine (5,000 agents reading one host would measure nothing). Real readings: fleet.agent.dex."""
+
+    def __init__(self, index):
+        self.rng = random.Random(index)
+        self.last = None
+
+    def tick(self):
+        r = self.rng
+        return ({"yuzu.perf_cpu_pct": f"{r.uniform(1, 100):.1f}", "yuzu.perf_commit_pct": f"{r.uniform(10, 95):.1f}",
+                 "yuzu.perf_disk_lat_ms": f"{r.uniform(0.1, 40):.2f}", "yuzu.net_rtt_p50_ms": f"{r.uniform(1, 200):.1f}",
+                 "yuzu.net_retrans_pct": f"{r.uniform(0, 3):.2f}",
+                 "yuzu.net_throughput_bps": f"{r.uniform(1e3, 1e8):.0f}"}, [])
 
 
 class SimulatedAgent(AgentClient):
@@ -58,7 +75,7 @@ class SimulatedAgent(AgentClient):
         return await super().run_command(cid, msg)
 
 
-async def swarm(count, server, token, state_dir, prefix, lossy=0, record=None):
+async def swarm(count, server, token, state_dir, prefix, lossy=0, record=None, dex=False):
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="yuzu-swarm")
     plugins = simulated()
     record = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if record else None
@@ -66,9 +83,13 @@ async def swarm(count, server, token, state_dir, prefix, lossy=0, record=None):
     def client(i):
         hostname = f"{prefix}-{i:05d}"
         loss = {0: "in", 1: "out"}.get(i % lossy) if lossy else None
-        return SimulatedAgent(server, token, Path(state_dir) / hostname, config={"tags": {"environment": "simulated"}},
-                              plugins=plugins, hostname=hostname, attributes={"simulated": True, "swarm_index": i},
-                              inventory=lambda: synthetic_inventory(i, hostname), pool=pool, loss=loss, record=record)
+        agent = SimulatedAgent(server, token, Path(state_dir) / hostname,
+                               config={"tags": {"environment": "simulated"}, "dex_disable": True},
+                               plugins=plugins, hostname=hostname, attributes={"simulated": True, "swarm_index": i},
+                               inventory=lambda: synthetic_inventory(i, hostname), pool=pool, loss=loss, record=record)
+        if dex:
+            agent.dex = SwarmTelemetry(i)
+        return agent
 
     async def start(i, agent):
         await asyncio.sleep(i * 0.005)  # spread the connects
@@ -92,8 +113,10 @@ class Command(BaseCommand):
                                  "command (agent 0 mod K) or the answers to it (agent 1 mod K)")
         parser.add_argument("--record", default=None, metavar="FILE",
                             help="append '<hostname> <command_id>' to FILE for every command run")
+        parser.add_argument("--dex", action="store_true",
+                            help="send DEX heartbeat facts (generated values, for load tests: bench/dex)")
 
-    def handle(self, *args, count, server, token, state_dir, prefix, lossy, record, **opts):
+    def handle(self, *args, count, server, token, state_dir, prefix, lossy, record, dex=False, **opts):
         if not 1 <= count <= 100000:
             raise CommandError("--count must be 1-100000")
         if lossy and lossy < 2:
@@ -102,7 +125,7 @@ class Command(BaseCommand):
         self.stdout.write(f"starting {count} simulated agents against {server}; Ctrl-C stops them")
         try:
             failures = asyncio.run(swarm(count, server, token, state_dir or settings.VAR_DIR / "swarm", prefix,
-                                         lossy, record))
+                                         lossy, record, dex))
         except KeyboardInterrupt:
             return
         refused = [f for f in failures if isinstance(f, Refused)]

@@ -25,7 +25,7 @@ class Command(BaseCommand):
         if local:
             state_dir = state_dir or str(settings.VAR_DIR / "agent")
             token = token or self.local_token(state_dir)
-        code = run(server, token, state_dir, config)
+        code = run(server, token, state_dir, config, opts.get("dex_disable", False))
         if code:
             raise CommandError("the agent cannot continue (see the log above)", returncode=code)
 

@@ -1,0 +1,103 @@
+"""Storing what agents send, after dex.telemetry validated it. Heartbeat facts are batched in the process (the
+latest per agent wins) and written in one upsert per flush, so 5,000 agents at a 30 s heartbeat cost one INSERT
+a second, not 170; observations and app rows are written as they come (they are rare)."""
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+from django.db import transaction
+from django.utils import timezone
+
+from fleet.models import Agent
+from yuzu.metrics import DEX_TELEMETRY_DROPPED, DEX_TELEMETRY_FRAMES
+
+from . import telemetry
+from .models import AppDay, DeviceFacts, Observation
+
+log = logging.getLogger("yuzu.dex")
+FACT_COLUMNS = ("cpu_pct", "commit_pct", "disk_lat_ms", "rtt_ms", "retrans_pct", "throughput_bps", "net_degraded")
+FLUSH_S = 1.0
+
+
+def count_dropped(dropped):
+    for field, reason in dropped:
+        DEX_TELEMETRY_DROPPED.labels(field, reason).inc()
+
+
+def store_facts(batch):
+    """{agent_id: (facts, at)} → one upsert. Agents deleted meanwhile are skipped."""
+    if not batch:
+        return 0
+    known = set(Agent.objects.filter(pk__in=list(batch)).values_list("pk", flat=True))
+    rows = [DeviceFacts(agent_id=aid, updated_at=at, **values) for aid, (values, at) in batch.items() if aid in known]
+    DeviceFacts.objects.bulk_create(rows, update_conflicts=True, unique_fields=["agent"],
+                                    update_fields=[*FACT_COLUMNS, "updated_at"])
+    return len(rows)
+
+
+def accept_facts(tags):
+    """Validate a heartbeat's dex object; → the columns, or None when nothing usable came."""
+    DEX_TELEMETRY_FRAMES.labels("heartbeat").inc()
+    checked = telemetry.facts(tags)
+    count_dropped(checked.dropped)
+    return checked.value
+
+
+def store_observations(agent_id, items, now=None):
+    """A dex.observation frame's list: validated, then written in one INSERT. → how many were stored."""
+    now = now or timezone.now()
+    DEX_TELEMETRY_FRAMES.labels("observation").inc()
+    checked = telemetry.observations(items, now)
+    count_dropped(checked.dropped)
+    rows = [Observation(agent_id=agent_id, received_at=now, **fields) for fields in checked.value]
+    Observation.objects.bulk_create(rows)
+    return len(rows)
+
+
+def store_app_days(agent_id, day, rows, now=None):
+    """A dex.app_perf frame: the agent's summary of one UTC day so far replaces what it sent before for that day."""
+    now = now or timezone.now()
+    DEX_TELEMETRY_FRAMES.labels("app_perf").inc()
+    checked = telemetry.app_days(day, rows, now)
+    count_dropped(checked.dropped)
+    if checked.value is None:
+        return 0
+    when, kept = checked.value
+    objs = [AppDay(agent_id=agent_id, day=when, updated_at=now, **fields) for fields in kept]
+    with transaction.atomic():
+        AppDay.objects.bulk_create(objs, update_conflicts=True, unique_fields=["agent", "app_name", "version", "day"],
+                                   update_fields=["samples", "instances_max", "cpu_avg", "cpu_max", "ws_avg_bytes",
+                                                  "ws_max_bytes", "updated_at"])
+    return len(objs)
+
+
+class FactsBuffer:
+    """The latest facts per agent, flushed FLUSH_S after the first one arrives (on the event loop that got it)."""
+
+    def __init__(self):
+        self.pending = {}
+        self.task = None
+
+    def put(self, agent_id, values):
+        self.pending[agent_id] = (values, timezone.now())
+        loop = asyncio.get_running_loop()
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.task = loop.create_task(self._drain())
+
+    async def _drain(self):
+        while self.pending:
+            await asyncio.sleep(FLUSH_S)
+            batch, self.pending = self.pending, {}
+            try:
+                await database_sync_to_async(store_facts)(batch)
+            except Exception:
+                log.exception("storing the heartbeat facts of %d agents failed", len(batch))
+
+    async def flush(self):
+        """Write what is pending now (tests, shutdown)."""
+        batch, self.pending = self.pending, {}
+        await database_sync_to_async(store_facts)(batch)
+
+
+facts_buffer = FactsBuffer()

@@ -1,0 +1,24 @@
+"""Receivers of the agent protocol's telemetry signal (fleet.signals.agent_telemetry): heartbeat facts go to the
+in-process buffer, observations and app rows to the database. Validation drops and counts bad values
+(dex.telemetry); nothing here can close the agent's connection."""
+
+from channels.db import database_sync_to_async
+from django.dispatch import receiver
+
+from fleet.signals import agent_telemetry
+
+from . import alerts, ingest
+
+
+@receiver(agent_telemetry)
+async def on_telemetry(sender, agent_id, kind, frame, **kwargs):
+    if kind == "heartbeat":
+        values = ingest.accept_facts(frame.get("dex"))
+        if values is not None:
+            ingest.facts_buffer.put(agent_id, values)
+    elif kind == "dex.observation":
+        stored = await database_sync_to_async(ingest.store_observations)(agent_id, frame.get("observations"))
+        if stored:
+            await database_sync_to_async(alerts.check_blast_radius)(agent_id)
+    elif kind == "dex.app_perf":
+        await database_sync_to_async(ingest.store_app_days)(agent_id, frame.get("day"), frame.get("rows"))

@@ -1,0 +1,86 @@
+"""DEX telemetry over the real agent consumer (docs/agent-protocol.md, "DEX telemetry"): heartbeat facts,
+dex.observation and dex.app_perf frames are stored after validation; a bad value is dropped and counted, never
+stored as 0, and never closes the connection; a frame of the wrong shape closes 4400."""
+
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from django.utils import timezone
+from prometheus_client import REGISTRY
+
+from dex.ingest import facts_buffer
+from dex.models import AppDay, DeviceFacts, Observation
+from tests.support.agent_ws import closed_with, enrolled_agent, mint_device_token, until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
+db = database_sync_to_async
+
+
+def dropped(field, reason):
+    return REGISTRY.get_sample_value("yuzu_server_dex_telemetry_dropped_total", {"field": field, "reason": reason}) or 0
+
+
+def test_facts_observations_and_app_rows_are_stored_after_validation():
+    token = mint_device_token()
+    before = dropped("commit_pct", "non_finite"), dropped("disk_lat_ms", "negative"), dropped("obs_type", "parse")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "heartbeat", "dex": {
+            "yuzu.perf_cpu_pct": "97.5", "yuzu.perf_commit_pct": "1e999", "yuzu.perf_disk_lat_ms": "-3",
+            "yuzu.net_rtt_p50_ms": "12", "yuzu.net_retrans_pct": "250", "yuzu.net_throughput_bps": 5}})
+        await until(lambda: bool(facts_buffer.pending))
+        await facts_buffer.flush()
+        now = time.time()
+        await comm.send_json_to({"type": "dex.observation", "observations": [
+            {"obs_type": "perf.cpu_sustained", "subject": "cpu", "observed_at": now, "detail_json": '{"metric": 97}'},
+            {"obs_type": "bad type", "subject": "x", "observed_at": now}]})
+        await comm.send_json_to({"type": "dex.app_perf", "day": timezone.now().date().isoformat(), "rows": [
+            {"app_name": "burn", "version": "", "samples": 3, "instances_max": 1, "cpu_avg": 99.0, "cpu_max": 100.0,
+             "ws_avg_bytes": 1e7, "ws_max_bytes": 2e7},
+            {"app_name": "bad", "samples": 3, "instances_max": 1, "cpu_avg": "x", "cpu_max": 1, "ws_avg_bytes": 1,
+             "ws_max_bytes": 1}]})
+        await until(lambda: Observation.objects.exists() and AppDay.objects.exists())
+        assert await comm.receive_nothing(timeout=0.2)  # still open: bad values are not a protocol error
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    facts = DeviceFacts.objects.get(agent_id=agent_id)
+    assert (facts.cpu_pct, facts.commit_pct, facts.disk_lat_ms, facts.rtt_ms, facts.retrans_pct,
+            facts.throughput_bps) == (97.5, None, None, 12.0, 100.0, None)
+    obs = Observation.objects.get()
+    assert (obs.obs_type, obs.agent_id, obs.detail) == ("perf.cpu_sustained", agent_id, {"metric": 97})
+    assert list(AppDay.objects.values_list("app_name", flat=True)) == ["burn"]
+    after = dropped("commit_pct", "non_finite"), dropped("disk_lat_ms", "negative"), dropped("obs_type", "parse")
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("frame", [
+    {"type": "dex.observation", "observations": "x"},
+    {"type": "dex.observation", "observations": [{}] * 101},
+    {"type": "dex.app_perf", "day": "2026-12-01", "rows": {}},
+    {"type": "dex.app_perf", "rows": []},
+])
+def test_a_telemetry_frame_of_the_wrong_shape_closes_4400(frame):
+    token = mint_device_token()
+
+    async def scenario():
+        comm, _, _, _ = await enrolled_agent(token)
+        await comm.send_json_to(frame)
+        await closed_with(comm, 4400)
+
+    async_to_sync(scenario)()
+    assert not Observation.objects.exists() and not AppDay.objects.exists()
+
+
+def test_telemetry_before_register_is_refused():
+    async def scenario():
+        from tests.support.agent_ws import connect
+        comm = await connect()
+        await comm.send_json_to({"type": "dex.observation", "observations": []})
+        await closed_with(comm, 4400)
+
+    async_to_sync(scenario)()
