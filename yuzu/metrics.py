@@ -54,3 +54,11 @@ CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
                           "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
 CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
                           "Active certificates of the internal CA that expire within 14 days")
+
+# governance (spec/governance.md): access reviews (REST only), secrets at rest
+ACCESS_REVIEW_EXPORT = Counter("yuzu_access_review_export_total", "access-review exports over REST", ["format"])
+ACCESS_REVIEW_EXPORT_SECONDS = Histogram("yuzu_access_review_export_duration_seconds", "access-review export time")
+ACCESS_REVIEW_CAMPAIGNS_OPENED = Counter("yuzu_access_review_campaigns_opened_total", "access-review campaigns opened over REST")
+ACCESS_REVIEW_ATTESTATIONS = Counter("yuzu_access_review_attestations_total", "attestations recorded over REST", ["decision"])
+SECRET_DECRYPT_FAILURES = Counter("yuzu_server_secret_decrypt_failures_total", "sealed secrets that did not open",
+                                  ["store", "failure_class"])

@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "pki",
     "bridge",
     "compliance",
+    "governance",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
