@@ -5,7 +5,9 @@ service functions act. Writes are refused to an MCP token whose tier would gate 
 import time
 
 from django.http import HttpResponse
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 
 from mcp.schema import obj, string
 from yuzu import rbac
@@ -156,10 +158,30 @@ def role_detail(request, principal_id, role):
 
 # --- access reviews ---------------------------------------------------------------------------------
 
+class FormatIsOurs(DefaultContentNegotiation):
+    """``?format=`` is the export's own parameter (json | csv, a 400 otherwise), not DRF's renderer switch."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        csv_wanted = request.query_params.get("format") == "csv"
+        renderer = renderers[-1] if csv_wanted else renderers[0]
+        return renderer, renderer.media_type
+
+
+class CsvRenderer(BaseRenderer):
+    """Lets ``?format=csv`` through DRF's content negotiation (the view writes the CSV itself)."""
+
+    media_type = "text/csv"
+    format = "csv"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return JSONRenderer().render(data)  # an error envelope on the csv path is still JSON
+
+
 @contract("GET", "Access-review evidence: every principal's direct grants (or a campaign's rows), with sha256",
           response=tool_output("export_access_review"),
           query=[("format", str, "json (default) or csv"), ("campaign_id", str, "a campaign's frozen rows")])
 @api_view(["GET"])
+@renderer_classes([JSONRenderer, CsvRenderer])
 def export_view(request):
     p = _check(request, "AccessReview", "Read")
     fmt = request.query_params.get("format", "json")
@@ -176,6 +198,9 @@ def export_view(request):
         resp["X-Content-SHA256"] = doc["sha256"]
         return resp
     return ok(doc)
+
+
+export_view.cls.content_negotiation_class = FormatIsOurs
 
 
 @contract("GET", "Access-review campaigns, newest first", response=tool_output("list_access_reviews"))

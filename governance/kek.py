@@ -82,16 +82,7 @@ def kek_lock() -> Iterator[None]:
             _local_lock.release()
 
 
-def _versions_in_use() -> dict[int, int]:
-    """KEK version → number of sealed values wrapped under it, over every registered sealed column."""
-    counts: dict[int, int] = {}
-    for col in secrets.SEALED:
-        for blob in col.model._default_manager.exclude(**{f"{col.column}__isnull": True}).values_list(
-                col.column, flat=True).iterator():
-            if blob:
-                v = secrets.kek_version_of(blob)
-                counts[v] = counts.get(v, 0) + 1
-    return counts
+_versions_in_use = secrets.versions_in_use
 
 
 def rotate_kek(principal: rbac.Principal, *, cid: str = "") -> dict[str, Any]:
