@@ -245,6 +245,21 @@ def _dek(version: int, wrap_nonce: bytes, wrapped: bytes, where: Where) -> bytes
 
 
 def unseal(blob: bytes, where: Where) -> bytes:
+    """The secret, or SecretError with its class (counted in yuzu_server_secret_decrypt_failures_total and
+    audited as ``secret.decrypt_failure`` with where the blob lives, never its content)."""
+    try:
+        return _unseal(blob, where)
+    except SecretError as exc:
+        from .audit import audit  # deferred: yuzu.audit imports the models this module's callers load first
+        from .metrics import SECRET_DECRYPT_FAILURES  # deferred: as above
+
+        SECRET_DECRYPT_FAILURES.labels(where.store, exc.failure_class).inc()
+        audit(None, "secret.decrypt_failure", "failure", target_type=where.table, target_id=where.pk,
+              detail=f"store={where.store} column={where.column} failure_class={exc.failure_class}")
+        raise
+
+
+def _unseal(blob: bytes, where: Where) -> bytes:
     version, wrap_nonce, wrapped, data_nonce, rest = _parts(blob)
     dek = _dek(version, wrap_nonce, wrapped, where)
     tag, ciphertext = rest[:TAG_BYTES], rest[TAG_BYTES:]
