@@ -59,7 +59,7 @@ def _slug(principal_id):
 @contract("POST", "Register an engine principal", body=CREATE, response=tool_output("create_engine_principal"),
           status=201)
 @api_view(["GET", "POST"])
-def principals_view(request):
+def engine_principals_view(request):
     if request.method == "GET":
         p = _check(request, "EnginePrincipal", "Read")
         include = request.query_params.get("include_revoked", "true").lower() != "false"
@@ -76,7 +76,7 @@ def principals_view(request):
 @contract("DELETE", "Revoke an engine principal and all its credentials (irreversible)", body=REVOKE,
           response=tool_output("revoke_engine_principal"))
 @api_view(["GET", "DELETE"])
-def principal_detail(request, principal_id):
+def engine_principal_detail(request, principal_id):
     if request.method == "GET":
         p = _check(request, "EnginePrincipal", "Read")
         return ok(engines.get_engine_principal(p, principal_id, rest=True))
@@ -89,7 +89,7 @@ def principal_detail(request, principal_id):
 @contract("POST", "Mint an engine principal's first credential (shown once)", body=MINT,
           response=tool_output("mint_engine_credential"), status=201)
 @api_view(["POST"])
-def credentials_view(request, principal_id):
+def engine_credentials_view(request, principal_id):
     p = _check(request, "Security", "Write")
     d = payload(request, MINT)
     plan = engines.plan_mint_engine_credential(p, principal_id, d.get("name", ""), d.get("ttl_days", 90))
@@ -99,7 +99,7 @@ def credentials_view(request, principal_id):
 @contract("POST", "Start an overlap rotation of an engine credential", body=ROTATE,
           response=tool_output("rotate_engine_credential"), status=201)
 @api_view(["POST"])
-def rotate_view(request, principal_id):
+def engine_rotate_view(request, principal_id):
     p = _check(request, "Security", "Write")
     d = payload(request, ROTATE)
     plan = engines.plan_rotate_engine_credential(p, principal_id, d.get("overlap_days", 7))
@@ -109,7 +109,7 @@ def rotate_view(request, principal_id):
 @contract("POST", "Confirm a rotation (revokes the predecessor)", body=CONFIRM,
           response=tool_output("confirm_engine_rotation"))
 @api_view(["POST"])
-def confirm_view(request, principal_id):
+def engine_confirm_view(request, principal_id):
     p = _check(request, "Security", "Write")
     d = payload(request, CONFIRM)
     plan = engines.plan_confirm_engine_rotation(p, principal_id, d["token_id"], d["secret"])
@@ -119,7 +119,7 @@ def confirm_view(request, principal_id):
 @contract("POST", "Transfer an engine principal to another owner", body=TRANSFER,
           response=tool_output("transfer_engine_principal_owner"))
 @api_view(["POST"])
-def transfer_view(request, principal_id):
+def engine_transfer_view(request, principal_id):
     p = _check(request, "Security", "Write")
     d = payload(request, TRANSFER)
     plan = engines.plan_transfer_engine_principal_owner(p, principal_id, d["new_owner"])
@@ -128,7 +128,7 @@ def transfer_view(request, principal_id):
 
 @contract("GET", "Prove no engine principal holds admin", response=tool_output("audit_engine_no_admin"))
 @api_view(["GET"])
-def no_admin_view(request):
+def engine_no_admin_view(request):
     p = _check(request, "AuditLog", "Read")
     include = request.query_params.get("include_revoked", "true").lower() != "false"
     return ok(engines.audit_engine_no_admin(p, include))
@@ -138,7 +138,7 @@ def no_admin_view(request):
 @contract("POST", "Grant a non-admin role fleet-wide", body=ASSIGN, response=tool_output("assign_engine_role"),
           status=201)
 @api_view(["GET", "POST"])
-def roles_view(request, principal_id):
+def engine_roles_view(request, principal_id):
     if request.method == "GET":
         p = _check(request, "EnginePrincipal", "Read")
         return ok(engines.list_engine_roles(p, _slug(principal_id)))
@@ -150,7 +150,7 @@ def roles_view(request, principal_id):
 
 @contract("DELETE", "Remove a role from an engine principal", response=tool_output("unassign_engine_role"))
 @api_view(["DELETE"])
-def role_detail(request, principal_id, role):
+def engine_role_detail(request, principal_id, role):
     p = _check(request, "Security", "Write")
     plan = engines.plan_unassign_engine_role(p, _slug(principal_id), role)
     return ok(engines.unassign_engine_role(p, cid=cid_of(request), plan=plan))
@@ -182,7 +182,7 @@ class CsvRenderer(BaseRenderer):
           query=[("format", str, "json (default) or csv"), ("campaign_id", str, "a campaign's frozen rows")])
 @api_view(["GET"])
 @renderer_classes([JSONRenderer, CsvRenderer])
-def export_view(request):
+def access_review_export_view(request):
     p = _check(request, "AccessReview", "Read")
     fmt = request.query_params.get("format", "json")
     if fmt not in ("json", "csv"):
@@ -200,14 +200,14 @@ def export_view(request):
     return ok(doc)
 
 
-export_view.cls.content_negotiation_class = FormatIsOurs
+access_review_export_view.cls.content_negotiation_class = FormatIsOurs
 
 
 @contract("GET", "Access-review campaigns, newest first", response=tool_output("list_access_reviews"))
 @contract("POST", "Open a campaign (freezes the grant population)", body=OPEN,
           response=tool_output("open_access_review"), status=201)
 @api_view(["GET", "POST"])
-def reviews_view(request):
+def access_reviews_view(request):
     if request.method == "GET":
         p = _check(request, "AccessReview", "Read")
         return ok(reviews.list_access_reviews(p, cid=cid_of(request)))
@@ -220,7 +220,7 @@ def reviews_view(request):
 
 @contract("GET", "A campaign with its attestation rows", response=tool_output("get_access_review"))
 @api_view(["GET"])
-def review_detail(request, campaign_id):
+def access_review_detail(request, campaign_id):
     p = _check(request, "AccessReview", "Read")
     return ok(reviews.get_access_review(p, campaign_id, cid=cid_of(request)))
 
@@ -228,7 +228,7 @@ def review_detail(request, campaign_id):
 @contract("POST", "Record an attest / flag-for-revoke decision", body=ATTEST,
           response=tool_output("record_attestation"))
 @api_view(["POST"])
-def attest_view(request, campaign_id):
+def access_review_attest_view(request, campaign_id):
     p = _check(request, "AccessReview", "Attest")
     d = payload(request, ATTEST)
     out = reviews.record_attestation(p, campaign_id, d["principal_type"], d["principal_id"], d["role_name"],
@@ -239,7 +239,7 @@ def attest_view(request, campaign_id):
 
 @contract("POST", "Close a campaign and apply its flagged revocations", response=tool_output("close_access_review"))
 @api_view(["POST"])
-def close_view(request, campaign_id):
+def access_review_close_view(request, campaign_id):
     p = _check(request, "AccessReview", "Attest")
     return ok(reviews.close_access_review(p, campaign_id, cid=cid_of(request)))
 

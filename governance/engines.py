@@ -12,6 +12,7 @@ Invariants, each enforced here for both faces:
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ from yuzu.stepup import require_fresh_mfa
 
 from .models import ENGINE_PREFIX, ROTATION_SECRET, EnginePrincipal, EngineRotation, epoch, is_engine_user
 
+log = logging.getLogger("yuzu.governance")
 MAX_ACTIVE_CREDENTIALS = 2
 MAX_TTL_DAYS = 90
 REVEAL_SECONDS = 120
@@ -261,7 +263,7 @@ def rotate_engine_credential(principal: rbac.Principal, *, cid: str = "", plan: 
         _active(ep)
         rot = _retry(ep, principal, now)
         if rot is not None:
-            raw = secrets.unseal(rot.secret_sealed, ROTATION_SECRET.where(rot.pk)).decode()
+            raw = secrets.unseal(bytes(rot.secret_sealed or b""), ROTATION_SECRET.where(rot.pk)).decode()
             successor = ApiToken.objects.get(pk=rot.successor_id)
         else:
             _rotation_refusal(ep, principal, now)
@@ -271,11 +273,13 @@ def rotate_engine_credential(principal: rbac.Principal, *, cid: str = "", plan: 
             successor.rotated_from = predecessor
             successor.save(update_fields=["rotated_from"])
             overlap_end = now + timedelta(days=overlap_days)
-            predecessor.retire_at = min(overlap_end, predecessor.expires_at) if predecessor.expires_at else overlap_end
-            predecessor.save(update_fields=["retire_at"])
+            if predecessor.expires_at:
+                overlap_end = min(overlap_end, predecessor.expires_at)
+            # The predecessor is retired by the sweep (sweep_rotations), not by retire_at: a successor that was
+            # never used keeps both working.
             rot = EngineRotation.objects.create(principal=ep, predecessor_id=predecessor.id,
                                                 successor_id=successor.id, initiated_by=principal.name,
-                                                overlap_expires_at=predecessor.retire_at,
+                                                overlap_expires_at=overlap_end,
                                                 reveal_until=now + timedelta(seconds=REVEAL_SECONDS))
             rot.secret_sealed = secrets.seal(raw, ROTATION_SECRET.where(rot.pk))
             rot.save(update_fields=["secret_sealed"])
@@ -351,6 +355,32 @@ def confirm_engine_rotation(principal: rbac.Principal, *, cid: str = "", plan: P
         audit(principal, "engine_principal.credential.confirm", "success", target_type="EnginePrincipal",
               target_id=principal_id, detail=f"successor={token_id} revoked={rot.predecessor_id}", correlation_id=cid)
     return {"confirmed": True, "principal_id": principal_id}
+
+
+def sweep_rotations(now: Any = None) -> dict[str, int]:
+    """The 60 s sweep: a rotation whose overlap has ended revokes its predecessor (and counts as resolved) once
+    the successor has been used; a successor never used keeps both credentials and raises a warning (audited
+    ``engine_principal.rotation.stalled``, once per sweep) — revoking the only working credential of a
+    consumer that never switched would take it down."""
+    now = now or timezone.now()
+    done = stalled = 0
+    for rot in EngineRotation.objects.filter(confirmed_at__isnull=True, overlap_expires_at__lte=now):
+        successor = ApiToken.objects.filter(pk=rot.successor_id).first()
+        if successor is None or successor.last_used_at is None:
+            stalled += 1
+            log.warning("engine rotation of %s: overlap ended but successor %s was never used; both credentials "
+                        "kept", rot.principal_id, rot.successor_id)
+            audit("system", "engine_principal.rotation.stalled", "failure", target_type="EnginePrincipal",
+                  target_id=rot.principal_id, detail=f"successor={rot.successor_id} never used")
+            continue
+        with transaction.atomic():
+            ApiToken.objects.filter(pk=rot.predecessor_id, revoked_at__isnull=True).update(revoked_at=now)
+            EngineRotation.objects.filter(pk=rot.pk, confirmed_at__isnull=True).update(
+                confirmed_at=now, confirmed_by="sweep", secret_sealed=None)
+            audit("system", "engine_principal.credential.confirm", "success", target_type="EnginePrincipal",
+                  target_id=rot.principal_id, detail=f"overlap ended: revoked={rot.predecessor_id}")
+        done += 1
+    return {"revoked": done, "stalled": stalled}
 
 
 # --- owner ------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _partial() -> YuzuError:
 
 
 def role_label(ra: RoleAssignment) -> str:
-    return ra.role.name if ra.group_id is None else f"{ra.role.name}@{ra.group.name}"
+    return ra.role.name if ra.group is None else f"{ra.role.name}@{ra.group.name}"
 
 
 def _grants() -> list[dict[str, Any]]:
@@ -245,8 +245,8 @@ def close_access_review(principal: rbac.Principal, campaign_id: str, *, cid: str
         if campaign.status == AccessReviewCampaign.Status.CLOSED:
             raise YuzuError("campaign is closed")
         revoked = 0
-        for att in campaign.attestations.filter(decision=Att.Decision.FLAGGED_REVOKE):
-            ra = RoleAssignment.objects.filter(pk=att.assignment_id).select_related("role", "group", "user").first()
+        for att in campaign.attestations.filter(decision=Att.Decision.FLAGGED_REVOKE, assignment_id__isnull=False):
+            ra = None if att.assignment_id is None else RoleAssignment.objects.filter(pk=att.assignment_id).select_related("role", "group", "user").first()
             if ra is None or ra.user.get_username() != att.principal_id or role_label(ra) != att.role_name:
                 continue  # already gone (or the id now names another grant): nothing to revoke
             ra.delete()

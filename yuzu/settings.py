@@ -192,6 +192,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format
     "sweep-overdue-executions": {"task": "fleet.tasks.sweep_overdue", "schedule": 5.0},
     "reap-guardian-events": {"task": "compliance.tasks.reap_guardian_events", "schedule": 3600.0},
     "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
+    "sweep-engine-rotations": {"task": "governance.tasks.sweep_engine_rotations", "schedule": 60.0},  # governance.md
 }
 # Compliance (docs/compliance.md): the evaluator's tick, its grace window for answers, and how long the
 # fleet-wide counts are cached. With Redis the tick is a Celery beat task; embedded, it runs on the server's

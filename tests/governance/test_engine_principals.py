@@ -193,3 +193,27 @@ def test_rest_twins(mint, make_user):
                   content_type="application/json").status_code == 200
     r = c.delete("/api/v1/engine-principals/engine:patch-bot", {"reason": "done"}, content_type="application/json")
     assert r.status_code == 200 and r.json()["data"]["credentials_revoked"] == 1
+
+
+def test_the_sweep_ends_an_overlap_only_once_the_successor_is_used(admin):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from governance.engines import sweep_rotations
+
+    created(admin)
+    succ = ok(admin.call("rotate_engine_credential", {"principal_id": "engine:patch-bot", "overlap_days": 1}))
+    later = timezone.now() + timedelta(days=1, minutes=1)
+    assert sweep_rotations(timezone.now()) == {"revoked": 0, "stalled": 0}  # the overlap has not ended
+    assert sweep_rotations(later) == {"revoked": 0, "stalled": 1}  # never used: both kept, a warning
+    ep = EnginePrincipal.objects.get()
+    assert ep.active_credentials().count() == 2
+    assert AuditEvent.objects.filter(action="engine_principal.rotation.stalled").exists()
+    engine = McpClient(succ["raw_token"])
+    assert engine.initialize().status == 200  # the consumer switched
+    assert sweep_rotations(later) == {"revoked": 1, "stalled": 0}
+    assert list(ep.active_credentials().values_list("pk", flat=True)) == [succ["token_id"]]
+    e = err(admin.call("confirm_engine_rotation", {"principal_id": "engine:patch-bot", "token_id": succ["token_id"],
+                                                   "secret": succ["raw_token"]}))
+    assert e["message"] == "rotation already confirmed"

@@ -29,7 +29,7 @@ ROUTES = [("post", "/api/v1/engine-principals"), ("delete", "/api/v1/engine-prin
 
 @pytest.fixture
 def error_log():
-    import logging
+    import logging  # deferred: only this fixture touches the root logger
 
     handler = Errors()
     logging.getLogger().addHandler(handler)

@@ -683,6 +683,7 @@ def rest_outcome(r, row):
     return f"HTTP {r.status_code}"
 
 
+@pytest.mark.timeout(900)  # every route × 23 callers, and the OpenAPI document built per caller: minutes on a busy host
 def test_rest_matrix():
     routes = url_routes()
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]
