@@ -9,6 +9,7 @@ was approved (a target the approver never saw is never acted on; none reachable 
 run the tool's pre-consume precondition, then consume with one conditional UPDATE → the handler runs.
 """
 
+import hashlib
 import json
 
 from django.contrib.auth import get_user_model
@@ -40,9 +41,16 @@ REMEDIATION = ("a human approver reviews it in the admin (review_url, on the App
                "plus approval_id")
 
 
+#: arguments that carry a secret (confirm_engine_rotation's proof of possession): the ticket stores their SHA-256,
+#: never the value — the same recall still matches, and the approvals table holds no recoverable secret.
+SECRET_ARGS = frozenset({"secret"})
+
+
 def canonical_args(args):
-    """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it."""
-    return json.dumps({k: v for k, v in args.items() if k != "approval_id"}, sort_keys=True,
+    """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it; secrets as their hash."""
+    return json.dumps({k: ("sha256:" + hashlib.sha256(v.encode()).hexdigest() if k in SECRET_ARGS
+                           and isinstance(v, str) else v)
+                       for k, v in args.items() if k != "approval_id"}, sort_keys=True,
                       separators=(",", ":"), ensure_ascii=False)
 
 

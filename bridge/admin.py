@@ -1,13 +1,39 @@
 """Bridge admin: profiles are edited here (their env is visible only to administrators in this admin,
 never through a tool); members, turns, messages and inbox items are read-only records."""
 
+from django import forms
 from django.contrib import admin
 
-from .models import InboxItem, Member, Message, Profile, Turn
+from .models import InboxItem, Member, Message, Profile, Turn, _validate_env
+
+
+class ProfileForm(forms.ModelForm):
+    """``env`` is stored sealed (Profile.env_sealed): the form edits the plaintext object, the model seals it."""
+
+    env = forms.JSONField(required=False, initial=dict, help_text=Profile.env.__doc__)
+
+    class Meta:
+        model = Profile
+        exclude = ("env_sealed",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.initial["env"] = self.instance.env
+
+    def clean_env(self):
+        env = self.cleaned_data.get("env") or {}
+        _validate_env(env)
+        return env
+
+    def save(self, commit=True):
+        self.instance.env = self.cleaned_data.get("env") or {}
+        return super().save(commit)
 
 
 @admin.register(Profile)
 class ProfileAdmin(admin.ModelAdmin):
+    form = ProfileForm
     list_display = ("name", "agent_kind", "is_default", "enabled", "blocked_injectable", "requires_api_base_url",
                     "spawnable")
     list_filter = ("agent_kind", "enabled")

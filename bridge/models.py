@@ -18,6 +18,7 @@ Invariants the methods below keep:
   ``transaction.atomic()`` to hold ``select_for_update()`` on that row; the others take their own locks.
 """
 
+import json
 import secrets
 
 from django.conf import settings
@@ -27,6 +28,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from yuzu.models import ApiToken
+from yuzu.secrets import seal, sealed_column, unseal
 
 from .failures import error_outcome
 from .status import AgentStatus
@@ -78,6 +80,18 @@ class Role(models.TextChoices):
 
 
 class ProfileQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        """``update(env=…)`` seals the environment once per row (the blob is bound to its row's pk)."""
+        if "env" not in kwargs:
+            return super().update(**kwargs)
+        env = kwargs.pop("env")
+        _validate_env(env)
+        moved = 0
+        with transaction.atomic():
+            for pk in list(self.values_list("pk", flat=True)):
+                moved += Profile.objects.filter(pk=pk).update(env_sealed=seal_env(env, pk), **kwargs)
+        return moved
+
     def default(self):
         """The profile bridge_send auto-spawns: the first enabled one flagged default, else the fallback."""
         enabled = self.filter(enabled=True)
@@ -100,10 +114,9 @@ class Profile(models.Model):
     agent_kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.CLAUDE)
     argv = models.JSONField(default=list, validators=[_validate_argv],
                             help_text='JSON list, e.g. ["claude"]; placeholders {python} {repo} {addendum}')
-    env = models.JSONField(default=dict, blank=True, validators=[_validate_env],
-                           help_text="JSON object: the worker's whole environment besides PATH/HOME/LANG/TERM and "
-                                     "the bridge's own YUZU_BRIDGE_* variables. Must set ANTHROPIC_BASE_URL unless "
-                                     "the profile is exempt.")
+    env_sealed = models.BinaryField(null=True, blank=True, editable=False,
+                                    help_text="the worker's environment (``env``), sealed with yuzu.secrets: it "
+                                              "often holds API credentials, so a database dump never shows it")
     cwd = models.CharField(max_length=1024, blank=True, help_text="Working directory (default: the bridge's repo)")
     blocked_injectable = models.BooleanField(
         default=True, help_text="Deliver messages while the worker is BLOCKED (awaiting input, e.g. a dialog)")
@@ -125,7 +138,33 @@ class Profile(models.Model):
     def __str__(self):
         return self.name
 
+    @property
+    def env(self):
+        """JSON object: the worker's whole environment besides PATH/HOME/LANG/TERM and the bridge's own
+        YUZU_BRIDGE_* variables. Must set ANTHROPIC_BASE_URL unless the profile is exempt. Stored sealed."""
+        if "_env" not in self.__dict__:
+            blob = self.env_sealed
+            self.__dict__["_env"] = json.loads(unseal(blob, PROFILE_ENV.where(self.pk))) if blob else {}
+        return self.__dict__["_env"]
+
+    @env.setter
+    def env(self, value):
+        self.__dict__["_env"] = dict(value or {})
+        self.__dict__["_env_dirty"] = True
+
+    def save(self, *args, **kwargs):
+        dirty = self.__dict__.pop("_env_dirty", False)
+        if dirty and self.pk is not None:
+            self.env_sealed = seal_env(self.env, self.pk)
+            if kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "env_sealed"}
+        super().save(*args, **kwargs)
+        if dirty and self.env_sealed is None and self.env:  # a new row: its pk exists only now
+            self.env_sealed = seal_env(self.env, self.pk)
+            Profile.objects.filter(pk=self.pk).update(env_sealed=self.env_sealed)
+
     def clean(self):
+        _validate_env(self.env)
         if not self.requires_api_base_url and self.agent_kind != self.Kind.STANDIN:
             raise ValidationError({"requires_api_base_url": "only a stand-in profile may be exempt from the "
                                                             "subscription guard"})
@@ -143,6 +182,13 @@ class Profile(models.Model):
         return {"name": self.name, "description": self.description, "agentKind": self.agent_kind,
                 "default": self.pk == default_id, "blockedInjectable": self.blocked_injectable,
                 "spawnable": self.spawnable}
+
+
+PROFILE_ENV = sealed_column("bridge", Profile, "env_sealed")
+
+
+def seal_env(env, pk):
+    return seal(json.dumps(env, sort_keys=True), PROFILE_ENV.where(pk))
 
 
 class MemberQuerySet(models.QuerySet):

@@ -65,3 +65,11 @@ DEX_ROWS_REAPED = Counter("yuzu_server_dex_rows_reaped_total", "DEX rows deleted
 DEX_ALERT_FIRED = Counter("yuzu_server_dex_alert_fired_total", "DEX blast-radius alerts raised")
 DEX_BLAST_RADIUS_DEVICES = Histogram("yuzu_server_dex_blast_radius_devices",
                                      "Distinct devices behind each blast-radius alert")
+
+# governance (spec/governance.md): access reviews (REST only), secrets at rest
+ACCESS_REVIEW_EXPORT = Counter("yuzu_access_review_export_total", "access-review exports over REST", ["format"])
+ACCESS_REVIEW_EXPORT_SECONDS = Histogram("yuzu_access_review_export_duration_seconds", "access-review export time")
+ACCESS_REVIEW_CAMPAIGNS_OPENED = Counter("yuzu_access_review_campaigns_opened_total", "access-review campaigns opened over REST")
+ACCESS_REVIEW_ATTESTATIONS = Counter("yuzu_access_review_attestations_total", "attestations recorded over REST", ["decision"])
+SECRET_DECRYPT_FAILURES = Counter("yuzu_server_secret_decrypt_failures_total", "sealed secrets that did not open",
+                                  ["store", "failure_class"])

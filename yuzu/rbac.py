@@ -65,6 +65,8 @@ BUILTIN_ROLES: dict[str, tuple[str, list[Permission]]] = {
         + [("Policy", o) for o in ("Read", "Write", "Execute", "Delete")]
         + [("GuaranteedState", o) for o in ("Read", "Write", "Delete", "Push")],
     ),
+    "Reviewer": ("Attests access reviews (SOC 2 CC6.2): reads and decides on review campaigns.",
+                 [("AccessReview", "Read"), ("AccessReview", "Attest")]),
     "PlatformEngineer": (
         "Authors compliance policies and Guardian rules, and deploys the rules.",
         [("Infrastructure", "Read"), ("Policy", "Read"), ("Policy", "Write"), ("Policy", "Delete"),

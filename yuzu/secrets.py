@@ -118,11 +118,18 @@ def _load(version: int) -> bytes:
     row = KekVersion.objects.filter(pk=version).first()
     if row is None:
         raise SecretError("kek_unresolvable", f"KEK version {version} is not registered in this database")
+    if row.retired_at is not None:
+        raise SecretError("kek_unresolvable", f"KEK version {version} is retired")
+    path = _key_path(version)
     try:
-        key = _key_path(version).read_bytes()
+        mode = path.stat().st_mode & 0o077
+        key = path.read_bytes()
     except OSError:
         raise SecretError("kek_unresolvable", f"the key file of KEK version {version} is missing from {kek_dir()} "
                                               "(every server process must see the same key directory)") from None
+    if mode:
+        raise SecretError("kek_corrupt", f"the key file of KEK version {version} ({path}) is readable by others: "
+                                         "it must be mode 0600")
     if len(key) != KEY_BYTES or check_value(key) != row.kcv:
         raise SecretError("kek_corrupt", f"the key file of KEK version {version} does not match the database's check "
                                          "value")
@@ -155,12 +162,46 @@ def problems() -> list[str]:
     """Why the keys cannot be trusted (the boot check): every registered version must resolve to a key file
     whose check value matches."""
     out = []
-    for version in KekVersion.objects.values_list("version", flat=True):
+    for version in KekVersion.objects.filter(retired_at__isnull=True).values_list("version", flat=True):
         try:
             _load(version)
         except SecretError as exc:
             out.append(f"{exc.failure_class}: {exc}")
     return out
+
+
+def versions_in_use() -> dict[int, int]:
+    """KEK version → how many sealed values are wrapped under it, over every registered sealed column."""
+    counts: dict[int, int] = {}
+    for col in SEALED:
+        for blob in col.model._default_manager.exclude(**{f"{col.column}__isnull": True}).values_list(
+                col.column, flat=True).iterator():
+            if blob:
+                v = kek_version_of(blob)
+                counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def retire_version(version: int) -> None:
+    """Retire a KEK version no sealed value uses any more (after rotate + rewrap): mark it retired, then delete
+    its key file. The active (newest) version is never retired; a version still in use is refused."""
+    from django.utils import timezone  # deferred: keeps this module's import-time surface small
+
+    with transaction.atomic():
+        row = KekVersion.objects.select_for_update().filter(pk=version, retired_at__isnull=True).first()
+        if row is None:
+            raise SecretError("kek_unresolvable", f"KEK version {version} is not a live version")
+        if version == KekVersion.objects.order_by("-version").values_list("version", flat=True).first():
+            raise SecretError("kek_corrupt", f"KEK version {version} is the active version; rotate first")
+        used = versions_in_use().get(version, 0)
+        if used:
+            raise SecretError("kek_corrupt", f"KEK version {version} is still used by {used} sealed value(s): run "
+                                             "rewrap_secrets first")
+        row.retired_at = timezone.now()
+        row.save(update_fields=["retired_at"])
+    with _lock:
+        _keys.pop(version, None)
+    _key_path(version).unlink(missing_ok=True)
 
 
 def forget_keys() -> None:
@@ -204,6 +245,21 @@ def _dek(version: int, wrap_nonce: bytes, wrapped: bytes, where: Where) -> bytes
 
 
 def unseal(blob: bytes, where: Where) -> bytes:
+    """The secret, or SecretError with its class (counted in yuzu_server_secret_decrypt_failures_total and
+    audited as ``secret.decrypt_failure`` with where the blob lives, never its content)."""
+    try:
+        return _unseal(blob, where)
+    except SecretError as exc:
+        from .audit import audit  # deferred: yuzu.audit imports the models this module's callers load first
+        from .metrics import SECRET_DECRYPT_FAILURES  # deferred: as above
+
+        SECRET_DECRYPT_FAILURES.labels(where.store, exc.failure_class).inc()
+        audit(None, "secret.decrypt_failure", "failure", target_type=where.table, target_id=where.pk,
+              detail=f"store={where.store} column={where.column} failure_class={exc.failure_class}")
+        raise
+
+
+def _unseal(blob: bytes, where: Where) -> bytes:
     version, wrap_nonce, wrapped, data_nonce, rest = _parts(blob)
     dek = _dek(version, wrap_nonce, wrapped, where)
     tag, ciphertext = rest[:TAG_BYTES], rest[TAG_BYTES:]

@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "compliance",
     "operations",
     "dex",
+    "governance",
     "oauth.apps.ClientsConfig",  # django-oauth-toolkit, under a name that says what it holds
     "oauth",
 ]
@@ -195,6 +196,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {  # Celery's own entry format
     "refresh-crl": {"task": "pki.tasks.refresh_crl", "schedule": 3600.0},  # docs/pki.md
     "dex-rollup": {"task": "dex.tasks.rollup_app_perf", "schedule": 900.0},  # docs/dex.md
     "dex-reap": {"task": "dex.tasks.reap", "schedule": 3600.0},
+    "sweep-engine-rotations": {"task": "governance.tasks.sweep_engine_rotations", "schedule": 60.0},  # governance.md
 }
 # Instruction schedules (docs/operator.md): the tick; with Redis a Celery beat task, embedded on the server's loop.
 YUZU_SCHEDULE_TICK_S = float(os.environ.get("YUZU_SCHEDULE_TICK_S", "30"))

@@ -59,6 +59,7 @@ urlpatterns = [
     path("api/v1/", include("bridge.urls")),
     path("api/v1/", include("compliance.urls")),
     path("api/v1/", include("dex.urls")),
+    path("api/v1/", include("governance.urls")),
     path("api/v1/", include("pki.urls")),
     path("api/v1/", include("operations.urls")),
     path("", include("oauth.urls")),  # OAuth for MCP clients: discovery, authorize, token, register, revoke

@@ -51,7 +51,7 @@ from yuzu.models import AccountLockout, ApiToken
 from yuzu.rbac import BUILTIN_ROLES, assign_role
 
 TIERS = ("readonly", "operator", "supervised", "")  # "" = a token without a tier (REST / CLI)
-GLOBAL_ROLES = ("Viewer", "Operator", "Approver", "Administrator", "ITServiceOwner", "PlatformEngineer")
+GLOBAL_ROLES = ("Viewer", "Operator", "Approver", "Administrator", "ITServiceOwner", "PlatformEngineer", "Reviewer")
 GROUP_ROLES = ("Viewer", "Operator", "Approver", "ITServiceOwner")  # Administrator is granted globally only
 #: securables whose grants may be held on a management group (they concern devices, groups, or tickets
 #: pinned to devices); any other securable needs a global grant.
@@ -204,6 +204,7 @@ class World:
     cert: str = ""  # an active agent certificate's serial (the CA's certificates are fleet-wide: no in/out)
     grants: dict = field(default_factory=dict)  # IN/OUT/GHOST -> an unredeemed upload grant for that agent
     schedule: int = 0  # an instruction schedule (fleet-wide)
+    engine: dict = field(default_factory=dict)  # governance: engine principals, a rotation in flight, a campaign
 
     def token_of(self, caller, tier):
         return self.tokens[(caller.username, tier)]
@@ -280,6 +281,26 @@ def operations_world(w, agents):
     w.grants[GHOST] = "f" * 32
     w.schedule = InstructionSchedule.objects.create(name="nightly", definition_id="def-1", frequency_type="daily",
                                                     time_of_day="02:00", created_by="zed", creator_key="u0.s").pk
+def governance_world(w, owner):
+    """Engine principals owned by zed: 'fresh' (no credential: mint), 'held' (one credential and the Viewer
+    role: rotate, transfer, unassign), 'rot' (a rotation in flight: confirm, with its successor's secret), and
+    an open access-review campaign. Engine principals and reviews are fleet-wide: no in/out targets.
+    The KEK's first version is minutes old, so an allowed rotate_kek meets the rotation interval (cooldown)."""
+    from governance import engines, reviews  # deferred: the governance app is optional to this module's readers
+    from yuzu.plans import Plan
+    from yuzu.rbac import Principal
+
+    root = Principal(user=owner)
+    for slug in ("fresh", "held", "rot"):
+        engines.create_engine_principal(root, plan=Plan("", {
+            "principal_id": f"engine:{slug}", "display_name": slug, "owner_username": owner.username,
+            "justification": "the matrix", "classification": "internal"}))
+    for slug in ("held", "rot"):
+        engines.mint_engine_credential(root, plan=Plan("", (f"engine:{slug}", "c", 30)))
+    engines.assign_engine_role(root, plan=Plan("", ("engine:held", "Viewer")))
+    successor = engines.rotate_engine_credential(root, plan=Plan("", ("engine:rot", 7)))
+    w.engine = {"successor": successor["token_id"], "secret": successor["raw_token"],
+                "campaign": reviews.open_access_review(root, "the matrix")["campaign_id"]}
 
 
 def build_world(callers=CALLERS, tiers=TIERS):
@@ -304,6 +325,7 @@ def build_world(callers=CALLERS, tiers=TIERS):
     InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
     compliance_world(w, (a_in, a_out))
     operations_world(w, (a_in, a_out))
+    governance_world(w, zed)
     expires = timezone.now() + timedelta(days=30)
     for caller in callers:
         user = User.objects.create_user(caller.username)

@@ -72,6 +72,7 @@ def group(w, t):
 ISO_TOMORROW = lambda: (timezone.now() + timedelta(days=1)).isoformat()  # noqa: E731
 OWN = lambda w, t, c, tok: tok.pk if t == IN else (w.other_token if t == OUT else "0" * 24)  # noqa: E731
 MG_WRITE_FLEET_WIDE = fleet_wide("ManagementGroup", "Write")
+SEC_WRITE_FLEET_WIDE = fleet_wide("Security", "Write")
 CODE_SIGNING_ARGS = {"csr_pem": csr_pem(), "signer_name": "matrix", "justification": "the matrix"}
 
 V1 = {
@@ -207,6 +208,40 @@ V1 = {
     "compare_app_perf_versions": [V("GuaranteedState", "Read", lambda w, t, c, tok: {
         "app": "java", "group": group(w, t), "baseline": "1.0", "candidate": "2.0"}, "group",
         reach=("Infrastructure", "Read"))],
+    # governance: engine principals, access reviews and the KEK are the whole install's (no group reaches them)
+    "create_engine_principal": [V("Security", "Write", lambda w, t, c, tok: {
+        "principal_id": "engine:matrix-new", "display_name": "m", "owner_username": "zed", "justification": "m",
+        "classification": "internal"}, compound=SEC_WRITE_FLEET_WIDE)],
+    "list_engine_principals": [V("EnginePrincipal", "Read", lambda w, t, c, tok: {})],
+    "get_engine_principal": [V("EnginePrincipal", "Read", lambda w, t, c, tok: {"principal_id": "engine:held"})],
+    "revoke_engine_principal": [V("Security", "Write", lambda w, t, c, tok: {"principal_id": "engine:held"},
+                                  compound=SEC_WRITE_FLEET_WIDE)],
+    "mint_engine_credential": [V("Security", "Write", lambda w, t, c, tok: {"principal_id": "engine:fresh"},
+                                 compound=SEC_WRITE_FLEET_WIDE)],
+    "rotate_engine_credential": [V("Security", "Write", lambda w, t, c, tok: {"principal_id": "engine:held"},
+                                   compound=SEC_WRITE_FLEET_WIDE)],
+    "confirm_engine_rotation": [V("Security", "Write", lambda w, t, c, tok: {
+        "principal_id": "engine:rot", "token_id": w.engine["successor"], "secret": w.engine["secret"]},
+        compound=SEC_WRITE_FLEET_WIDE)],
+    "transfer_engine_principal_owner": [V("Security", "Write", lambda w, t, c, tok: {
+        "principal_id": "engine:held", "new_owner": c.username}, compound=SEC_WRITE_FLEET_WIDE)],
+    "audit_engine_no_admin": [V("AuditLog", "Read", lambda w, t, c, tok: {})],
+    "assign_engine_role": [V("Security", "Write", lambda w, t, c, tok: {"principal_id": "held", "role": "Approver"},
+                             compound=SEC_WRITE_FLEET_WIDE)],
+    "unassign_engine_role": [V("Security", "Write", lambda w, t, c, tok: {"principal_id": "held", "role": "Viewer"},
+                               compound=SEC_WRITE_FLEET_WIDE)],
+    "list_engine_roles": [V("EnginePrincipal", "Read", lambda w, t, c, tok: {"principal_id": "held"})],
+    "export_access_review": [V("AccessReview", "Read", lambda w, t, c, tok: {})],
+    "open_access_review": [V("AccessReview", "Attest", lambda w, t, c, tok: {"title": "matrix"})],
+    "record_attestation": [V("AccessReview", "Attest", lambda w, t, c, tok: {
+        "campaign_id": w.engine["campaign"], "principal_type": "user", "principal_id": "zed",
+        "role_name": "Administrator", "decision": "attested"})],
+    "get_access_review": [V("AccessReview", "Read", lambda w, t, c, tok: {"campaign_id": w.engine["campaign"]})],
+    "list_access_reviews": [V("AccessReview", "Read", lambda w, t, c, tok: {})],
+    "close_access_review": [V("AccessReview", "Attest", lambda w, t, c, tok: {"campaign_id": w.engine["campaign"]})],
+    "rotate_kek": [V("Security", "Write", lambda w, t, c, tok: {}, compound=SEC_WRITE_FLEET_WIDE)],
+    "rewrap_secrets": [V("Security", "Write", lambda w, t, c, tok: {}, compound=SEC_WRITE_FLEET_WIDE)],
+    "get_kek_status": [V("Security", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("Security", "Read"))],
 }
 
 BRIDGE = {
@@ -264,6 +299,8 @@ def classify(out, cat):
             return f"tool failure: {structured.get('error', {}).get('message', '')[:80]}", ""
         return ALLOW, ""
     code, message = err["code"], err["message"]
+    if code == -32603 and (err.get("data") or {}).get("failure") == "cooldown":
+        return ALLOW, ""  # rotate_kek passed every check; the world's KEK is too young to rotate again
     if code == -32004:
         return TIER, message
     if code == -32003:
@@ -608,6 +645,62 @@ REST.update({
         "SoftwareLicensing", "Delete", lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, IN)}",
         also=(("Inventory", "Delete"), ("GuaranteedState", "Delete")))],
 })
+EP = "/api/v1/engine-principals"
+AR = "/api/v1/access-reviews"
+REST.update({
+    # governance (spec/governance.md): fleet-wide, so a Security grant held on one group does not reach it
+    ("api/v1/engine-principals", "GET"): [R("EnginePrincipal", "Read", lambda w, t, c, tok: EP)],
+    ("api/v1/engine-principals", "POST"): [R("Security", "Write", lambda w, t, c, tok: EP, ok=201, body=lambda w, t, c, tok: {
+        "slug": "matrix-new", "display_name": "m", "owner_username": "zed", "justification": "m",
+        "classification": "internal"}, compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/audit/no-admin", "GET"): [R("AuditLog", "Read", lambda w, t, c, tok: f"{EP}/audit/no-admin")],
+    ("api/v1/engine-principals/<str:principal_id>", "GET"): [R("EnginePrincipal", "Read",
+                                                               lambda w, t, c, tok: f"{EP}/engine:held")],
+    ("api/v1/engine-principals/<str:principal_id>", "DELETE"): [R("Security", "Write",
+                                                                  lambda w, t, c, tok: f"{EP}/engine:held",
+                                                                  compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/credentials", "POST"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:fresh/credentials", ok=201,
+        compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/credentials/rotate", "POST"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:held/credentials/rotate", ok=201,
+        compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/credentials/confirm", "POST"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:rot/credentials/confirm",
+        body=lambda w, t, c, tok: {"token_id": w.engine["successor"], "secret": w.engine["secret"]},
+        compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/transfer-owner", "POST"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:held/transfer-owner",
+        body=lambda w, t, c, tok: {"new_owner": c.username}, compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/roles", "GET"): [R("EnginePrincipal", "Read",
+                                                                     lambda w, t, c, tok: f"{EP}/engine:held/roles")],
+    ("api/v1/engine-principals/<str:principal_id>/roles", "POST"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:held/roles", ok=201,
+        body=lambda w, t, c, tok: {"role": "Approver"}, compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/engine-principals/<str:principal_id>/roles/<str:role>", "DELETE"): [R(
+        "Security", "Write", lambda w, t, c, tok: f"{EP}/engine:held/roles/Viewer", compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/access-reviews/export", "GET"): [R("AccessReview", "Read", lambda w, t, c, tok: f"{AR}/export"),
+                                              R("AccessReview", "Read", lambda w, t, c, tok: f"{AR}/export?format=csv",
+                                                label="csv")],
+    ("api/v1/access-reviews", "GET"): [R("AccessReview", "Read", lambda w, t, c, tok: AR)],
+    ("api/v1/access-reviews", "POST"): [R("AccessReview", "Attest", lambda w, t, c, tok: AR, ok=201,
+                                          body=lambda w, t, c, tok: {"title": "matrix"})],
+    ("api/v1/access-reviews/<str:campaign_id>", "GET"): [R("AccessReview", "Read",
+                                                          lambda w, t, c, tok: f"{AR}/{w.engine['campaign']}")],
+    ("api/v1/access-reviews/<str:campaign_id>/attestations", "POST"): [R(
+        "AccessReview", "Attest", lambda w, t, c, tok: f"{AR}/{w.engine['campaign']}/attestations",
+        body=lambda w, t, c, tok: {"principal_type": "user", "principal_id": "zed", "role_name": "Administrator",
+                                   "decision": "flagged_revoke"})],
+    ("api/v1/access-reviews/<str:campaign_id>/close", "POST"): [R(
+        "AccessReview", "Attest", lambda w, t, c, tok: f"{AR}/{w.engine['campaign']}/close")],
+    # an allowed rotation meets the world's minutes-old KEK: 429 (the rotation interval), after every check
+    ("api/v1/secrets/kek/rotate", "POST"): [R("Security", "Write", lambda w, t, c, tok: "/api/v1/secrets/kek/rotate",
+                                              ok=429, compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/secrets/kek/rewrap", "POST"): [R("Security", "Write", lambda w, t, c, tok: "/api/v1/secrets/kek/rewrap",
+                                              compound=SEC_WRITE_FLEET_WIDE)],
+    ("api/v1/secrets/kek/status", "GET"): [R("Security", "Read", lambda w, t, c, tok: "/api/v1/secrets/kek/status",
+                                             compound=fleet_wide("Security", "Read"))],
+})
 #: routes anyone may call, with or without a credential (probes, metrics, and the API's own description)
 PUBLIC = {("healthz", "GET"), ("readyz", "GET"), ("metrics", "GET"),
           ("api/v1/ca/root", "GET"), ("api/v1/ca/crl", "GET")}  # what agents and signers trust: public by design
@@ -695,6 +788,7 @@ def rest_outcome(r, row):
     return f"HTTP {r.status_code}"
 
 
+@pytest.mark.timeout(900)  # every route × 23 callers, and the OpenAPI document built per caller: minutes on a busy host
 def test_rest_matrix():
     routes = url_routes()
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]

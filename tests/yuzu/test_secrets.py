@@ -77,7 +77,11 @@ def test_a_missing_or_wrong_key_refuses_to_serve(settings):
     path.unlink()
     secrets.forget_keys()
     assert [p.split(":")[0] for p in secrets.problems()] == ["kek_unresolvable"]
-    path.write_bytes(key)
+    path.write_bytes(key)  # restored, but with the umask's mode: a key others can read is refused
+    secrets.forget_keys()
+    if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
+        assert [p.split(":")[0] for p in secrets.problems()] == ["kek_corrupt"]
+    os.chmod(path, 0o600)
     secrets.forget_keys()
     assert secrets.problems() == [] and secrets.unseal(blob, HERE) == b"x"
 

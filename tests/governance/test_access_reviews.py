@@ -1,0 +1,93 @@
+"""Access reviews (spec/governance.md §2): a campaign freezes the grant population, attestations overwrite and
+never touch the grant, closing applies the flagged revocations (audited), and the export verifies."""
+
+import csv
+import hashlib
+import io
+import json
+
+import pytest
+from django.test import Client
+
+from governance import reviews
+from yuzu.models import AuditEvent, RoleAssignment
+from yuzu.rbac import Principal
+
+pytestmark = pytest.mark.django_db
+
+
+def canonical_sha256(rows):
+    return hashlib.sha256(json.dumps(rows, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                          .encode()).hexdigest()
+
+
+def test_open_attest_close_export(make_user):
+    root = Principal(user=make_user("root", "Administrator"))
+    make_user("vic", "Viewer")
+    make_user("=cmd", "Operator")  # a name a spreadsheet would run
+    opened = reviews.open_access_review(root, "Q4 review")
+    assert opened["grant_count"] == 3
+    cid = opened["campaign_id"]
+    got = reviews.get_access_review(root, cid)
+    assert got["pending_count"] == 3 and {a["principal_id"] for a in got["attestations"]} == {"root", "vic", "=cmd"}
+    reviews.record_attestation(root, cid, "user", "vic", "Viewer", "attested")
+    reviews.record_attestation(root, cid, "user", "vic", "Viewer", "flagged_revoke", "left the team")  # overwrites
+    assert RoleAssignment.objects.filter(user__username="vic").exists()  # attesting never touches the grant
+    make_user("late", "Viewer")  # out of scope of the frozen population
+    with pytest.raises(Exception, match="grant not in campaign"):
+        reviews.record_attestation(root, cid, "user", "late", "Viewer", "attested")
+    assert reviews.close_access_review(root, cid) == {"closed": True, "revocations_applied": 1}
+    assert not RoleAssignment.objects.filter(user__username="vic").exists()
+    assert RoleAssignment.objects.filter(user__username="late").exists()
+    with pytest.raises(Exception, match="campaign is closed"):
+        reviews.record_attestation(root, cid, "user", "root", "Administrator", "attested")
+    with pytest.raises(Exception, match="campaign is closed"):
+        reviews.close_access_review(root, cid)
+    doc = reviews.export_access_review(root, cid)
+    assert doc["sha256"] == canonical_sha256(doc["rows"]) and doc["campaign"]["status"] == "closed"
+    assert {r["principal_id"]: r["decision"] for r in doc["rows"]}["vic"] == "flagged_revoke"
+    live = reviews.export_access_review(root)
+    assert live["sha256"] == canonical_sha256(live["rows"])
+    assert "vic" not in {r["principal_id"] for r in live["rows"]}
+    assert AuditEvent.objects.filter(action="role_assignment.revoke").count() == 1
+    assert {"access_review.campaign_opened", "access_review.flagged", "access_review.attested",
+            "access_review.closed", "access_review.exported"} <= set(AuditEvent.objects.values_list("action", flat=True))
+    listed = reviews.list_access_reviews(root)
+    assert listed["count"] == 1
+
+
+def test_rest_export_csv_is_injection_safe_and_verifiable(mint, make_user):
+    raw = mint("root", role="Administrator")
+    make_user("=cmd", "Operator")
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    r = c.get("/api/v1/access-reviews/export?format=csv")
+    assert r.status_code == 200 and r["Content-Type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(r.content.decode())))
+    assert rows[0][1] == "principal_id" and ["'=cmd"] == [row[1] for row in rows[1:-1] if "cmd" in row[1]]
+    js = c.get("/api/v1/access-reviews/export").json()["data"]
+    assert rows[-1] == [f"# sha256={js['sha256']}"] == [f"# sha256={r['X-Content-SHA256']}"]
+    assert c.get("/api/v1/access-reviews/export?format=xml").status_code == 400
+    r = c.post("/api/v1/access-reviews", {"title": "rest"}, content_type="application/json")
+    assert r.status_code == 201
+    cid = r.json()["data"]["campaign_id"]
+    assert c.post("/api/v1/access-reviews", {"title": ""}, content_type="application/json").status_code == 400
+    r = c.post(f"/api/v1/access-reviews/{cid}/attestations", {"principal_type": "user", "principal_id": "=cmd",
+                                                               "role_name": "Operator", "decision": "attested"},
+               content_type="application/json")
+    assert r.status_code == 200, r.content
+    assert c.post(f"/api/v1/access-reviews/{cid}/attestations", {"principal_type": "user", "principal_id": "x",
+                                                                  "role_name": "Operator", "decision": "maybe"},
+                  content_type="application/json").status_code == 400
+    assert c.get(f"/api/v1/access-reviews/{cid}").json()["data"]["pending_count"] == 1
+    assert c.get("/api/v1/access-reviews/not-a-uuid").status_code == 404
+    assert c.post(f"/api/v1/access-reviews/{cid}/close", {}, content_type="application/json").status_code == 200
+    assert c.get("/api/v1/access-reviews").json()["data"]["count"] == 1
+
+
+def test_reviewer_role_and_engine_callers(make_user, mint):
+    reviewer = Principal(user=make_user("rita", "Reviewer"))
+    assert reviews.open_access_review(reviewer, "by a reviewer")["grant_count"] == 1
+    viewer = Principal(user=make_user("vic", "Viewer"))
+    with pytest.raises(Exception, match="AccessReview:Attest"):
+        reviews.open_access_review(viewer, "no")
+    assert reviews.list_access_reviews(viewer)["count"] == 1  # Viewer reads every securable
