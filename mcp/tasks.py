@@ -1,11 +1,13 @@
 """The Tasks extension (``io.modelcontextprotocol/tasks``) for modern (2026-07-28) clients that declare it.
 
-A tool that declares ``TaskHooks`` (fleet executions) answers such a client with a ``CreateTaskResult`` instead
+A tool that declares ``TaskHooks`` (fleet executions, bundles) answers such a client with a ``CreateTaskResult`` instead
 of its receipt, once the whole pipeline has run and the work exists (knownness, read-only, scope, tier, schema,
 approval, RBAC, the dispatch, the audit row: the call itself is unchanged). ``tasks/get`` reads the work's state
 back through the tool's hooks with the caller's own permissions; ``tasks/cancel`` asks the app to cancel it (for
 an execution: no further dispatch to agents that have not started; dispatched work runs on); ``tasks/update``
-acknowledges (yuzu asks for no input once a task exists: an approval is settled before the work starts).
+acknowledges (yuzu asks for no input once a task exists: an approval is settled before the work starts). A
+bundle's task maps onto its steps' executions: working until every step has ended, tasks/cancel cancels each step
+still running.
 
 Task ids carry their own binding instead of a table: the work's id, the principal (token), the catalogue and the
 tool, signed with the server's key (Django's ``signing``, HMAC-SHA256, salted for this use) and valid for TASK_TTL.
@@ -68,6 +70,8 @@ def as_task(ctx: ToolContext, tool_name: object, result: JsonObject) -> JsonObje
 
 
 def _message(view: JsonObject) -> str:
+    if isinstance(view.get("expected"), int):  # a bundle: its steps
+        return f"{view.get('received') or 0}/{view['expected']} steps finished"
     done, total = view.get("agents_responded"), view.get("agents_targeted", view.get("agents_reached"))
     return f"{done or 0}/{total} agents responded" if isinstance(total, int) else str(view.get("status", ""))
 

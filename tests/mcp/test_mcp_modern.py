@@ -566,3 +566,62 @@ def test_batches_and_framing_errors_echo_nothing(token):
     assert r.status == 400 and r.error["code"] == -32600
     r = request(body=b"{not json", headers={"authorization": f"Bearer {token}", "mcp-protocol-version": V})
     assert r.status == 400 and r.error["code"] == -32700
+
+
+# --- the Tasks extension for bundles -------------------------------------------------------------------------
+
+BUNDLE = {"name": "execute_bundle", "arguments": {"agent_id": "a1", "steps": [
+    {"plugin": "os", "action": "info"}, {"plugin": "os", "action": "info"}]}}
+
+
+@pytest.fixture
+def bundle_task(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    r = modern(token, "tools/call", BUNDLE, capabilities=TASKS)
+    assert r.status == 200, r.body
+    return r.json()["result"]
+
+
+def test_bundle_as_a_task(token, bundle_task):
+    assert bundle_task["resultType"] == "task" and bundle_task["status"] == "working"
+    assert bundle_task["statusMessage"] == "0/2 steps finished"
+    assert Execution.objects.filter(bundle_id__startswith="bundle-").count() == 2
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "working" and got["statusMessage"] == "0/2 steps finished" and "result" not in got
+    Execution.objects.update(status="succeeded", agents_responded=1, agents_success=1)
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "completed"
+    structured = got["result"]["structuredContent"]
+    assert structured["complete"] is True and structured["expected"] == 2 and len(structured["steps"]) == 2
+
+
+def test_bundle_task_cancel_stops_dispatch_of_steps_not_started(token, bundle_task):
+    from fleet.models import AgentExecStatus  # deferred: only this test reads the per-agent rows
+    first, second = Execution.objects.order_by("bundle_step")
+    Execution.objects.filter(pk=first.pk).update(status="succeeded", agents_responded=1, agents_success=1)
+    AgentExecStatus.objects.filter(execution=first).update(status="success")
+    # the second step's dispatch still queued (the eager test dispatch already sent it: put it back)
+    AgentExecStatus.objects.filter(execution=second).update(status="pending", attempts=0, last_sent_at=None)
+    r = modern(token, "tasks/cancel", {"taskId": bundle_task["taskId"]}, capabilities=TASKS)
+    assert r.status == 200 and r.json()["result"]["resultType"] == "complete"
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == "succeeded" and second.status == "cancelled"  # the finished step is left alone
+    assert AgentExecStatus.objects.get(execution=second).error_detail == "cancelled before dispatch"
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "cancelled"
+    assert AuditEvent.objects.filter(principal="alice", action="bundle.cancel", result="success").exists()
+
+
+def test_another_principals_bundle_task_reads_like_an_unknown_one(token, bundle_task, mint):
+    other = mint("mallory", role="Operator", tier="operator")
+    for method in ("tasks/get", "tasks/cancel"):
+        r = modern(other, method, {"taskId": bundle_task["taskId"]}, capabilities=TASKS)
+        assert (r.status, r.error["code"], r.error["message"]) == (400, -32602, "Unknown task")
+    assert set(Execution.objects.values_list("status", flat=True)) == {"running"}
+
+
+def test_bundle_without_the_extension_answers_its_receipt(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    result = modern(token, "tools/call", BUNDLE).json()["result"]
+    assert result["resultType"] == "complete" and result["structuredContent"]["bundle_id"].startswith("bundle-")
