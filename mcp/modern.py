@@ -223,10 +223,17 @@ def handle(req: Request) -> Reply | Continuation | Listen:
         if method == "subscriptions/listen":
             MCP_REQUESTS.labels(method, "ok").inc()
             return Listen(principal, req_id, ctx.cid)
-        if method == "tools/call":
+        task_tool = tasks.tasked(req.catalogue, params.get("name")) if tasks.declared(capabilities) else None
+        if method == "tools/call" and task_tool is not None:
+            tasks.admit(ctx, task_tool)  # the token's cap on concurrent tasks, before the work exists
+            try:
+                result = mrtr.call_tool(ctx, req, params, capabilities, _call)
+                if isinstance(result, dict) and "resultType" not in result:
+                    result = tasks.as_task(ctx, params.get("name"), result)
+            finally:
+                tasks.release(ctx)  # not a task after all (refused, finished at once, input_required)
+        elif method == "tools/call":
             result = mrtr.call_tool(ctx, req, params, capabilities, _call)
-            if isinstance(result, dict) and tasks.declared(capabilities) and "resultType" not in result:
-                result = tasks.as_task(ctx, params.get("name"), result)
         elif method.startswith("tasks/"):
             if not tasks.declared(capabilities):
                 raise tasks.required(ctx, method)

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.core import signing
 
+from yuzu.audit import audit
 from yuzu.errors import YuzuError
 from yuzu.jsondata import JsonObject
 
@@ -28,12 +30,14 @@ from . import jsonrpc as rpc
 from .context import ToolContext
 from .pipeline import a4, as_rpc_error, tool_result
 from .registry import Tool, catalogue
+from .task_ledger import ledger
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 TASK_SALT = "yuzu.mcp.tasks"
 TASK_TTL_MS = 24 * 3600 * 1000  # an execution stays readable far longer; a task id is a day's handle on it
 POLL_INTERVAL_MS = 2000  # the poll floor of get_execution_status
 UNKNOWN = "Unknown task"
+TASK_CAP_RETRY_MS = 5000
 
 
 def declared(capabilities: JsonObject) -> bool:
@@ -51,6 +55,61 @@ def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+def tasked(cat_name: str, tool_name: object) -> Tool | None:
+    """The tool a tools/call names, when it may answer with a task."""
+    tool = catalogue(cat_name).tools.get(tool_name) if isinstance(tool_name, str) else None
+    return tool if tool is not None and tool.task is not None else None
+
+
+def cap() -> int:
+    return int(settings.YUZU_MCP_MAX_TASKS)
+
+
+def _member(tool: str, work_id: str) -> str:
+    return f"{tool}|{work_id}"
+
+
+def admit(ctx: ToolContext, tool: Tool) -> None:
+    """Before a call that may become a task runs: a slot under the token's cap on concurrent tasks, or the 429
+    (-32010, with Retry-After) having created nothing. At the cap, the token's tasks are re-read first and the
+    ended ones let go (a client that never polls its tasks to the end does not lock itself out)."""
+    book = ledger()
+    slot = book.reserve(ctx.principal.key, cap())
+    if slot is None:
+        _sweep(ctx)
+        slot = book.reserve(ctx.principal.key, cap())
+    if slot is None:
+        audit(ctx.principal, f"mcp.{tool.name}", "denied", target_type="mcp_tool", target_id=tool.name,
+              detail=f"task_cap limit={cap()}", correlation_id=ctx.cid)
+        raise rpc.RpcError(rpc.SESSION_CAP, f"too many tasks in progress for this token (at most {cap()})",
+                           a4(ctx.cid, TASK_CAP_RETRY_MS, "wait for a task to end (tasks/get, or notifications/tasks "
+                                                          "on subscriptions/listen) or cancel one (tasks/cancel), "
+                                                          "then retry", reason="task_cap", limit=cap()),
+                           http_status=429, headers={"Retry-After": str(TASK_CAP_RETRY_MS // 1000)})
+    ctx.extra["task_reservation"] = slot
+
+
+def release(ctx: ToolContext, tool: str | None = None, work_id: str | None = None) -> None:
+    """The call is over: its reservation becomes the task (``tool``/``work_id``) or is given back."""
+    slot = ctx.extra.pop("task_reservation", None)
+    if isinstance(slot, str):
+        member = _member(tool, work_id) if tool and work_id else None
+        ledger().settle(ctx.principal.key, slot, member, TASK_TTL_MS / 1000)
+
+
+def _sweep(ctx: ToolContext) -> None:
+    book = ledger()
+    for member in book.live(ctx.principal.key):
+        name, _, work_id = member.partition("|")
+        tool = tasked(ctx.catalogue, name)
+        try:
+            ended = tool is None or tool.task is None or tool.task.state(ctx, work_id)[0] != "working"
+        except YuzuError:
+            ended = True  # gone, or no longer visible to this token
+        if ended:
+            book.forget(ctx.principal.key, member)
+
+
 def as_task(ctx: ToolContext, tool_name: object, result: JsonObject) -> JsonObject:
     """A tools/call result for a client that declared tasks: a CreateTaskResult when the tool's work is still
     running, else the result itself (a finished or refused call is answered at once)."""
@@ -65,6 +124,7 @@ def as_task(ctx: ToolContext, tool_name: object, result: JsonObject) -> JsonObje
     task_id = signing.dumps({"i": work_id, "p": ctx.principal.key, "c": ctx.catalogue, "t": tool.name,
                              "at": created}, salt=TASK_SALT, compress=False)
     ctx.note(f"task {tool.task.id_field}={work_id}")
+    release(ctx, tool.name, work_id)
     return {"resultType": "task", "taskId": task_id, "status": "working", "statusMessage": _message(structured),
             "createdAt": created, "lastUpdatedAt": created, "ttlMs": TASK_TTL_MS, "pollIntervalMs": POLL_INTERVAL_MS}
 
@@ -104,6 +164,8 @@ def get(ctx: ToolContext, params: JsonObject) -> JsonObject:
                         "ttlMs": TASK_TTL_MS, "pollIntervalMs": POLL_INTERVAL_MS}
     if state == "completed":
         task["result"] = tool_result(view)
+    if state != "working":
+        ledger().forget(ctx.principal.key, _member(tool.name, work_id))
     return task
 
 

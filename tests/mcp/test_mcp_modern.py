@@ -625,3 +625,70 @@ def test_bundle_without_the_extension_answers_its_receipt(token):
     Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
     result = modern(token, "tools/call", BUNDLE).json()["result"]
     assert result["resultType"] == "complete" and result["structuredContent"]["bundle_id"].startswith("bundle-")
+
+
+# --- per-token caps: concurrent tasks, modern requests in flight ---------------------------------------------
+
+@pytest.fixture(autouse=True)
+def empty_task_ledger():
+    from mcp.task_ledger import ledger  # deferred: the process-wide store, emptied around each test
+    ledger().clear()
+    yield
+    ledger().clear()
+
+
+def test_task_cap_refuses_before_the_work_exists(token, mint):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    with override_settings(YUZU_MCP_MAX_TASKS=2):
+        first = modern(token, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]
+        assert modern(token, "tools/call", BUNDLE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+        before = Execution.objects.count()
+        r = modern(token, "tools/call", EXECUTE, capabilities=TASKS)
+        assert r.status == 429 and r.error["code"] == -32010 and r.headers["retry-after"] == "5"
+        assert r.error["data"]["reason"] == "task_cap" and r.error["data"]["limit"] == 2
+        assert r.error["data"]["retry_after_ms"] == 5000 and "tasks/cancel" in r.error["data"]["remediation"]
+        assert Execution.objects.count() == before  # nothing dispatched
+        assert AuditEvent.objects.filter(action="mcp.execute_instruction", result="denied",
+                                         detail__startswith="task_cap").count() == 1
+        # another token has its own cap; a client without the extension is not counted
+        other = mint("bob", role="Operator", tier="operator")
+        assert modern(other, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+        assert modern(token, "tools/call", EXECUTE).json()["result"]["resultType"] == "complete"
+        # a task that ends frees its slot (seen at the cap, without a tasks/get)
+        assert first["status"] == "working"
+        Execution.objects.filter(bundle_id="").update(status="succeeded")  # the first task's execution ends
+        again = modern(token, "tools/call", EXECUTE, capabilities=TASKS)
+        assert again.status == 200 and again.json()["result"]["resultType"] == "task", again.body
+
+
+def test_task_cap_slot_given_back_when_the_call_is_not_a_task(token):
+    with override_settings(YUZU_MCP_MAX_TASKS=1):
+        for _ in range(3):  # no agent reached: answered at once, never a task, never counted
+            r = modern(token, "tools/call", {**EXECUTE, "arguments": {**EXECUTE["arguments"], "agent_ids": ["none"]}},
+                       capabilities=TASKS)
+            assert r.json()["result"]["resultType"] == "complete"
+        r = modern(token, "tools/call", {"name": "execute_instruction", "arguments": {"plugin": 5}},
+                   capabilities=TASKS)
+        assert r.error["code"] == -32602
+        Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1",
+                             connected=True)
+        assert modern(token, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+
+
+def test_inflight_cap_per_token(token, mint):
+    from mcp import modern_transport  # deferred: its in-process budget is held here as a concurrent call would
+
+    key = modern_transport.credential_key({"authorization": f"Bearer {token}"})
+    with override_settings(YUZU_MCP_MODERN_INFLIGHT=1):
+        assert modern_transport.inflight.acquire(key, 1, modern_transport.INFLIGHT_GLOBAL) is None
+        try:
+            r = modern(token, "tools/list", rid="busy")
+            assert r.status == 429 and r.error["code"] == -32010 and r.json()["id"] == "busy"
+            assert r.error["data"]["reason"] == "inflight_cap" and r.headers["retry-after"] == "1"
+            other = mint("bob", role="Operator", tier="operator")
+            assert modern(other, "tools/list").status == 200  # per token
+        finally:
+            modern_transport.inflight.release(key)
+        assert modern(token, "tools/list").status == 200
+        assert modern(token, "tools/list").status == 200  # each answered request gave its slot back
+    assert key not in modern_transport.inflight.per_principal
