@@ -87,7 +87,7 @@ async def _serve(conn: Connection, msg: JsonObject, cat_name: str) -> Reply | No
         wanted = (msg.get("params") or {}).get("notifications")
         try:
             await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on(),
-                         wanted if isinstance(wanted, dict) else {}, cat_name)
+                         wanted if isinstance(wanted, dict) else {}, cat_name, outcome.tasks)
         except rpc.RpcError as err:
             return error_reply(outcome.request_id, err)
         return None

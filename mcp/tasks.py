@@ -183,3 +183,38 @@ def cancel(ctx: ToolContext, params: JsonObject) -> JsonObject:
 def update(ctx: ToolContext, params: JsonObject) -> JsonObject:
     _open(ctx, params)
     return {"resultType": "complete"}  # nothing to answer: input is asked for before a task exists
+
+
+# --- following tasks on subscriptions/listen ----------------------------------------------------------------
+
+MAX_FOLLOWED = 64  # task ids one listen stream may follow
+
+
+def followable(ctx: ToolContext, wanted: object) -> dict[str, list[str]]:
+    """The ``taskIds`` of a listen request's filter that this caller may follow → each one's channel-layer groups.
+    Anything else (not this token's, expired, forged, not a list) is left out of the acknowledgement, unanswered,
+    like every other notification type yuzu does not honour."""
+    out: dict[str, list[str]] = {}
+    if not isinstance(wanted, list):
+        return out
+    for task_id in wanted[:MAX_FOLLOWED]:
+        if not isinstance(task_id, str) or task_id in out:
+            continue
+        try:
+            tool, work_id, _ = _open(ctx, {"taskId": task_id})
+        except rpc.RpcError:
+            continue
+        if tool.task is not None and tool.task.groups is not None:
+            out[task_id] = tool.task.groups(work_id)
+    return out
+
+
+def notification(ctx: ToolContext, task_id: str) -> JsonObject | None:
+    """``notifications/tasks`` params for a followed task as it is now (the tasks/get shape), or None once the
+    caller may no longer read it."""
+    try:
+        task = get(ctx, {"taskId": task_id})
+    except rpc.RpcError:
+        return None
+    task.pop("resultType", None)
+    return task

@@ -182,6 +182,8 @@ def modern_post(port, token, rid, method, params=None, accept="application/json,
                "accept": accept}
     if method == "tools/call":
         headers["mcp-name"] = params["name"]
+    elif method.startswith("tasks/"):
+        headers["mcp-name"] = params["taskId"]
     return Http(port, "POST", path, headers=headers, body={"jsonrpc": "2.0", "id": rid, "method": method,
                                                            "params": params})
 
@@ -247,6 +249,47 @@ def test_listen_stream_acknowledges_beats_and_ends_on_revocation(fleet, mint):  
         "resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "L"}}}
     for m in more:
         m.drop()
+
+
+TASKS = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+
+def test_listen_stream_reports_a_tasks_status_until_it_ends(fleet, mint):  # noqa: F811
+    """Tasks on subscriptions/listen: the stream follows the caller's own task ids (another token's, or a forged
+    one, is left out of the acknowledgement), reports each as notifications/tasks when its execution moves, and
+    the last report of an ended task carries its result — no polling."""
+    server = fleet.server()
+    fleet.worker()
+    fleet.agents(server, [1, 2])
+    fleet.wait_connected()
+    token = mint("modern-tasks", role="Operator", tier="operator")
+    other = mint("modern-other", role="Operator", tier="operator")
+    created = modern_post(server.port, token, 1, "tools/call", {"name": "execute_instruction", "arguments": sleep_args(
+        'sleep "$YUZU_E2E_DELAY"; sleep 1'), "_meta": TASKS}).json()["result"]
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    foreign = modern_post(server.port, other, 2, "tools/call", {"name": "execute_instruction",
+                                                                "arguments": sleep_args(), "_meta": TASKS})
+    foreign_id = foreign.json()["result"]["taskId"]
+    r = modern_post(server.port, token, "L", "subscriptions/listen", {
+        "notifications": {"taskIds": [created["taskId"], foreign_id, "forged"]}, "_meta": TASKS})
+    assert r.is_sse
+    ack = r.until(lambda f: len(f) >= 1)[0]
+    assert ack["params"]["notifications"] == {"taskIds": [created["taskId"]]}
+    frames = r.until(lambda f: any(x.get("method") == "notifications/tasks" and x["params"]["status"] != "working"
+                                   for x in f), 40)
+    reports = [x["params"] for x in frames if x.get("method") == "notifications/tasks"]
+    assert all(t["taskId"] == created["taskId"] for t in reports), reports
+    assert all(t["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L" for t in reports)
+    assert reports[0]["status"] == "working" and reports[0]["statusMessage"].endswith("/2 agents responded")
+    assert reports[-1]["status"] == "completed" and reports[-1]["statusMessage"] == "2/2 agents responded"
+    assert reports[-1]["result"]["structuredContent"]["status"] == "succeeded"
+    assert len({t["statusMessage"] for t in reports}) == len(reports)  # a report only when something moved
+    # the ended task is no longer followed: the stream goes on with heartbeats only
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        r.pump(0.5)
+    assert len([x for x in r.frames() if x.get("method") == "notifications/tasks"]) == len(reports)
+    r.drop()
 
 
 @needs_tmux
