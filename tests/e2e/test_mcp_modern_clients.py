@@ -360,6 +360,28 @@ def test_closing_a_blocked_bridge_send_cancels_the_wait(bridge, mint):  # noqa: 
     assert turn.waiter_until is None and turn.active  # released; the worker's turn goes on
 
 
+@needs_tmux
+def test_a_new_turn_resent_after_a_dropped_stream_is_pasted_once(bridge, mint):  # noqa: F811
+    """A 2026-07-28 client re-sends a bridge_send (no turnId: a new turn) whose response dropped: the re-send waits
+    on the same turn; the worker's pane gets the message once."""
+    token = mint("alice", role="Operator")
+    port = urlsplit(bridge.bridge_url).port
+    sid = modern_post(port, token, 1, "tools/call", {"name": "bridge_spawn", "arguments": {"profile": "standin"}},
+                      path="/mcp/bridge/").json()["result"]["structuredContent"]["sessionId"]
+    args = {"content": "stall", "sessionId": sid, "timeoutMs": 60000}
+    sock = raw_send(port, token, "/mcp/bridge/", modern_body(2, "tools/call", {"name": "bridge_send",
+                                                                               "arguments": args}), "bridge_send")
+    turn = wait_until(lambda: BridgeTurn.objects.filter(waiter_until__isnull=False).first(), 10, what="the wait")
+    sock.close()
+    wait_until(lambda: BridgeTurn.objects.filter(pk=turn.pk, dropped_at__isnull=False).exists(), 10,
+               what="the drop")
+    again = modern_post(port, token, 3, "tools/call", {"name": "bridge_send", "arguments": {**args, "timeoutMs": 1500}},
+                        path="/mcp/bridge/").json()["result"]["structuredContent"]
+    assert again["outcome"] == "timeout" and again["turnId"] == turn.turn_id, again
+    assert BridgeTurn.objects.count() == 1 and turn.messages.count() == 1
+    assert AuditEvent.objects.filter(action="bridge.send", detail__startswith=f"resend turn={turn.turn_id}").exists()
+
+
 # --- the TypeScript client v2 (@modelcontextprotocol/client) in both eras ----------------------------------
 
 TS_ERAS = ROOT / "tests" / "ts-client" / "eras.mjs"
