@@ -692,3 +692,24 @@ def test_inflight_cap_per_token(token, mint):
         assert modern(token, "tools/list").status == 200
         assert modern(token, "tools/list").status == 200  # each answered request gave its slot back
     assert key not in modern_transport.inflight.per_principal
+
+
+# --- the decision: an unknown version inside a handshake-era session keeps -32009 (docs/mcp.md "Eras") --------
+
+def test_unknown_version_in_a_legacy_session_is_32009_and_outside_one_32022(token):
+    client = McpClient(token)
+    client.initialize()
+    inside = client.rpc("tools/list", headers={"mcp-protocol-version": "2099-01-01"})
+    assert inside.status == 400 and inside.error["code"] == -32009
+    assert inside.error["data"]["supported"] == ["2025-11-25", "2025-06-18"]  # what the session may use
+    outside = request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                      headers={"authorization": f"Bearer {token}", "mcp-protocol-version": "2099-01-01"})
+    assert outside.status == 400 and outside.error["code"] == -32022 and outside.error["data"]["supported"] == [V]
+    # a stray (unknown) session id does not make a modern request a legacy one, nor change its answer
+    stray = modern(token, "tools/list", headers={"mcp-session-id": "f" * 32})
+    assert stray.status == 200
+    with override_settings(YUZU_MCP_NO_STREAMING=True):  # no sessions at all: every unknown version is -32022
+        r = request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                    headers={"authorization": f"Bearer {token}", "mcp-protocol-version": "2099-01-01",
+                             "mcp-session-id": "f" * 32})
+        assert r.status == 400 and r.error["code"] == -32022
