@@ -41,7 +41,8 @@ from ..pipeline import hop, tool_result
 from ..registry import catalogue
 from .admission import admit_get, post_budget, release_get, release_record
 from .follower import Follower, spawn
-from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE, STREAMS_ACTIVE
+from .metrics import CLOSES, DROPPED, STREAMS_ACTIVE
+from .post_stream import PostStream
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, track, untrack
 from .stream import SSE_HEADERS, Connection, Message
 from .wake import channel_layer, listen_group
@@ -94,67 +95,40 @@ class _WireFollower(Follower):
             await self.writer(0, frame)
 
 
-class ModernPostStream:
-    """One modern streamed tools/call: its wire, its POST-budget lease, the follower feeding it."""
+class ModernPostStream(PostStream):
+    """One modern streamed tools/call: the handshake era's streamed POST (mcp.streaming.post_stream.PostStream —
+    its wire, its POST-budget lease, the follower feeding it, the tick) with the 2026-07-28 hooks: no ring and no
+    event ids, the result stamped, heartbeat comments, a last word that is always a JSON-RPC response, and a drop
+    that cancels the request (audited) but never the dispatched work."""
 
     def __init__(self, conn: Connection, ctx: ToolContext, key: str, spec: FollowSpec, stamp: Stamp) -> None:
-        self.conn, self.ctx, self.key, self.spec, self.stamp = conn, ctx, key, spec, stamp
-        self.wire_open = True
-        self.leased = True
+        self.stamp = stamp
         self.answered = False
-        POST_STREAMS_ACTIVE.inc()
-        track(self)
-        self.follower = _WireFollower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
-                                      mode="post", stream_tag="modern", writer=self.write_frame)
-        self.watch = CredentialWatch(ctx.principal, "")
+        super().__init__(conn, ctx, key, spec)
 
     @property
     def execution_id(self) -> object:
         return self.spec.meta.get("yuzu.execution_id")
 
-    async def write_frame(self, eid: int, obj: JsonObject) -> bool:
-        if not self.wire_open:
-            return False
+    def _follower(self) -> Follower:
+        return _WireFollower(key=self.key, request_id=self.ctx.request_id, token=self.ctx.progress_token,
+                             spec=self.spec, mode="post", stream_tag="modern", writer=self.write_frame)
+
+    def _watch(self) -> CredentialWatch:
+        return CredentialWatch(self.ctx.principal, "")
+
+    def _encode(self, eid: int, obj: JsonObject) -> bytes:
         if "result" in obj:
             obj = {**obj, "result": self.stamp(obj["result"])}
             self.answered = True
-        try:
-            await self.conn.send_body(frame(obj), more_body=True)
-            return True
-        except Exception:
-            self.wire_open = False
-            DROPPED.inc()
-            return False
+        return frame(obj)
 
-    async def _tick(self) -> bool:
-        if self.follower.closed is not None:
-            return False
-        reason = await self.watch.check()
-        if reason is not None:
-            self.follower.detach(reason)
-            return False
+    async def _beat(self) -> None:
         if self.wire_open:
             try:
                 await self.conn.send_body(HEARTBEAT, more_body=True)
             except Exception:
                 self.wire_open = False
-        return True
-
-    async def run(self) -> None:
-        ticker = every_tick(self._tick)
-        try:
-            try:
-                reason = await self.follower.run()
-            except Exception:
-                log.exception("modern streamed call failed after dispatch (%s)", self.ctx.cid)
-                reason = "internal_error"
-            if self.wire_open:
-                await self._last_word(reason)
-                CLOSES.labels(reason).inc()
-                await self._end()
-        finally:
-            ticker.cancel()
-            self._release_lease()
 
     async def _last_word(self, reason: str) -> None:
         """Never end without a response: the client would re-issue the call."""
@@ -177,58 +151,18 @@ class ModernPostStream:
         err = rpc.RpcError(code, message, {"correlation_id": correlation_id(), "execution_id": self.execution_id,
                                            "remediation": "the work continues: fetch it by execution_id with "
                                                           "get_execution_status; do not re-send this call"})
-        try:
-            await self.conn.send_body(frame(rpc.error_response(self.ctx.request_id, err)), more_body=True)
-        except Exception:
-            self.wire_open = False
+        await self.conn.send_body(frame(rpc.error_response(self.ctx.request_id, err)), more_body=True)
 
-    async def _end(self) -> None:
-        self.wire_open = False
-        try:
-            await self.conn.send_body(b"", more_body=False)
-        except Exception:
-            pass
-        if self.conn.stream is self:
-            self.conn.stream = None
-            self.conn.post({"type": "mcp.stopped"})
-
-    def _release_lease(self) -> None:
-        untrack(self)
-        if self.leased:
-            self.leased = False
-            post_budget.release(self.ctx.principal.key)
-            POST_STREAMS_ACTIVE.dec()
-
-    async def on_message(self, message: Message) -> None:
-        return None
-
-    async def gone(self) -> None:
-        """The client closed the response: that cancels the request — reporting stops, the drop is audited —
-        never the fleet work it dispatched."""
-        if self.wire_open:
-            self.wire_open = False
-            CLOSES.labels("client_disconnect").inc()
-            self.follower.detach("client_disconnect")
-            await hop(audit)(self.ctx.principal, f"mcp.{self.ctx.tool}", "cancelled", target_type="mcp_tool",
-                             target_id=self.ctx.tool, detail=f"client_disconnect execution_id={self.execution_id} "
-                                                             "(dispatched work continues)", correlation_id=self.ctx.cid)
-        self._release_lease()
-        if self.conn.stream is self:
-            self.conn.stream = None
-
-    async def shutdown(self) -> None:
-        if not self.wire_open:
-            return
+    async def _farewell(self) -> None:
         await self._last_word("server_stopping")
-        self.wire_open = False
-        CLOSES.labels("session_terminated").inc()
-        try:
-            await self.conn.send_body(b"", more_body=False)
-        except Exception:
-            pass
-        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
-        self._release_lease()
-        self.conn.stream = None
+
+    async def _dropped(self) -> None:
+        """Closing the response cancels the request — reporting stops, the drop is audited — never the fleet
+        work it dispatched."""
+        self.follower.detach("client_disconnect")
+        await hop(audit)(self.ctx.principal, f"mcp.{self.ctx.tool}", "cancelled", target_type="mcp_tool",
+                         target_id=self.ctx.tool, detail=f"client_disconnect execution_id={self.execution_id} "
+                                                         "(dispatched work continues)", correlation_id=self.ctx.cid)
 
 
 # --- subscriptions/listen ----------------------------------------------------------------------------------
