@@ -20,6 +20,7 @@ Invariants the methods below keep:
 
 import json
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -35,6 +36,7 @@ from .status import AgentStatus
 from .wakeups import ask_group, inbox_group, turn_group, wake_on_commit
 
 MAX_CONTENT_BYTES = 64 * 1024
+RESEND_WINDOW = timedelta(minutes=10)  # how long after a dropped wait the same message counts as its re-send
 #: The profile bridge_send falls back to when none is flagged default.
 FALLBACK_PROFILE_NAME = "claude-worker"
 
@@ -388,6 +390,10 @@ class Turn(models.Model):
     answer_seq = models.PositiveIntegerField(default=0)
     waiter_until = models.DateTimeField(null=True, blank=True)
     pending = models.JSONField(null=True, blank=True)
+    # Re-sends (a 2026-07-28 client re-sends a call whose response stream broke): when the primary's waiter went
+    # away with its client, and which of the worker's asks lost its waiter the same way.
+    dropped_at = models.DateTimeField(null=True, blank=True)
+    ask_dropped_seq = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
@@ -503,13 +509,22 @@ class Turn(models.Model):
         self.save(update_fields=["waiter_until", "state", "updated_at"])
         return {"outcome": "timeout", "turnId": self.turn_id, "sessionId": self.member.session_id}
 
-    def release_waiter(self):
-        """The waiter went away (its client disconnected, or its process died): a pending outcome moves
-        to the inbox, and so will later ones."""
+    def release_waiter(self, now=None):
+        """The waiter went away (its client disconnected): a pending outcome moves to the inbox, and so will
+        later ones. The drop is remembered: the client's re-send of the same message finds this turn again
+        (turns.prepare_send) instead of starting a second one."""
         if self.pending is not None:
             InboxItem.deliver(self.owner_key, self.pending)
-        self.pending, self.waiter_until = None, None
-        self.save(update_fields=["pending", "waiter_until"])
+        self.pending, self.waiter_until, self.dropped_at = None, None, now or timezone.now()
+        self.save(update_fields=["pending", "waiter_until", "dropped_at"])
+
+    def resent(self, content, now):
+        """Whether a new-turn bridge_send of ``content`` now is a re-send of this turn's own message: its waiter
+        dropped with its client within RESEND_WINDOW, and it was the same text."""
+        if self.dropped_at is None or self.dropped_at < now - RESEND_WINDOW or self.origin != Role.PRIMARY:
+            return False
+        first = self.messages.order_by("id").values_list("content", flat=True).first()
+        return first == content
 
     def ask_result(self, seq, final, now=None):
         """For the worker's bridge_ask number ``seq``: the answer, or how the turn ended; None to keep

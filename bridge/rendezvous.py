@@ -84,7 +84,14 @@ async def wait_turn(prepared, timeout_ms):
 async def wait_answer(turn_pk, turn_id, seq, timeout_ms):
     """The worker's bridge_ask wait: {answer} once the primary answers, else timeout/cancelled."""
     deadline = _deadline(timeout_ms)
-    return await _wait([ask_group(turn_id)], lambda final: turns.check_answer(turn_pk, seq, final), deadline)
+    try:
+        return await _wait([ask_group(turn_id)], lambda final: turns.check_answer(turn_pk, seq, final), deadline)
+    except asyncio.CancelledError:
+        # The worker's client went away: its re-send of this question gets the answer rather than asking again.
+        try:
+            await asyncio.shield(hop(turns.ask_dropped)(turn_pk, seq))
+        finally:
+            raise
 
 
 async def wait_inbox(key, limit, timeout_ms):

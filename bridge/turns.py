@@ -13,10 +13,14 @@ Invariants:
 * **A timeout never loses a reply.** A waiter gives up atomically (``take_outcome(final=True)``); an
   outcome after that goes to the inbox; an outcome stranded on a waiter whose process died is swept
   there (``sweep``). The inbox returns an item on every bridge_poll until bridge_ack.
-* **A question is answered once**: ``answer_seq`` catches up with ``ask_seq``; answering a turn with no
-  open question is ``no_question`` — except a re-send of the very answer it got (same turnId, same text): that
-  waits again on the turn, or returns its outcome if it has ended. A worker re-sending the question still open
-  waits for the same answer instead of asking twice. (A dropped response is re-sent by 2026-07-28 clients.)
+* **Re-sends are idempotent** (a 2026-07-28 client re-sends a call whose response stream broke, with a new
+  request id and the same arguments). A question is answered once: ``answer_seq`` catches up with
+  ``ask_seq``; answering a turn with no open question is ``no_question`` — except a re-send of the very answer
+  it got (same turnId, same text): that waits again on the turn, or returns its outcome if it has ended. A new
+  turn's message re-sent after its wait dropped with the client (same caller, same worker, same text, the
+  caller's last turn there, within RESEND_WINDOW) finds that turn again — it is never pasted twice. A worker
+  re-sending the question still open waits for the same answer instead of asking twice, and one re-sending a
+  question answered after its wait dropped gets that answer at once.
 * **Lock order: Member, then Turn** (bridge/models.py).
 """
 
@@ -99,6 +103,17 @@ def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True,
         m = Member.objects.select_for_update().get(pk=member.pk)
         if not m.live:
             raise BridgeFailure("worker_gone", f"worker {m.session_id} is gone ({m.stop_reason})")
+        last = (Turn.objects.select_for_update().filter(member=m, owner_key=caller.world_key)
+                .order_by("-id").first())
+        if last is not None and last.resent(content, now):
+            # The caller's last message to this worker, re-sent after its wait dropped with the client (a
+            # 2026-07-28 client re-sends a call whose stream broke): the same turn, never a second paste.
+            last.dropped_at = None
+            last.save(update_fields=["dropped_at"])
+            outcome = last.resume(deadline if wait else None, now)
+            audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
+                  detail=f"resend turn={last.turn_id} wait={wait}", correlation_id=cid)
+            return Prepared(last.pk, last.turn_id, m.session_id, wait, deadline, outcome)
         t = m.queue(content, owner_key=caller.world_key, deadline=deadline if wait else None)
         audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
               detail=f"turn={t.turn_id} wait={wait} bytes={len(content.encode('utf-8'))}", correlation_id=cid)
@@ -158,12 +173,27 @@ def prepare_ask(caller, content, *, cid=""):
             audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
                   detail=f"turn={t.turn_id} resend", correlation_id=cid)
             return t.pk, t.turn_id, t.ask_seq
+        if t is not None and t.active and t.question == content and t.ask_seq and t.ask_dropped_seq == t.ask_seq \
+                and t.answer_seq >= t.ask_seq:
+            # A re-send of a question answered after its wait dropped with the client: the answer it missed, at
+            # once — the question does not reach the primary twice.
+            t.ask_dropped_seq = 0
+            t.save(update_fields=["ask_dropped_seq"])
+            audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
+                  detail=f"turn={t.turn_id} resend answered", correlation_id=cid)
+            return t.pk, t.turn_id, t.ask_seq
         if t is None or not t.active:
             t = m.open_own_turn()
         mode = t.ask(content)
         audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
               detail=f"turn={t.turn_id} mode={mode}", correlation_id=cid)
     return t.pk, t.turn_id, t.ask_seq
+
+
+def ask_dropped(turn_pk, seq):
+    """The worker's bridge_ask wait went away with its client: remember which ask, so that its re-send gets the
+    answer (prepare_ask) rather than asking the primary again."""
+    Turn.objects.filter(pk=turn_pk, ask_seq=seq).update(ask_dropped_seq=seq)
 
 
 def check_answer(turn_pk, seq, final=False):

@@ -165,6 +165,14 @@ def bundle_detail(request, bundle_id):
     return ok(executions.bundle_result(p, bundle_id))
 
 
+@contract("POST", "Cancel a bundle: stop further dispatch of its steps (steps already sent keep running)")
+@api_view(["POST"])
+def bundle_cancel(request, bundle_id):
+    p = principal_of(request)
+    rbac.check(p, "Execution", "Execute", any_scope=True)
+    return ok(executions.cancel_bundle(p, bundle_id, cid=cid_of(request)))
+
+
 @contract("PUT", "Set a tag (pushed to the agent)", body=SET_TAG, response=tool_output("set_tag"))
 @contract("GET", "Tags of one agent (?agent_id=) or agents with a tag (?key=&value=)",
           response={"oneOf": [tool_output("get_tags"), tool_output("search_agents_by_tag")]},

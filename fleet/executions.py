@@ -451,10 +451,42 @@ def start_bundle(principal, *, agent_id=None, steps=None, cid="", plan=None):
             "status": "running" if reached else "no_agents_reached"}
 
 
-def bundle_result(principal, bundle_id):
-    exs = list(Execution.objects.filter(bundle_id=bundle_id).order_by("bundle_step")) if bundle_id else []
-    if not exs or not _may_manage(principal, exs[0], "Read"):
+def _bundle(principal, bundle_id, operation):
+    """A bundle's executions (step order) for a caller who may ``operation`` on it; NotFound otherwise."""
+    exs = list(Execution.objects.filter(bundle_id=bundle_id).order_by("bundle_step")) \
+        if isinstance(bundle_id, str) and bundle_id else []
+    if not exs or not _may_manage(principal, exs[0], operation):
         raise NotFound(f"Bundle not found: {bundle_id}")
+    return exs
+
+
+def bundle_executions(bundle_id):
+    """The execution ids of a bundle, in step order (no access check: for following their events)."""
+    return list(Execution.objects.filter(bundle_id=bundle_id).order_by("bundle_step").values_list("id", flat=True))
+
+
+def cancel_bundle(principal, bundle_id, cid=""):
+    """Cancel a bundle: every step still running stops dispatch (Execution.cancel: an agent that has not been
+    sent its step never is; a step already sent runs on, and its answer is still recorded)."""
+    exs = _bundle(principal, bundle_id, "Execute")
+    cancelled, withheld = 0, 0
+    for ex in exs:
+        if ex.is_terminal:
+            continue
+        now, held = ex.cancel(f"bundle cancelled by {principal.name}")
+        cancelled += now
+        withheld += held
+        if now:
+            events.publish(ex)
+    audit(principal, "bundle.cancel", "success" if cancelled else "failure", target_type="Bundle",
+          target_id=bundle_id, detail=f"steps={len(exs)} cancelled={cancelled} withheld={withheld}",
+          correlation_id=cid)
+    return {"bundle_id": bundle_id, "cancelled": bool(cancelled), "steps_cancelled": cancelled,
+            "agents_withheld": withheld, "execution_ids": [ex.id for ex in exs]}
+
+
+def bundle_result(principal, bundle_id):
+    exs = _bundle(principal, bundle_id, "Read")
     responses = {r.execution_id: r for r in Response.objects.filter(execution__in=exs)}
     agent = AgentExecStatus.objects.filter(execution__in=exs).values_list("agent_id", flat=True).first()
     steps = []

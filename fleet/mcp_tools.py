@@ -281,7 +281,22 @@ def _task_state(ctx, execution_id):
 
 
 EXECUTION_TASK = TaskHooks(id_field="execution_id", state=_task_state,
-                           cancel=lambda ctx, eid: executions.cancel_execution(ctx.principal, eid, cid=ctx.cid))
+                           cancel=lambda ctx, eid: executions.cancel_execution(ctx.principal, eid, cid=ctx.cid),
+                           groups=lambda eid: [events.execution_group(eid)])
+
+
+def _bundle_task_state(ctx, bundle_id):
+    """A bundle as a task: working until every step has ended; then cancelled if a step was cancelled (tasks/cancel
+    or the REST cancel), else completed with the collated result get_bundle_result returns."""
+    view = executions.bundle_result(ctx.principal, bundle_id)
+    if not view["complete"]:
+        return "working", view
+    return ("cancelled" if any(s["state"] == "cancelled" for s in view["steps"]) else "completed"), view
+
+
+BUNDLE_TASK = TaskHooks(id_field="bundle_id", state=_bundle_task_state,
+                        cancel=lambda ctx, bid: executions.cancel_bundle(ctx.principal, bid, cid=ctx.cid),
+                        groups=lambda bid: [events.execution_group(eid) for eid in executions.bundle_executions(bid)])
 
 
 @tool(name="execute_instruction", title="Execute an instruction", securable="Execution", operation="Execute",
@@ -381,6 +396,7 @@ STEP = obj({"plugin": string(128, minLength=1), "action": string(128, minLength=
 
 @tool(name="execute_bundle", title="Execute a bundle", securable="Execution", operation="Execute",
       effect="destructive", idempotent=False, service_scope="confined", object_permission=on_agent("agent_id"),
+      task=BUNDLE_TASK,
       prepare=lambda ctx, a, pinned=None: executions.plan_bundle(ctx.principal, agent_id=a["agent_id"],
                                                                  steps=a["steps"], pinned=pinned),
       description="Runs 1-32 steps (plugin, action, params) on ONE agent; returns bundle_id. Collect with "

@@ -34,6 +34,7 @@ class CallExtras(TypedDict, total=False):
     client: dict[str, str | None]  # the session's clientInfo: {"name", "version"} (shown to approvers; never trusted)
     progress_mode: str | None  # "post" (SSE on this response) | "get" (progress on the GET channel) | None
     admitted: str  # the ring key of a streamed POST admitted before the tool ran (mcp.streaming.admission)
+    task_reservation: str  # the slot under the token's task cap a call that may become a task holds (mcp.tasks)
 
 
 @dataclass

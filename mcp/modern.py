@@ -28,7 +28,7 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -95,6 +95,7 @@ class Listen:
     principal: rbac.Principal
     request_id: rpc.RequestId
     cid: str
+    tasks: dict[str, list[str]] = field(default_factory=dict)  # followed task id → its work's groups
 
 
 # --- which era ------------------------------------------------------------------------------------------
@@ -222,11 +223,21 @@ def handle(req: Request) -> Reply | Continuation | Listen:
                                                        f"{', '.join(MODERN_METHODS)}"))
         if method == "subscriptions/listen":
             MCP_REQUESTS.labels(method, "ok").inc()
-            return Listen(principal, req_id, ctx.cid)
-        if method == "tools/call":
+            wanted = params.get("notifications")
+            followed = tasks.followable(ctx, wanted.get("taskIds")) \
+                if isinstance(wanted, dict) and tasks.declared(capabilities) else {}
+            return Listen(principal, req_id, ctx.cid, followed)
+        task_tool = tasks.tasked(req.catalogue, params.get("name")) if tasks.declared(capabilities) else None
+        if method == "tools/call" and task_tool is not None:
+            tasks.admit(ctx, task_tool)  # the token's cap on concurrent tasks, before the work exists
+            try:
+                result = mrtr.call_tool(ctx, req, params, capabilities, _call)
+                if isinstance(result, dict) and "resultType" not in result:
+                    result = tasks.as_task(ctx, params.get("name"), result)
+            finally:
+                tasks.release(ctx)  # not a task after all (refused, finished at once, input_required)
+        elif method == "tools/call":
             result = mrtr.call_tool(ctx, req, params, capabilities, _call)
-            if isinstance(result, dict) and tasks.declared(capabilities) and "resultType" not in result:
-                result = tasks.as_task(ctx, params.get("name"), result)
         elif method.startswith("tasks/"):
             if not tasks.declared(capabilities):
                 raise tasks.required(ctx, method)

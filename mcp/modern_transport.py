@@ -6,25 +6,54 @@ subscriptions/listen stream (mcp.streaming.modern). mcp.transport calls ``serve`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import cast
 
+from django.conf import settings
 from django.http import parse_cookie
 
 from yuzu.audit import audit
-from yuzu.errors import YuzuError
+from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_REQUESTS
 
 from . import jsonrpc as rpc
 from .modern import Listen, handle, ladder, modern_error, stamp, streamed
-from .pipeline import finish, hop, internal_error
+from .pipeline import a4, finish, hop, internal_error
 from .registry import AsyncHandler, ToolFailure, catalogue
 from .server import Continuation, Reply, Request, error_reply, streaming_on
-from .streaming.admission import release_modern_post
+from .streaming.admission import Budget, reject, release_modern_post
 from .streaming.modern import listen, respond_streamed
 from .streaming.stream import Connection
+
+#: modern requests in flight per token, in this process: no session caps them, so this does (429 -32010). A
+#: streamed call or a listen stream counts here only until its stream takes over (the stream budgets count it then);
+#: an async tool (the bridge's blocking waits) counts for as long as it blocks.
+inflight = Budget()
+INFLIGHT_GLOBAL = 1 << 30  # no process-wide cap of its own: the ASGI server's limits apply
+INFLIGHT_RETRY_MS = 1000
+
+
+def credential_key(headers: Mapping[str, str]) -> str | None:
+    """Which token a request presents (a digest of its credential headers), before authenticating it; None
+    without credentials (that request is answered 401 at once, and counted nowhere)."""
+    parts = [headers.get("authorization", ""), headers.get("x-yuzu-token", ""),
+             parse_cookie(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME, "")]
+    if not any(parts):
+        return None
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _too_many(msg: JsonObject) -> Reply:
+    reject("modern_inflight_cap")
+    limit = settings.YUZU_MCP_MODERN_INFLIGHT
+    return error_reply(msg.get("id"), rpc.RpcError(
+        rpc.SESSION_CAP, f"too many requests in flight for this token (at most {limit} at once)",
+        a4(correlation_id(), INFLIGHT_RETRY_MS, "wait for an answer before sending more, then retry",
+           reason="inflight_cap", limit=limit),
+        http_status=429, headers={"Retry-After": str(max(1, INFLIGHT_RETRY_MS // 1000))}))
 
 
 async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: Iterable[tuple[bytes, bytes]]) -> Reply | None:
@@ -38,6 +67,17 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
         ladder(msg, conn.headers, raw_headers)
     except rpc.RpcError as err:
         return error_reply(msg.get("id"), err)
+    key = credential_key(conn.headers)
+    if key is not None and inflight.acquire(key, settings.YUZU_MCP_MODERN_INFLIGHT, INFLIGHT_GLOBAL) is not None:
+        return _too_many(msg)
+    try:
+        return await _serve(conn, msg, cat_name)
+    finally:
+        if key is not None:
+            inflight.release(key)
+
+
+async def _serve(conn: Connection, msg: JsonObject, cat_name: str) -> Reply | None:
     mode = "modern" if streamed(conn.headers, msg, cat_name) else None
     req = Request(http_method="POST", headers=conn.headers, cookies=parse_cookie(conn.headers.get("cookie", "")),
                   catalogue=cat_name, msg=msg, progress_mode=mode)
@@ -47,7 +87,7 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
         wanted = (msg.get("params") or {}).get("notifications")
         try:
             await listen(conn, outcome.principal, outcome.request_id, meta, streaming_on(),
-                         wanted if isinstance(wanted, dict) else {}, cat_name)
+                         wanted if isinstance(wanted, dict) else {}, cat_name, outcome.tasks)
         except rpc.RpcError as err:
             return error_reply(outcome.request_id, err)
         return None

@@ -70,11 +70,14 @@ class TaskHooks:
     """How a tool's long-running work is read back as a task (the 2026-07-28 Tasks extension, mcp.tasks):
     ``id_field`` names the work's id in the tool's result; ``state(ctx, id)`` → ("working" | "completed" |
     "cancelled", the structured result a status read returns) and ``cancel(ctx, id)`` run with the caller's own
-    permissions (each raises yuzu.errors.YuzuError — e.g. not found — for work the caller may not see)."""
+    permissions; ``groups(id)`` names the channel-layer groups announcing its changes (each raises yuzu.errors.YuzuError — e.g. not found — for work the caller may not see)."""
 
     id_field: str
     state: Callable[[ToolContext, str], tuple[str, JsonObject]]
     cancel: Callable[[ToolContext, str], object]
+    #: groups(id) → the channel-layer groups announcing the work's changes (a subscriptions/listen stream that
+    #: follows the task joins them and re-reads ``state`` on each announcement)
+    groups: Callable[[str], list[str]] | None = None
 
 
 class Prepare(Protocol):

@@ -311,17 +311,21 @@ YUZU_MCP_NO_STREAMING = env_flag("YUZU_MCP_NO_STREAMING")
 YUZU_MCP_STREAMED_POST = env_flag("YUZU_MCP_STREAMED_POST", True)
 
 
-def _max_streams(default: int = 1024) -> int:
+def _max_streams(default: int = 1024, name: str = "YUZU_MCP_MAX_STREAMS") -> int:
     """Held-open GET streams per process (docs/streaming.md): refused past it, never evicted."""
-    raw = os.environ.get("YUZU_MCP_MAX_STREAMS", "").strip()
+    raw = os.environ.get(name, "").strip()
     try:
         return max(1, int(raw)) if raw else default
     except ValueError:
-        logging.getLogger("yuzu.mcp").warning("YUZU_MCP_MAX_STREAMS=%r is not an integer; using %d", raw, default)
+        logging.getLogger("yuzu.mcp").warning("%s=%r is not an integer; using %d", name, raw, default)
         return default
 
 
 YUZU_MCP_MAX_STREAMS = _max_streams()
+# 2026-07-28 requests (docs/mcp.md "Eras"): tasks a token may hold in progress at once (every process), and
+# modern requests a token may have in flight at once in one server process; past either, 429 -32010.
+YUZU_MCP_MAX_TASKS = _max_streams(32, "YUZU_MCP_MAX_TASKS")
+YUZU_MCP_MODERN_INFLIGHT = _max_streams(16, "YUZU_MCP_MODERN_INFLIGHT")
 # A removed test-only switch that made unauthenticated MCP calls act as a user. A server started with it set
 # refuses to start rather than leave anyone believing it still does something (the conformance test now
 # reaches daphne through a proxy that adds a token: tests/support/auth_proxy.py).

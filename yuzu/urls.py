@@ -36,6 +36,7 @@ api_v1 = [
     path("executions/<str:execution_id>/aggregate", fleet_api.execution_aggregate),
     path("bundles", fleet_api.bundles_view),
     path("bundles/<str:bundle_id>", fleet_api.bundle_detail),
+    path("bundles/<str:bundle_id>/cancel", fleet_api.bundle_cancel),
     path("tags", fleet_api.tags_view),
     path("tags/<str:agent_id>/<str:key>", fleet_api.tag_detail),
     path("inventory", fleet_api.inventory_view),

@@ -9,8 +9,10 @@ No session, no ring, no event ids, no resumption: a frame is written to the resp
   execution's state so far (``still_running``: poll get_execution_status); on a revoked credential or a
   stopping server, an error naming ``execution_id``. The client closing the response cancels the *request*:
   reporting stops and the drop is audited, but fleet work already dispatched continues.
-- **subscriptions/listen**: the acknowledgement first (honouring ``toolsListChanged`` only), then
-  ``notifications/tools/list_changed`` when a role change alters what the token is listed, a heartbeat comment on
+- **subscriptions/listen**: the acknowledgement first (honouring ``toolsListChanged``, and ``taskIds`` — the
+  caller's own tasks — for a client that declares the tasks extension), then
+  ``notifications/tools/list_changed`` when a role change alters what the token is listed,
+  ``notifications/tasks`` (the tasks/get shape) when a followed task's work moves, a heartbeat comment on
   every tick (the credential re-validated each time), and a graceful ``{"resultType": "complete"}`` result when the
   server ends it (revocation, shutdown). It counts against the GET stream budget (4 per principal; 429 ``-32012``).
 """
@@ -31,6 +33,7 @@ from yuzu.jsondata import JsonObject
 from yuzu.rbac import Principal
 
 from .. import jsonrpc as rpc
+from .. import tasks
 from ..context import FollowSpec, ToolContext
 from ..jsonrpc import RequestId
 from ..listing import fingerprint, tools_for
@@ -38,7 +41,8 @@ from ..pipeline import hop, tool_result
 from ..registry import catalogue
 from .admission import admit_get, post_budget, release_get, release_record
 from .follower import Follower, spawn
-from .metrics import CLOSES, DROPPED, POST_STREAMS_ACTIVE, STREAMS_ACTIVE
+from .metrics import CLOSES, DROPPED, STREAMS_ACTIVE
+from .post_stream import PostStream
 from .shutdown import SHUTDOWN_FLUSH_SECONDS, track, untrack
 from .stream import SSE_HEADERS, Connection, Message
 from .wake import channel_layer, listen_group
@@ -91,67 +95,40 @@ class _WireFollower(Follower):
             await self.writer(0, frame)
 
 
-class ModernPostStream:
-    """One modern streamed tools/call: its wire, its POST-budget lease, the follower feeding it."""
+class ModernPostStream(PostStream):
+    """One modern streamed tools/call: the handshake era's streamed POST (mcp.streaming.post_stream.PostStream —
+    its wire, its POST-budget lease, the follower feeding it, the tick) with the 2026-07-28 hooks: no ring and no
+    event ids, the result stamped, heartbeat comments, a last word that is always a JSON-RPC response, and a drop
+    that cancels the request (audited) but never the dispatched work."""
 
     def __init__(self, conn: Connection, ctx: ToolContext, key: str, spec: FollowSpec, stamp: Stamp) -> None:
-        self.conn, self.ctx, self.key, self.spec, self.stamp = conn, ctx, key, spec, stamp
-        self.wire_open = True
-        self.leased = True
+        self.stamp = stamp
         self.answered = False
-        POST_STREAMS_ACTIVE.inc()
-        track(self)
-        self.follower = _WireFollower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
-                                      mode="post", stream_tag="modern", writer=self.write_frame)
-        self.watch = CredentialWatch(ctx.principal, "")
+        super().__init__(conn, ctx, key, spec)
 
     @property
     def execution_id(self) -> object:
         return self.spec.meta.get("yuzu.execution_id")
 
-    async def write_frame(self, eid: int, obj: JsonObject) -> bool:
-        if not self.wire_open:
-            return False
+    def _follower(self) -> Follower:
+        return _WireFollower(key=self.key, request_id=self.ctx.request_id, token=self.ctx.progress_token,
+                             spec=self.spec, mode="post", stream_tag="modern", writer=self.write_frame)
+
+    def _watch(self) -> CredentialWatch:
+        return CredentialWatch(self.ctx.principal, "")
+
+    def _encode(self, eid: int, obj: JsonObject) -> bytes:
         if "result" in obj:
             obj = {**obj, "result": self.stamp(obj["result"])}
             self.answered = True
-        try:
-            await self.conn.send_body(frame(obj), more_body=True)
-            return True
-        except Exception:
-            self.wire_open = False
-            DROPPED.inc()
-            return False
+        return frame(obj)
 
-    async def _tick(self) -> bool:
-        if self.follower.closed is not None:
-            return False
-        reason = await self.watch.check()
-        if reason is not None:
-            self.follower.detach(reason)
-            return False
+    async def _beat(self) -> None:
         if self.wire_open:
             try:
                 await self.conn.send_body(HEARTBEAT, more_body=True)
             except Exception:
                 self.wire_open = False
-        return True
-
-    async def run(self) -> None:
-        ticker = every_tick(self._tick)
-        try:
-            try:
-                reason = await self.follower.run()
-            except Exception:
-                log.exception("modern streamed call failed after dispatch (%s)", self.ctx.cid)
-                reason = "internal_error"
-            if self.wire_open:
-                await self._last_word(reason)
-                CLOSES.labels(reason).inc()
-                await self._end()
-        finally:
-            ticker.cancel()
-            self._release_lease()
 
     async def _last_word(self, reason: str) -> None:
         """Never end without a response: the client would re-issue the call."""
@@ -174,78 +151,43 @@ class ModernPostStream:
         err = rpc.RpcError(code, message, {"correlation_id": correlation_id(), "execution_id": self.execution_id,
                                            "remediation": "the work continues: fetch it by execution_id with "
                                                           "get_execution_status; do not re-send this call"})
-        try:
-            await self.conn.send_body(frame(rpc.error_response(self.ctx.request_id, err)), more_body=True)
-        except Exception:
-            self.wire_open = False
+        await self.conn.send_body(frame(rpc.error_response(self.ctx.request_id, err)), more_body=True)
 
-    async def _end(self) -> None:
-        self.wire_open = False
-        try:
-            await self.conn.send_body(b"", more_body=False)
-        except Exception:
-            pass
-        if self.conn.stream is self:
-            self.conn.stream = None
-            self.conn.post({"type": "mcp.stopped"})
-
-    def _release_lease(self) -> None:
-        untrack(self)
-        if self.leased:
-            self.leased = False
-            post_budget.release(self.ctx.principal.key)
-            POST_STREAMS_ACTIVE.dec()
-
-    async def on_message(self, message: Message) -> None:
-        return None
-
-    async def gone(self) -> None:
-        """The client closed the response: that cancels the request — reporting stops, the drop is audited —
-        never the fleet work it dispatched."""
-        if self.wire_open:
-            self.wire_open = False
-            CLOSES.labels("client_disconnect").inc()
-            self.follower.detach("client_disconnect")
-            await hop(audit)(self.ctx.principal, f"mcp.{self.ctx.tool}", "cancelled", target_type="mcp_tool",
-                             target_id=self.ctx.tool, detail=f"client_disconnect execution_id={self.execution_id} "
-                                                             "(dispatched work continues)", correlation_id=self.ctx.cid)
-        self._release_lease()
-        if self.conn.stream is self:
-            self.conn.stream = None
-
-    async def shutdown(self) -> None:
-        if not self.wire_open:
-            return
+    async def _farewell(self) -> None:
         await self._last_word("server_stopping")
-        self.wire_open = False
-        CLOSES.labels("session_terminated").inc()
-        try:
-            await self.conn.send_body(b"", more_body=False)
-        except Exception:
-            pass
-        await asyncio.sleep(SHUTDOWN_FLUSH_SECONDS)
-        self._release_lease()
-        self.conn.stream = None
+
+    async def _dropped(self) -> None:
+        """Closing the response cancels the request — reporting stops, the drop is audited — never the fleet
+        work it dispatched."""
+        self.follower.detach("client_disconnect")
+        await hop(audit)(self.ctx.principal, f"mcp.{self.ctx.tool}", "cancelled", target_type="mcp_tool",
+                         target_id=self.ctx.tool, detail=f"client_disconnect execution_id={self.execution_id} "
+                                                         "(dispatched work continues)", correlation_id=self.ctx.cid)
 
 
 # --- subscriptions/listen ----------------------------------------------------------------------------------
 
 async def listen(conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
-                 streaming: bool, wanted: JsonObject, cat_name: str) -> None:
+                 streaming: bool, wanted: JsonObject, cat_name: str,
+                 followed: dict[str, list[str]] | None = None) -> None:
     """Open a listen stream on ``conn``, or raise the refusal (406 without an SSE Accept, 429 at the cap).
-    ``wanted``: the request's ``notifications`` filter."""
+    ``wanted``: the request's ``notifications`` filter; ``followed``: the task ids of it this caller may follow
+    (mcp.tasks.followable), each with its work's channel-layer groups."""
     ranges = [part.split(";")[0].strip().lower() for part in conn.headers.get("accept", "").split(",")]
     if "text/event-stream" not in ranges:
         raise rpc.RpcError(rpc.NOT_ACCEPTABLE, "Not Acceptable: subscriptions/listen needs Accept: text/event-stream",
                            http_status=406)
     admit_get(principal.key, handover_pending=False)
     stream = ListenStream(conn, principal, request_id, meta, cat_name,
-                          tools_changed=wanted.get("toolsListChanged") is True and streaming)
+                          tools_changed=wanted.get("toolsListChanged") is True and streaming,
+                          followed=followed if streaming else None)
     try:
-        if stream.tools_changed:
+        if stream.tools_changed or stream.followed:
             await stream.subscribe()
         await conn.send_headers(status=200, headers=SSE_HEADERS + [(b"x-correlation-id", correlation_id().encode())])
         await conn.send_body(frame(stream.acknowledgement()), more_body=True)
+        for task_id in list(stream.followed):  # where each task stands now: an end before this stream opened too
+            await stream.task_changed(task_id)
     except Exception:
         await stream.unsubscribe()
         stream.release()
@@ -263,15 +205,26 @@ def _listed(principal: Principal, cat_name: str) -> str:
     return fingerprint(cat_name, tools_for(fresh, catalogue(cat_name))) if fresh is not None else ""
 
 
+def _task_notification(principal: Principal, cat_name: str, task_id: str) -> JsonObject | None:
+    return tasks.notification(ToolContext(principal=principal, cid=correlation_id(), catalogue=cat_name), task_id)
+
+
 class ListenStream:
-    """One subscriptions/listen response: ``toolsListChanged`` is the one notification yuzu honours (a role
-    change that alters what the token is listed); every other type is left out of the acknowledgement and
+    """One subscriptions/listen response. Honoured: ``toolsListChanged`` (a role change that alters what the
+    token is listed) and, for a client that declares the tasks extension, ``taskIds`` — the caller's own tasks,
+    each reported as ``notifications/tasks`` (the tasks/get shape) when it is followed and whenever its work
+    announces a change of state or count, until it ends. Every other type is left out of the acknowledgement and
     never sent. Heartbeats carry it until it ends."""
 
     def __init__(self, conn: Connection, principal: Principal, request_id: RequestId, meta: JsonObject,
-                 cat_name: str = "v1", tools_changed: bool = False) -> None:
+                 cat_name: str = "v1", tools_changed: bool = False,
+                 followed: dict[str, list[str]] | None = None) -> None:
         self.conn, self.principal, self.request_id, self.meta = conn, principal, request_id, meta
         self.cat_name, self.tools_changed = cat_name, tools_changed
+        self.followed: dict[str, list[str]] = dict(followed or {})  # task id → its work's groups (while live)
+        self.acknowledged_tasks = list(self.followed)
+        self.task_seen: dict[str, tuple[object, object]] = {}  # task id → (status, statusMessage) last sent
+        self.rechecking = self.recheck_again = False
         self.open = True
         self.leased = True
         self.ticker: asyncio.Future[None] | None = None
@@ -283,24 +236,83 @@ class ListenStream:
         track(self)
 
     def acknowledgement(self) -> JsonObject:
-        honoured = {"toolsListChanged": True} if self.tools_changed else {}
+        honoured: JsonObject = {"toolsListChanged": True} if self.tools_changed else {}
+        if self.acknowledged_tasks:
+            honoured["taskIds"] = list(self.acknowledged_tasks)
         return {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
                 "params": {"notifications": honoured, "_meta": dict(self.meta)}}
 
     async def subscribe(self) -> None:
-        """Join the user's listen group (role changes, in any process) and remember what the token is listed."""
-        self.listed = await hop(_listed)(self.principal, self.cat_name)
+        """Join the user's listen group (role changes, in any process) and remember what the token is listed;
+        join the groups of the followed tasks' work."""
         self.layer = channel_layer()
         self.channel = await self.layer.new_channel()
-        self.conn.listen(functools.partial(self.layer.receive, self.channel))
-        await self.layer.group_add(listen_group(self.principal.user.pk), self.channel)
+        self.conn.listen(functools.partial(self._receive, self.layer, self.channel))
+        if self.tools_changed:
+            self.listed = await hop(_listed)(self.principal, self.cat_name)
+            await self.layer.group_add(listen_group(self.principal.user.pk), self.channel)
+        for group in {g for groups in self.followed.values() for g in groups}:
+            await self.layer.group_add(group, self.channel)
+
+    @staticmethod
+    async def _receive(layer: BaseChannelLayer, channel: str) -> Message:
+        """The next message of this stream's channel, for the connection's dispatch loop (which hands a stream
+        ``mcp.*`` messages only): an app's announcement on a followed task's group is one ``mcp.task_event``."""
+        message = await layer.receive(channel)
+        return message if str(message.get("type", "")).startswith("mcp.") else {"type": "mcp.task_event"}
 
     async def unsubscribe(self) -> None:
         if self.layer is not None and self.channel is not None:
             channel, self.channel = self.channel, None
-            await self.layer.group_discard(listen_group(self.principal.user.pk), channel)
+            if self.tools_changed:
+                await self.layer.group_discard(listen_group(self.principal.user.pk), channel)
+            for group in {g for groups in self.followed.values() for g in groups}:
+                await self.layer.group_discard(group, channel)
+
+    async def tasks_changed(self) -> None:
+        """Re-read the followed tasks; announcements arriving meanwhile fold into one more pass."""
+        if self.rechecking:
+            self.recheck_again = True
+            return
+        self.rechecking = True
+        try:
+            while True:
+                self.recheck_again = False
+                for task_id in list(self.followed):
+                    await self.task_changed(task_id)
+                if not self.recheck_again:
+                    return
+        finally:
+            self.rechecking = False
+
+    async def task_changed(self, task_id: str) -> None:
+        """Report a followed task if its status or message moved; stop following it once it has ended (or the
+        caller may no longer read it)."""
+        if not self.open or task_id not in self.followed:
+            return
+        task = await hop(_task_notification)(self.principal, self.cat_name, task_id)
+        if task is None or task.get("status") != "working":
+            groups = self.followed.pop(task_id)
+            still = {g for gs in self.followed.values() for g in gs}
+            if self.layer is not None and self.channel is not None:
+                for group in set(groups) - still:
+                    await self.layer.group_discard(group, self.channel)
+        if task is None:
+            return
+        seen = (task.get("status"), task.get("statusMessage"))
+        if self.task_seen.get(task_id) == seen:
+            return
+        self.task_seen[task_id] = seen
+        try:
+            await self.conn.send_body(frame({"jsonrpc": "2.0", "method": "notifications/tasks",
+                                             "params": {**task, "_meta": dict(self.meta)}}), more_body=True)
+        except Exception:
+            self.open = False
 
     async def on_message(self, message: Message) -> None:
+        if message.get("type") == "mcp.task_event":  # an announcement on a followed task's group
+            await self.tasks_changed()
+            return
         if message.get("type") != "mcp.rbac_changed" or not self.open or not self.tools_changed:
             return
         try:

@@ -66,7 +66,9 @@ async def respond(conn: Connection, reply: Reply, ctx: ToolContext) -> Reply | N
 
 
 class PostStream:
-    """One streamed POST response: its wire, its lease on the POST budget, and the follower feeding it."""
+    """One streamed POST response: its wire, its lease on the POST budget, and the follower feeding it. This is the
+    handshake era's; a 2026-07-28 request's (mcp.streaming.modern.ModernPostStream) is the same stream with the
+    era's hooks overridden — how a frame is written, what a tick adds, the last word, and what a drop means."""
 
     def __init__(self, conn: Connection, ctx: ToolContext, key: str, spec: FollowSpec) -> None:
         self.conn, self.ctx, self.key, self.spec = conn, ctx, key, spec
@@ -74,15 +76,47 @@ class PostStream:
         self.leased = True
         POST_STREAMS_ACTIVE.inc()
         track(self)
-        self.follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec,
-                                 mode="post", stream_tag=f"post:{ctx.request_id}", writer=self.write_frame)
-        self.watch = CredentialWatch(ctx.principal, ctx.session_id or "", wake=lambda: asyncio.ensure_future(self._tick()))
+        self.follower = self._follower()
+        self.watch = self._watch()
+
+    # --- the era's hooks (the handshake era's here) ----------------------------------------------------------
+
+    def _follower(self) -> Follower:
+        """Every frame committed to the session's ring first (a GET resume with Last-Event-ID finds it)."""
+        return Follower(key=self.key, request_id=self.ctx.request_id, token=self.ctx.progress_token, spec=self.spec,
+                        mode="post", stream_tag=f"post:{self.ctx.request_id}", writer=self.write_frame)
+
+    def _watch(self) -> CredentialWatch:
+        return CredentialWatch(self.ctx.principal, self.ctx.session_id or "",
+                               wake=lambda: asyncio.ensure_future(self._tick()))
+
+    def _encode(self, eid: int, frame: JsonObject) -> bytes:
+        return event(eid, rpc.dumps(frame).decode())
+
+    async def _beat(self) -> None:
+        """What a tick adds to a live response (nothing: the session's GET channel carries the heartbeats)."""
+
+    async def _last_word(self, reason: str) -> None:
+        """The response ends early (cap, revocation, session end, …): a close frame saying why."""
+        if says_why(reason):
+            await self.conn.send_body(event(None, close_frame(reason, **self._close_extra())), more_body=True)
+
+    async def _farewell(self) -> None:
+        """This process is stopping (the work continues)."""
+        await self.conn.send_body(event(None, close_frame("session_terminated", SHUTDOWN_REMEDIATION,
+                                                          **self._close_extra())), more_body=True)
+
+    async def _dropped(self) -> None:
+        """The client went away: the follower carries on ring-only until the work settles, so a GET resume can
+        still collect the pinned result."""
+
+    # --- the stream ------------------------------------------------------------------------------------------
 
     async def write_frame(self, eid: int, frame: JsonObject) -> bool:
         if not self.wire_open:
             return False
         try:
-            await self.conn.send_body(event(eid, rpc.dumps(frame).decode()), more_body=True)
+            await self.conn.send_body(self._encode(eid, frame), more_body=True)
             return True
         except Exception:
             self.wire_open = False
@@ -102,6 +136,7 @@ class PostStream:
         if reason is not None:
             self.follower.detach(reason)
             return False
+        await self._beat()
         return True
 
     async def run(self) -> None:
@@ -113,23 +148,27 @@ class PostStream:
                 log.exception("streamed POST failed after dispatch (%s)", self.ctx.cid)
                 reason = "internal_error"
             if self.wire_open:
-                self.wire_open = False
                 CLOSES.labels(reason).inc()
                 try:
-                    if says_why(reason):
-                        await self.conn.send_body(event(None, close_frame(reason, **self._close_extra())),
-                                                  more_body=True)
-                    await self.conn.send_body(b"", more_body=False)
+                    await self._last_word(reason)
                 except Exception:
                     pass
-                if self.conn.stream is self:
-                    self.conn.stream = None
-                    self.conn.post({"type": "mcp.stopped"})
+                await self._end()
         finally:
             ticker.cancel()
             self.watch.stop()
             release_record(self.key, self.ctx.request_id)
             self._release_lease()
+
+    async def _end(self) -> None:
+        self.wire_open = False
+        try:
+            await self.conn.send_body(b"", more_body=False)
+        except Exception:
+            pass
+        if self.conn.stream is self:
+            self.conn.stream = None
+            self.conn.post({"type": "mcp.stopped"})
 
     def _release_lease(self) -> None:
         untrack(self)
@@ -142,11 +181,12 @@ class PostStream:
         return None  # fed by its follower and its own tick, never by the connection's messages
 
     async def gone(self) -> None:
-        """The peer went away (http.disconnect). The response is over, so is its lease; the follower carries
-        on ring-only until the work settles, so a GET resume can still collect the pinned result."""
+        """The peer went away (http.disconnect). The response is over, so is its lease; what else the drop means
+        is the era's (``_dropped``)."""
         if self.wire_open:
             self.wire_open = False
             CLOSES.labels("client_disconnect").inc()
+            await self._dropped()
         self._release_lease()
         if self.conn.stream is self:
             self.conn.stream = None
@@ -155,11 +195,13 @@ class PostStream:
         """This process is stopping: tell the client before the connection drops (the work continues)."""
         if not self.wire_open:
             return
-        self.wire_open = False
+        self.wire_open = False  # nothing more from the follower: the farewell is the last frame
         CLOSES.labels("session_terminated").inc()
         try:
-            await self.conn.send_body(event(None, close_frame("session_terminated", SHUTDOWN_REMEDIATION,
-                                                              **self._close_extra())), more_body=True)
+            await self._farewell()
+        except Exception:
+            pass
+        try:
             await self.conn.send_body(b"", more_body=False)
         except Exception:
             pass

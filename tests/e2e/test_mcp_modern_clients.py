@@ -182,6 +182,8 @@ def modern_post(port, token, rid, method, params=None, accept="application/json,
                "accept": accept}
     if method == "tools/call":
         headers["mcp-name"] = params["name"]
+    elif method.startswith("tasks/"):
+        headers["mcp-name"] = params["taskId"]
     return Http(port, "POST", path, headers=headers, body={"jsonrpc": "2.0", "id": rid, "method": method,
                                                            "params": params})
 
@@ -247,6 +249,47 @@ def test_listen_stream_acknowledges_beats_and_ends_on_revocation(fleet, mint):  
         "resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": "L"}}}
     for m in more:
         m.drop()
+
+
+TASKS = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+
+def test_listen_stream_reports_a_tasks_status_until_it_ends(fleet, mint):  # noqa: F811
+    """Tasks on subscriptions/listen: the stream follows the caller's own task ids (another token's, or a forged
+    one, is left out of the acknowledgement), reports each as notifications/tasks when its execution moves, and
+    the last report of an ended task carries its result — no polling."""
+    server = fleet.server()
+    fleet.worker()
+    fleet.agents(server, [1, 2])
+    fleet.wait_connected()
+    token = mint("modern-tasks", role="Operator", tier="operator")
+    other = mint("modern-other", role="Operator", tier="operator")
+    created = modern_post(server.port, token, 1, "tools/call", {"name": "execute_instruction", "arguments": sleep_args(
+        'sleep "$YUZU_E2E_DELAY"; sleep 1'), "_meta": TASKS}).json()["result"]
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    foreign = modern_post(server.port, other, 2, "tools/call", {"name": "execute_instruction",
+                                                                "arguments": sleep_args(), "_meta": TASKS})
+    foreign_id = foreign.json()["result"]["taskId"]
+    r = modern_post(server.port, token, "L", "subscriptions/listen", {
+        "notifications": {"taskIds": [created["taskId"], foreign_id, "forged"]}, "_meta": TASKS})
+    assert r.is_sse
+    ack = r.until(lambda f: len(f) >= 1)[0]
+    assert ack["params"]["notifications"] == {"taskIds": [created["taskId"]]}
+    frames = r.until(lambda f: any(x.get("method") == "notifications/tasks" and x["params"]["status"] != "working"
+                                   for x in f), 40)
+    reports = [x["params"] for x in frames if x.get("method") == "notifications/tasks"]
+    assert all(t["taskId"] == created["taskId"] for t in reports), reports
+    assert all(t["_meta"]["io.modelcontextprotocol/subscriptionId"] == "L" for t in reports)
+    assert reports[0]["status"] == "working" and reports[0]["statusMessage"].endswith("/2 agents responded")
+    assert reports[-1]["status"] == "completed" and reports[-1]["statusMessage"] == "2/2 agents responded"
+    assert reports[-1]["result"]["structuredContent"]["status"] == "succeeded"
+    assert len({t["statusMessage"] for t in reports}) == len(reports)  # a report only when something moved
+    # the ended task is no longer followed: the stream goes on with heartbeats only
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        r.pump(0.5)
+    assert len([x for x in r.frames() if x.get("method") == "notifications/tasks"]) == len(reports)
+    r.drop()
 
 
 @needs_tmux
@@ -315,6 +358,28 @@ def test_closing_a_blocked_bridge_send_cancels_the_wait(bridge, mint):  # noqa: 
     assert "client_disconnect" in row.detail and turn.turn_id in row.detail
     turn.refresh_from_db()
     assert turn.waiter_until is None and turn.active  # released; the worker's turn goes on
+
+
+@needs_tmux
+def test_a_new_turn_resent_after_a_dropped_stream_is_pasted_once(bridge, mint):  # noqa: F811
+    """A 2026-07-28 client re-sends a bridge_send (no turnId: a new turn) whose response dropped: the re-send waits
+    on the same turn; the worker's pane gets the message once."""
+    token = mint("alice", role="Operator")
+    port = urlsplit(bridge.bridge_url).port
+    sid = modern_post(port, token, 1, "tools/call", {"name": "bridge_spawn", "arguments": {"profile": "standin"}},
+                      path="/mcp/bridge/").json()["result"]["structuredContent"]["sessionId"]
+    args = {"content": "stall", "sessionId": sid, "timeoutMs": 60000}
+    sock = raw_send(port, token, "/mcp/bridge/", modern_body(2, "tools/call", {"name": "bridge_send",
+                                                                               "arguments": args}), "bridge_send")
+    turn = wait_until(lambda: BridgeTurn.objects.filter(waiter_until__isnull=False).first(), 10, what="the wait")
+    sock.close()
+    wait_until(lambda: BridgeTurn.objects.filter(pk=turn.pk, dropped_at__isnull=False).exists(), 10,
+               what="the drop")
+    again = modern_post(port, token, 3, "tools/call", {"name": "bridge_send", "arguments": {**args, "timeoutMs": 1500}},
+                        path="/mcp/bridge/").json()["result"]["structuredContent"]
+    assert again["outcome"] == "timeout" and again["turnId"] == turn.turn_id, again
+    assert BridgeTurn.objects.count() == 1 and turn.messages.count() == 1
+    assert AuditEvent.objects.filter(action="bridge.send", detail__startswith=f"resend turn={turn.turn_id}").exists()
 
 
 # --- the TypeScript client v2 (@modelcontextprotocol/client) in both eras ----------------------------------

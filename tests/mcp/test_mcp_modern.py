@@ -566,3 +566,150 @@ def test_batches_and_framing_errors_echo_nothing(token):
     assert r.status == 400 and r.error["code"] == -32600
     r = request(body=b"{not json", headers={"authorization": f"Bearer {token}", "mcp-protocol-version": V})
     assert r.status == 400 and r.error["code"] == -32700
+
+
+# --- the Tasks extension for bundles -------------------------------------------------------------------------
+
+BUNDLE = {"name": "execute_bundle", "arguments": {"agent_id": "a1", "steps": [
+    {"plugin": "os", "action": "info"}, {"plugin": "os", "action": "info"}]}}
+
+
+@pytest.fixture
+def bundle_task(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    r = modern(token, "tools/call", BUNDLE, capabilities=TASKS)
+    assert r.status == 200, r.body
+    return r.json()["result"]
+
+
+def test_bundle_as_a_task(token, bundle_task):
+    assert bundle_task["resultType"] == "task" and bundle_task["status"] == "working"
+    assert bundle_task["statusMessage"] == "0/2 steps finished"
+    assert Execution.objects.filter(bundle_id__startswith="bundle-").count() == 2
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "working" and got["statusMessage"] == "0/2 steps finished" and "result" not in got
+    Execution.objects.update(status="succeeded", agents_responded=1, agents_success=1)
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "completed"
+    structured = got["result"]["structuredContent"]
+    assert structured["complete"] is True and structured["expected"] == 2 and len(structured["steps"]) == 2
+
+
+def test_bundle_task_cancel_stops_dispatch_of_steps_not_started(token, bundle_task):
+    from fleet.models import AgentExecStatus  # deferred: only this test reads the per-agent rows
+    first, second = Execution.objects.order_by("bundle_step")
+    Execution.objects.filter(pk=first.pk).update(status="succeeded", agents_responded=1, agents_success=1)
+    AgentExecStatus.objects.filter(execution=first).update(status="success")
+    # the second step's dispatch still queued (the eager test dispatch already sent it: put it back)
+    AgentExecStatus.objects.filter(execution=second).update(status="pending", attempts=0, last_sent_at=None)
+    r = modern(token, "tasks/cancel", {"taskId": bundle_task["taskId"]}, capabilities=TASKS)
+    assert r.status == 200 and r.json()["result"]["resultType"] == "complete"
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == "succeeded" and second.status == "cancelled"  # the finished step is left alone
+    assert AgentExecStatus.objects.get(execution=second).error_detail == "cancelled before dispatch"
+    got = modern(token, "tasks/get", {"taskId": bundle_task["taskId"]}, capabilities=TASKS).json()["result"]
+    assert got["status"] == "cancelled"
+    assert AuditEvent.objects.filter(principal="alice", action="bundle.cancel", result="success").exists()
+
+
+def test_another_principals_bundle_task_reads_like_an_unknown_one(token, bundle_task, mint):
+    other = mint("mallory", role="Operator", tier="operator")
+    for method in ("tasks/get", "tasks/cancel"):
+        r = modern(other, method, {"taskId": bundle_task["taskId"]}, capabilities=TASKS)
+        assert (r.status, r.error["code"], r.error["message"]) == (400, -32602, "Unknown task")
+    assert set(Execution.objects.values_list("status", flat=True)) == {"running"}
+
+
+def test_bundle_without_the_extension_answers_its_receipt(token):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    result = modern(token, "tools/call", BUNDLE).json()["result"]
+    assert result["resultType"] == "complete" and result["structuredContent"]["bundle_id"].startswith("bundle-")
+
+
+# --- per-token caps: concurrent tasks, modern requests in flight ---------------------------------------------
+
+@pytest.fixture(autouse=True)
+def empty_task_ledger():
+    from mcp.task_ledger import ledger  # deferred: the process-wide store, emptied around each test
+    ledger().clear()
+    yield
+    ledger().clear()
+
+
+def test_task_cap_refuses_before_the_work_exists(token, mint):
+    Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1", connected=True)
+    with override_settings(YUZU_MCP_MAX_TASKS=2):
+        first = modern(token, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]
+        assert modern(token, "tools/call", BUNDLE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+        before = Execution.objects.count()
+        r = modern(token, "tools/call", EXECUTE, capabilities=TASKS)
+        assert r.status == 429 and r.error["code"] == -32010 and r.headers["retry-after"] == "5"
+        assert r.error["data"]["reason"] == "task_cap" and r.error["data"]["limit"] == 2
+        assert r.error["data"]["retry_after_ms"] == 5000 and "tasks/cancel" in r.error["data"]["remediation"]
+        assert Execution.objects.count() == before  # nothing dispatched
+        assert AuditEvent.objects.filter(action="mcp.execute_instruction", result="denied",
+                                         detail__startswith="task_cap").count() == 1
+        # another token has its own cap; a client without the extension is not counted
+        other = mint("bob", role="Operator", tier="operator")
+        assert modern(other, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+        assert modern(token, "tools/call", EXECUTE).json()["result"]["resultType"] == "complete"
+        # a task that ends frees its slot (seen at the cap, without a tasks/get)
+        assert first["status"] == "working"
+        Execution.objects.filter(bundle_id="").update(status="succeeded")  # the first task's execution ends
+        again = modern(token, "tools/call", EXECUTE, capabilities=TASKS)
+        assert again.status == 200 and again.json()["result"]["resultType"] == "task", again.body
+
+
+def test_task_cap_slot_given_back_when_the_call_is_not_a_task(token):
+    with override_settings(YUZU_MCP_MAX_TASKS=1):
+        for _ in range(3):  # no agent reached: answered at once, never a task, never counted
+            r = modern(token, "tools/call", {**EXECUTE, "arguments": {**EXECUTE["arguments"], "agent_ids": ["none"]}},
+                       capabilities=TASKS)
+            assert r.json()["result"]["resultType"] == "complete"
+        r = modern(token, "tools/call", {"name": "execute_instruction", "arguments": {"plugin": 5}},
+                   capabilities=TASKS)
+        assert r.error["code"] == -32602
+        Agent.objects.create(agent_id="a1", hostname="h1", os="linux", arch="x86_64", agent_version="1",
+                             connected=True)
+        assert modern(token, "tools/call", EXECUTE, capabilities=TASKS).json()["result"]["resultType"] == "task"
+
+
+def test_inflight_cap_per_token(token, mint):
+    from mcp import modern_transport  # deferred: its in-process budget is held here as a concurrent call would
+
+    key = modern_transport.credential_key({"authorization": f"Bearer {token}"})
+    with override_settings(YUZU_MCP_MODERN_INFLIGHT=1):
+        assert modern_transport.inflight.acquire(key, 1, modern_transport.INFLIGHT_GLOBAL) is None
+        try:
+            r = modern(token, "tools/list", rid="busy")
+            assert r.status == 429 and r.error["code"] == -32010 and r.json()["id"] == "busy"
+            assert r.error["data"]["reason"] == "inflight_cap" and r.headers["retry-after"] == "1"
+            other = mint("bob", role="Operator", tier="operator")
+            assert modern(other, "tools/list").status == 200  # per token
+        finally:
+            modern_transport.inflight.release(key)
+        assert modern(token, "tools/list").status == 200
+        assert modern(token, "tools/list").status == 200  # each answered request gave its slot back
+    assert key not in modern_transport.inflight.per_principal
+
+
+# --- the decision: an unknown version inside a handshake-era session keeps -32009 (docs/mcp.md "Eras") --------
+
+def test_unknown_version_in_a_legacy_session_is_32009_and_outside_one_32022(token):
+    client = McpClient(token)
+    client.initialize()
+    inside = client.rpc("tools/list", headers={"mcp-protocol-version": "2099-01-01"})
+    assert inside.status == 400 and inside.error["code"] == -32009
+    assert inside.error["data"]["supported"] == ["2025-11-25", "2025-06-18"]  # what the session may use
+    outside = request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                      headers={"authorization": f"Bearer {token}", "mcp-protocol-version": "2099-01-01"})
+    assert outside.status == 400 and outside.error["code"] == -32022 and outside.error["data"]["supported"] == [V]
+    # a stray (unknown) session id does not make a modern request a legacy one, nor change its answer
+    stray = modern(token, "tools/list", headers={"mcp-session-id": "f" * 32})
+    assert stray.status == 200
+    with override_settings(YUZU_MCP_NO_STREAMING=True):  # no sessions at all: every unknown version is -32022
+        r = request(body={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                    headers={"authorization": f"Bearer {token}", "mcp-protocol-version": "2099-01-01",
+                             "mcp-session-id": "f" * 32})
+        assert r.status == 400 and r.error["code"] == -32022

@@ -192,7 +192,11 @@ def modern_requests(cat_name):
     headers that lie, are missing or carry junk, and envelopes that are wrong."""
     per_method = params_for(cat_name)
     methods = st.sampled_from(["tools/call"] * 12 + sorted(per_method) + [
-        "server/discover", "tasks/get", "tasks/cancel", "tasks/update", "ping", "initialize"])
+        "server/discover", "tasks/get", "tasks/cancel", "tasks/update", "ping", "initialize"] + [
+        "subscriptions/listen"] * 2)
+    listen_params = st.fixed_dictionaries({"notifications": weighted((st.fixed_dictionaries({}, optional={
+        "taskIds": st.one_of(any_json, st.lists(st.one_of(text, st.just("e30:1:x"), any_json), max_size=70)),
+        "toolsListChanged": any_json}), 4), (any_json, 1))})
 
     def build(method, params, meta, rid, state, lie):
         params = dict(params) if isinstance(params, dict) else {}
@@ -210,6 +214,7 @@ def modern_requests(cat_name):
     lies = weighted((st.just({}), 10), (st.dictionaries(
         st.sampled_from(["mcp-protocol-version", "mcp-method", "mcp-name"]), st.one_of(st.none(), header_text),
         max_size=3), 2))
-    return st.builds(build, methods, st.deferred(lambda: st.one_of(*per_method.values(), any_json)), modern_meta(),
+    return st.builds(build, methods, st.deferred(lambda: st.one_of(*per_method.values(), listen_params, any_json)),
+                     modern_meta(),
                      st.one_of(st.integers(0, 2 ** 31), st.text(max_size=20)),
                      weighted((st.none(), 6), (text, 1), (st.just("e30:1:x"), 1)), lies)

@@ -469,6 +469,8 @@ REST = {
     ("api/v1/bundles/<str:bundle_id>", "GET"): [R("Response", "Read",
                                                   lambda w, t, c, tok: f"/api/v1/bundles/{w.bundles[t]}",
                                                   target="dispatched", reach=("Execution", "Read"))],
+    ("api/v1/bundles/<str:bundle_id>/cancel", "POST"): [R(
+        "Execution", "Execute", lambda w, t, c, tok: f"/api/v1/bundles/{w.bundles[t]}/cancel", target="dispatched")],
     ("api/v1/tags", "GET"): [R("Tag", "Read", lambda w, t, c, tok: f"/api/v1/tags?agent_id={A(w, t)}", target="agent"),
                              R("Tag", "Read", lambda w, t, c, tok: "/api/v1/tags?key=owner", label="search")],
     ("api/v1/tags", "PUT"): [R("Tag", "Write", lambda w, t, c, tok: "/api/v1/tags", target="agent",
