@@ -187,7 +187,7 @@ class LocalChannelLayer(BaseChannelLayer):
         pass
 
 
-class RedisChannelLayer(_RedisChannelLayer):
+class RedisChannelLayer(_RedisChannelLayer):  # type: ignore[misc]  # channels-redis has no type hints
     """channels-redis's layer, plus ``group_send_many``: a fan-out in a few round trips and one message per
     receiving process. Everything else is channels-redis's own."""
 
