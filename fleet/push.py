@@ -1,8 +1,9 @@
 """Messages to connected agents through the channel layer: each agent's connection listens on the group
 ``agent_group(agent_id)``, so any server process (or a Celery worker) can address any agent.
 
-A fan-out to N agents is N group sends: O(N) on channels-redis, and on embedded mode's in-process layer
-(yuzu.channel_layer), whose expiry sweep runs once a second rather than on every send."""
+A fan-out to N agents is one ``group_send_many`` (yuzu.channel_layer): on Redis a pipelined read of the N
+groups and one stored message per receiving server process; in embedded mode N puts. On a layer without it,
+N group sends."""
 
 import asyncio
 import logging
@@ -39,6 +40,13 @@ async def send_to_agents(agent_ids, message):
     """Send ``message`` (a command) to each agent's group. A send that fails is logged, not raised: the
     agents concerned stay unacknowledged and the dispatcher sends again (fleet.tasks)."""
     layer = get_channel_layer()
+    if hasattr(layer, "group_send_many"):
+        try:
+            await layer.group_send_many([agent_group(a) for a in agent_ids], message)
+        except Exception as exc:
+            log.warning("the send of command %s to %d agents failed: %r", message["payload"].get("command_id"),
+                        len(agent_ids), exc)
+        return
     # At most SEND_CONCURRENCY at once: on Redis each concurrent group_send takes a connection of its own,
     # and hundreds opened at once per batch only queue up in Redis's accept backlog.
     limit = asyncio.Semaphore(SEND_CONCURRENCY)

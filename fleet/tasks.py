@@ -19,7 +19,7 @@ from datetime import timedelta
 from asgiref.sync import async_to_sync
 from celery import shared_task
 from channels.db import database_sync_to_async
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Max, Min, Q
 from django.utils import timezone
 
@@ -27,7 +27,8 @@ from .models import Agent, AgentExecStatus, AgentState, Execution
 from .push import send_to_agents
 from .responses import expire_overdue
 
-BATCH = 500
+BATCH = 500  # re-sends per round
+CLAIM_BATCH = 5000  # first sends claimed (one statement) and sent (one batched send) at a time
 ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled after each further send
 ACK_QUIET_S = 2.0  # re-sends wait until the execution had no send, acknowledgement or answer for this long
 PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
@@ -78,15 +79,24 @@ def dispatch_execution(execution_id, sensitive=None):
 
 
 def _claim(execution_id):
-    """Mark the next batch of pending agents dispatched (first send). Claiming before sending means a
-    crash between the two leaves the agent unacknowledged, which the next check re-sends."""
-    with transaction.atomic():
-        rows = list(AgentExecStatus.objects.select_for_update(skip_locked=True)
-                    .filter(execution_id=execution_id, status=AgentState.PENDING).order_by("id")
-                    .values_list("id", "agent_id")[:BATCH])
-        AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status=AgentState.PENDING).update(
-            status=AgentState.DISPATCHED, attempts=1, last_sent_at=timezone.now())
-    return [agent_id for _, agent_id in rows]
+    """Mark the next CLAIM_BATCH pending agents dispatched (first send) and return their ids: one
+    conditional UPDATE … RETURNING, so a claim is one statement however many agents it takes. The picked
+    ids are a materialized CTE (PostgreSQL may otherwise re-run an ``IN (SELECT … LIMIT)`` subquery and
+    take more than the limit); it skips rows another worker has locked (PostgreSQL; SQLite has one writer
+    at a time), and the ``status = pending`` re-check means a row is claimed by exactly one worker. Claiming before
+    sending means a crash between the two leaves the agent unacknowledged, which the next check re-sends."""
+    q = connection.ops.quote_name
+    table = q(AgentExecStatus._meta.db_table)
+    lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH picked AS MATERIALIZED (SELECT {q('id')} FROM {table} WHERE {q('execution_id')} = %s AND "
+            f"{q('status')} = %s ORDER BY {q('id')} LIMIT %s{lock}) "
+            f"UPDATE {table} SET {q('status')} = %s, {q('attempts')} = 1, {q('last_sent_at')} = %s "
+            f"WHERE {q('id')} IN (SELECT {q('id')} FROM picked) AND {q('status')} = %s RETURNING {q('agent_id')}",
+            [execution_id, AgentState.PENDING, CLAIM_BATCH, AgentState.DISPATCHED, now, AgentState.PENDING])
+        return [agent_id for (agent_id,) in cursor.fetchall()]
 
 
 def _claim_unacknowledged(execution_id):

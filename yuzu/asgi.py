@@ -3,10 +3,18 @@ body bounded on the way in."""
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "yuzu.settings")
-django_app = get_asgi_application()
+django.setup(set_prefix=False)  # what get_asgi_application does, before the handler it would build
+
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+
+from yuzu.lanes import LaneHandler  # noqa: E402
+
+# Django's handler, with each request's sync code on one of a few long-lived threads (and their database
+# connections) rather than a new thread per request (yuzu/lanes.py).
+django_app: ASGIHandler = LaneHandler()
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 

@@ -171,7 +171,8 @@ REDIS_URL = os.environ.get("YUZU_REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis's layer plus a batched fan-out (group_send_many, yuzu/channel_layer.py)
+            "BACKEND": "yuzu.channel_layer.RedisChannelLayer",
             "CONFIG": {"hosts": [REDIS_URL], "capacity": 5000, "expiry": 60},
         }
     }

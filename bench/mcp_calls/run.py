@@ -196,7 +196,7 @@ def cpu_seconds(proc, only=None):
     return total
 
 
-def wait_ready(proc, probe, what, log, timeout=40):
+def wait_ready(proc, probe, what, log, timeout=120):  # a loaded machine starts slowly
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:

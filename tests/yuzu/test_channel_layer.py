@@ -113,3 +113,60 @@ def test_fan_out_is_linear_in_the_number_of_agents():
     # linear: ×5; Channels' InMemoryChannelLayer sweeps the whole layer per send: ×25
     assert large / small < 12, (small, large)
     assert large < 5, large
+
+
+# --- group_send_many: one fan-out call (fleet.push.send_to_agents) ------------------------------------------
+
+def test_group_send_many_reaches_every_member_of_every_group_once():
+    async def go():
+        layer = LocalChannelLayer()
+        chans = [await layer.new_channel() for _ in range(4)]
+        for i, c in enumerate(chans[:3]):
+            await layer.group_add(f"agent.a{i}", c)
+        await layer.group_add("agent.a0", chans[3])  # an agent with two connections: both get it
+        await layer.group_send_many(["agent.a0", "agent.a1", "agent.a2", "agent.nobody"], {"type": "x", "n": 1})
+        got = [await asyncio.wait_for(layer.receive(c), 1) for c in chans]
+        assert got == [{"type": "x", "n": 1}] * 4
+        assert all(not layer.channels.get(c) or not layer.channels[c].messages for c in chans)  # nothing twice
+
+    run(go())
+
+
+def redis_url():
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        pytest.skip("needs YUZU_REDIS_URL (a Redis this test may write keys to)")
+    return settings.REDIS_URL
+
+
+def test_redis_group_send_many_stores_one_message_per_receiving_process():
+    """Two layers stand for two server processes with 3 and 2 agent connections; a third (the dispatcher)
+    fans out to all five groups: each process's key holds one message, and every connection receives it."""
+    url = redis_url()
+
+    async def go():
+        prefix = f"yuzu-test-{time.time_ns()}"
+        make = lambda: mod.RedisChannelLayer(hosts=[url], prefix=prefix)  # noqa: E731
+        p1, p2, sender = make(), make(), make()
+        try:
+            c1 = [await p1.new_channel() for _ in range(3)]
+            c2 = [await p2.new_channel() for _ in range(2)]
+            groups = [f"agent.g{i}" for i in range(5)]
+            for g, c in zip(groups, c1 + c2, strict=True):
+                await p1.group_add(g, c)
+            await sender.group_send_many(groups + ["agent.nobody"], {"type": "agent.command", "payload": {"n": 1}})
+            conn = sender.connection(0)
+            for chans in (c1, c2):
+                assert await conn.zcard(sender.prefix + sender.non_local_name(chans[0])) == 1
+            got = [await asyncio.wait_for(p1.receive(c), 5) for c in c1] + \
+                  [await asyncio.wait_for(p2.receive(c), 5) for c in c2]
+            assert got == [{"type": "agent.command", "payload": {"n": 1}}] * 5
+            for g, c in zip(groups, c1 + c2, strict=True):
+                await p1.group_discard(g, c)
+        finally:
+            for layer in (p1, p2, sender):
+                await layer.flush()
+                await layer.close_pools()
+
+    run(go())
