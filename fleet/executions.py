@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
+from yuzu.faults import store_fault
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
@@ -251,9 +252,14 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
         # Runs now, or when the caller's own transaction commits (then a failure surfaces there,
         # the execution already cancelled by _enqueue).
         transaction.on_commit(partial(_enqueue, ex.id, sensitive))
-    except Exception:
+    except Exception as exc:
         audit(principal, "execution.start", "failure", target_type="Execution", target_id=ex.id,
               detail=detail + " dispatch_failed", correlation_id=cid)
+        fault = store_fault(exc, what=f"dispatch of execution {ex.id}")
+        if fault is not None:  # the task queue (Redis) is down: 503 / -32603 with a retry hint
+            fault.message = f"dispatch refused, the execution was cancelled: {fault.message}"
+            fault.extra["execution_id"] = ex.id
+            raise fault from None
         raise YuzuError("dispatch failed; the execution was cancelled", status=500, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS, remediation="retry shortly",
                         extra={"execution_id": ex.id}) from None

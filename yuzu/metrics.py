@@ -54,3 +54,6 @@ CA_REVOKED_CERT = Counter("yuzu_server_revoked_cert_total",
                           "Agent connections refused or closed for presenting a revoked certificate", ["channel"])
 CA_CERTS_EXPIRING = Gauge("yuzu_server_ca_certs_expiring_14d",
                           "Active certificates of the internal CA that expire within 14 days")
+
+STORE_FAULTS = Counter("yuzu_store_faults_total", "Requests refused because a backing store failed (yuzu.faults)",
+                       ["store", "kind"])
