@@ -19,7 +19,7 @@ import logging
 import sqlite3
 
 import redis.exceptions
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 from kombu.exceptions import OperationalError as BrokerError  # Celery's broker (Redis) unreachable
 
 from .errors import STORE_FAULT_OPERATOR_RETRY_MS, STORE_FAULT_RETRY_MS, StoreFault
@@ -78,6 +78,17 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
+def _drop_connection() -> None:
+    """Reopen on the next query: a SQLite connection opened while its file system was read-only stays read-only
+    after the file system is writable again, and Django keeps embedded connections for 10 minutes (issue 22)."""
+    if connection.in_atomic_block:
+        return  # the transaction's owner sees the error and rolls back; the request end closes it
+    try:
+        connection.close()
+    except Exception:  # closing a broken connection may fail too: it is discarded either way
+        log.debug("closing the database connection after a fault failed", exc_info=True)
+
+
 def store_fault(exc: BaseException, *, what: str = "") -> StoreFault | None:
     """The refusal for a backing-store fault (counted and logged), or None when ``exc`` is something else."""
     found = classify(exc)
@@ -85,6 +96,8 @@ def store_fault(exc: BaseException, *, what: str = "") -> StoreFault | None:
         return None
     store, kind = found
     STORE_FAULTS.labels(store, kind).inc()
+    if store == "database":
+        _drop_connection()
     log.warning("store fault: %s %s%s (%s: %s)", store, kind, f" during {what}" if what else "",
                 type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
     if kind in ("read_only", "disk_full"):  # an operator has to act: polling faster only adds load

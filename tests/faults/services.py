@@ -107,7 +107,8 @@ class PrivatePostgres:
 
     def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            return c.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            cur = c.execute(sql, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description is not None else []
 
     def connections(self) -> int:
         return self.query("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", self.name)[0][0]
