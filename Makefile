@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MCP_VENV := .venv-mcp
 
-.PHONY: run test fuzz deps test-deps clean
+.PHONY: run test fuzz faults soak deps test-deps clean
 
 run: deps
 	$(PY) manage.py migrate --noinput -v0
@@ -24,6 +24,16 @@ test: test-deps
 fuzz: test-deps
 	YUZU_FUZZ=full $(PY) -m pytest tests/yuzu/test_fuzz.py tests/approvals/test_approval_properties.py -q --timeout 3600 $(PYTEST_ARGS)
 	$(PY) bench/fuzz/run.py --json var/fuzz-last.json
+
+# The fault suite (tests/faults/, docs/operations.md) with its long scenarios: private Redis/PostgreSQL
+# instances killed under load, the reconnect storm. `make test` runs the short ones. Minutes.
+faults: test-deps
+	YUZU_FAULTS_LONG=1 $(PY) -m pytest -m faults tests/faults -s --timeout 3600 $(PYTEST_ARGS)
+
+# The soak (bench/soak/run.py, docs/operations.md): an hour of mixed load on two server processes, sampled.
+SOAK_ARGS ?= --minutes 60 --agents 1000 --streams 500
+soak: deps
+	$(PY) bench/soak/run.py $(SOAK_ARGS) --json var/soak-last.json
 
 deps: $(VENV)/.installed
 

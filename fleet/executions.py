@@ -26,6 +26,7 @@ from jsonschema import Draft202012Validator
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
+from yuzu.faults import store_fault
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import events
@@ -240,39 +241,55 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
     dispatch_gate(plugin, action)
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
     now = timezone.now()
-    with transaction.atomic():
-        ex = Execution.objects.create(
-            definition_id=definition_id, plugin=plugin, action=action,
-            command_id=f"{plugin}-{secrets.token_hex(8)}",
-            status=Execution.Status.RUNNING if targets else Execution.Status.CANCELLED, scope_expression=scope,
-            parameter_values={k: REDACTED if k in sensitive else v for k, v in params.items()},
-            dispatched_by=principal.name, dispatched_at=now, expires_at=now + timedelta(seconds=expires_in),
-            completed_at=None if targets else now, agents_targeted=len(targets), bundle_id=bundle_id,
-            bundle_step=bundle_step, last_error_detail="" if targets else "no agents reached",
-        )
-        AgentExecStatus.objects.bulk_create([AgentExecStatus(execution=ex, agent_id=a) for a in targets],
-                                            batch_size=1000)
-    detail = f"command_id={ex.command_id} execution_id={ex.id} plugin={plugin} action={action} agents={len(targets)}"
-    base = {"execution_id": ex.id, "command_id": ex.command_id, "plugin": plugin, "action": action,
-            "agents_reached": len(targets)}
-    events.publish(ex)  # 0/N, before any response can move it
-    if not targets:
-        audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id,
-              detail=detail + " no_agents_reached", correlation_id=cid)
-        return {**base, "status": "no_agents_reached",
-                "message": "No connected, unquarantined agent you may execute on matched the target; nothing was sent."}
+    enqueue = {"tried": False}
+
+    def dispatch(execution):
+        enqueue["tried"] = True
+        events.publish(execution)  # 0/N, before any response can move it
+        _enqueue(execution.id, sensitive)
+
     try:
-        # Runs now, or when the caller's own transaction commits (then a failure surfaces there,
-        # the execution already cancelled by _enqueue).
-        transaction.on_commit(partial(_enqueue, ex.id, sensitive))
-    except Exception:
+        # The execution, its per-agent rows and its execution.start audit row commit together (issue 22: a
+        # database that fails between them must not leave an execution without its audit row). The dispatch
+        # runs once they are committed: now, or when the caller's own transaction commits (then a failure
+        # surfaces there, the execution already cancelled by _enqueue).
+        with transaction.atomic():
+            ex = Execution.objects.create(
+                definition_id=definition_id, plugin=plugin, action=action,
+                command_id=f"{plugin}-{secrets.token_hex(8)}",
+                status=Execution.Status.RUNNING if targets else Execution.Status.CANCELLED, scope_expression=scope,
+                parameter_values={k: REDACTED if k in sensitive else v for k, v in params.items()},
+                dispatched_by=principal.name, dispatched_at=now, expires_at=now + timedelta(seconds=expires_in),
+                completed_at=None if targets else now, agents_targeted=len(targets), bundle_id=bundle_id,
+                bundle_step=bundle_step, last_error_detail="" if targets else "no agents reached",
+            )
+            AgentExecStatus.objects.bulk_create([AgentExecStatus(execution=ex, agent_id=a) for a in targets],
+                                                batch_size=1000)
+            detail = (f"command_id={ex.command_id} execution_id={ex.id} plugin={plugin} action={action} "
+                      f"agents={len(targets)}")
+            audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id,
+                  detail=detail + ("" if targets else " no_agents_reached"), correlation_id=cid)
+            if targets:
+                transaction.on_commit(partial(dispatch, ex))
+    except Exception as exc:
+        if not enqueue["tried"]:
+            raise  # nothing was committed (a store fault is answered by the faces: 503 / -32603)
         audit(principal, "execution.start", "failure", target_type="Execution", target_id=ex.id,
               detail=detail + " dispatch_failed", correlation_id=cid)
+        fault = store_fault(exc, what=f"dispatch of execution {ex.id}")
+        if fault is not None:  # the task queue (Redis) is down: 503 / -32603 with a retry hint
+            fault.message = f"dispatch refused, the execution was cancelled: {fault.message}"
+            fault.extra["execution_id"] = ex.id
+            raise fault from None
         raise YuzuError("dispatch failed; the execution was cancelled", status=500, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS, remediation="retry shortly",
                         extra={"execution_id": ex.id}) from None
-    audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id, detail=detail,
-          correlation_id=cid)
+    base = {"execution_id": ex.id, "command_id": ex.command_id, "plugin": plugin, "action": action,
+            "agents_reached": len(targets)}
+    if not targets:
+        events.publish(ex)
+        return {**base, "status": "no_agents_reached",
+                "message": "No connected, unquarantined agent you may execute on matched the target; nothing was sent."}
     return {**base, "status": "running"}
 
 

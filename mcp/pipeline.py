@@ -8,6 +8,7 @@ checks in one hop, await the handler on the event loop, then audit in a second h
 """
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, ParamSpec, TypeVar, cast
@@ -15,11 +16,13 @@ from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db import connection, transaction
 from jsonschema.exceptions import ValidationError as SchemaError
 
 from yuzu import jsondata, rbac
-from yuzu.audit import audit
+from yuzu.audit import audit, kept_rows, rewrite
 from yuzu.errors import YuzuError, invalid_input
+from yuzu.faults import store_fault
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import (
     MCP_APPROVAL_BURNED,
@@ -221,24 +224,73 @@ def finish(ctx: ToolContext, tool: Tool, outcome: JsonObject | ToolFailure | Yuz
 def run_sync(ctx: ToolContext, name: object, arguments: object) -> JsonObject:
     """Checks, handler and audit in one hop (sync tools)."""
     start = time.perf_counter()
-    tool, args = pre_checks(ctx, name, arguments)
-    outcome: JsonObject | ToolFailure | YuzuError
-    try:
-        outcome = cast(SyncHandler, tool.handler)(ctx, args)  # an async tool's handler is awaited by the transport
-    except (ToolFailure, YuzuError) as exc:
-        outcome = exc
-    except ValidationError as exc:
-        outcome = invalid_input(exc)
-    except Exception:
-        outcome = internal_error(ctx)
+    if isinstance(arguments, dict) and arguments.get("approval_id") is not None:
+        tool, outcome = _recall_atomically(ctx, name, arguments)
+    else:
+        tool, args = pre_checks(ctx, name, arguments)
+        outcome = _call(ctx, tool, args)
     try:
         return finish(ctx, tool, outcome)
     finally:
         MCP_TOOL_LATENCY.labels(tool.name).observe(time.perf_counter() - start)
 
 
+def _call(ctx: ToolContext, tool: Tool, args: JsonObject) -> JsonObject | ToolFailure | YuzuError:
+    try:
+        return cast(SyncHandler, tool.handler)(ctx, args)  # an async tool's handler is awaited by the transport
+    except (ToolFailure, YuzuError) as exc:
+        return exc
+    except ValidationError as exc:
+        return invalid_input(exc)
+    except Exception:
+        return internal_error(ctx)
+
+
+class _Undo(Exception):
+    def __init__(self, outcome: YuzuError) -> None:
+        self.outcome = outcome
+
+
+def _recall_atomically(ctx: ToolContext, name: object,
+                       arguments: JsonObject) -> tuple[Tool, JsonObject | ToolFailure | YuzuError]:
+    """A gated recall (``approval_id``): the ticket's consumption and the handler's writes in one transaction
+    (issue 22). When the store fails under the handler (PostgreSQL restarting, a failover) both roll back: the
+    ticket stays approved and unconsumed for the retry, and no execution exists without its consumed ticket
+    or the reverse. A refusal commits what it wrote (its audit row, a lazy expiry) as before; the rows of a
+    rolled-back call's refusal are written again after the rollback."""
+    refusal: rpc.RpcError | None = None
+    with kept_rows() as rows:
+        try:
+            with transaction.atomic():
+                try:
+                    tool, args = pre_checks(ctx, name, arguments)
+                except rpc.RpcError as exc:
+                    refusal = exc  # committed below with its audit row, then raised
+                else:
+                    outcome = _call(ctx, tool, args)
+                    if ctx.approval is not None and isinstance(outcome, YuzuError) and outcome.extra.get("store"):
+                        raise _Undo(outcome)
+        except _Undo as undo:
+            rewrite([r for r in rows if r.action == f"mcp.{ctx.tool}"])  # the gate's rows, not the handler's
+            ctx.approval = None  # nothing was consumed: the ticket is not burned
+            ctx.note("approval_untouched=store_fault")
+            return tool, undo.outcome
+        except Exception as exc:  # the commit itself failed, or an on_commit hook (dispatch) raised after it
+            fault = store_fault(exc, what=f"commit of {ctx.tool}")
+            if fault is None or refusal is not None or connection.in_atomic_block:
+                raise
+            return tool, fault
+    if refusal is not None:
+        raise refusal
+    return tool, outcome
+
+
 def internal_error(ctx: ToolContext) -> YuzuError:
-    """A handler bug: logged with the correlation id, answered -32603 without a stack trace."""
+    """A handler bug: logged with the correlation id, answered -32603 without a stack trace. A backing store
+    that failed under the handler (yuzu.faults) is no bug: -32603 with its retry hint, logged in one line."""
+    exc = sys.exc_info()[1]
+    if exc is not None and (fault := store_fault(exc, what=f"tool {ctx.tool} {ctx.cid}")) is not None:
+        return fault
     log.exception("tool %s failed (%s)", ctx.tool, ctx.cid)
     return YuzuError("internal error", status=500, rpc_code=rpc.INTERNAL_ERROR,
                      remediation="retry; cite the correlation_id if it persists")

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.http import parse_cookie
 
 from yuzu.errors import YuzuError, correlation_id
+from yuzu.faults import store_fault
 from yuzu.jsondata import JsonObject
 
 from . import jsonrpc as rpc
@@ -150,10 +151,15 @@ class McpConsumer(AsyncHttpConsumer):
             reply = await self.process(body)
         except rpc.RpcError as err:
             reply = error_reply(None, err)
-        except Exception:
-            log.exception("MCP transport failure")
-            reply = error_reply(None, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error",
-                                                   {"correlation_id": correlation_id()}, http_status=500))
+        except Exception as exc:
+            cid = correlation_id()
+            if (fault := store_fault(exc, what=f"MCP {cid}")) is not None:  # 503 + -32603 with a retry hint
+                reply = error_reply(None, rpc.RpcError(rpc.INTERNAL_ERROR, fault.message, fault.envelope(cid),
+                                                       http_status=503))
+            else:
+                log.exception("MCP transport failure")
+                reply = error_reply(None, rpc.RpcError(rpc.INTERNAL_ERROR, "internal error",
+                                                       {"correlation_id": cid}, http_status=500))
         if reply is not None:
             await self.reply(reply)
 

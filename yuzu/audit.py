@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,9 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
     event = AuditEvent(principal=name[:150], action=action[:128], result=result, target_type=target_type[:64],
                        target_id=str(target_id)[:256], detail=scrub(detail)[:8192], correlation_id=correlation_id)
     if connection.in_atomic_block:  # the row belongs to the caller's transaction
+        kept = _kept.get()
+        if kept is not None:
+            kept.append(event)
         return _write([event])
     return group.commit(event)
 
@@ -60,6 +66,31 @@ def _insert_one(e: AuditEvent) -> None:
     with connection.cursor() as cursor:
         cursor.execute(sql, [connection.ops.adapt_datetimefield_value(e.timestamp), e.principal, e.action,
                              e.target_type, e.target_id, e.detail, e.result, e.correlation_id])
+
+
+_kept: ContextVar[list[AuditEvent] | None] = ContextVar("yuzu_audit_kept", default=None)
+
+
+@contextmanager
+def kept_rows() -> Iterator[list[AuditEvent]]:
+    """Collect the rows written inside a transaction the caller may roll back, so that ``rewrite`` can write
+    them again after it did: a refusal's audit row must outlive the transaction its call ran in."""
+    rows: list[AuditEvent] = []
+    token = _kept.set(rows)
+    try:
+        yield rows
+    finally:
+        _kept.reset(token)
+
+
+def rewrite(rows: list[AuditEvent]) -> bool:
+    """Write rows again that a rolled-back transaction took with it (each committed by itself)."""
+    ok = True
+    for row in rows:
+        row.pk = None
+        row._state.adding = True
+        ok = group.commit(row) and ok
+    return ok
 
 
 def _write(events: list[AuditEvent]) -> bool:

@@ -6,6 +6,7 @@ audience names it, and an endpoint's 401 says where a client finds out how to ge
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,9 +15,11 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import DatabaseError, connection
 from django.utils import timezone
 from django_otp import DEVICE_ID_SESSION_KEY
 
+from .faults import classify
 from .models import ApiToken, AuthVersion, hash_secret
 from .policy import TIER_ORDER, tier_allows
 from .rbac import Grants, Principal, may
@@ -24,6 +27,7 @@ from .rbac import Grants, Principal, may
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+log = logging.getLogger("yuzu.auth")
 LAST_USED_GRANULARITY = timedelta(seconds=60)
 MFA_SESSION_KEY = "yuzu_mfa_verified_at"
 
@@ -129,8 +133,16 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
         raise AuthError("token not valid for this endpoint", f"a bridge worker token works only at /mcp/bridge/; here use "
                         f"an API token (GET /api/v1/tokens lists yours; {MINT_HINT} mints one)")
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        token.last_used_at = now
+        try:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        except DatabaseError as exc:
+            # Bookkeeping, not authentication: a database that refuses writes (disk full, read-only) must not
+            # refuse reads too (issue 22). Inside a transaction the caller's own writes fail anyway.
+            if connection.in_atomic_block or classify(exc) is None:
+                raise
+            log.warning("token %s: last_used_at not recorded (%s)", token.id, str(exc).splitlines()[0][:120])
+        else:
+            token.last_used_at = now
     return Principal(user=token.owner, token=token, via="token", _grants=known.grants)
 
 

@@ -13,6 +13,8 @@ from .jsondata import JsonObject
 # coincide, so one can be re-tuned without dragging the others.
 #: a transient store/subsystem fault on an error-shaped response (REST 503 parity)
 STORE_FAULT_RETRY_MS = 5000
+#: the database refuses writes until an operator acts (read-only file system, disk full: yuzu.faults)
+STORE_FAULT_OPERATOR_RETRY_MS = 60000
 #: the API-token rotation family (REST Retry-After: 2 parity)
 STORE_FAULT_SHORT_RETRY_MS = 2000
 #: a success-shaped "result not ready yet" poll: get_execution_status, query_responses, get_bundle_result.

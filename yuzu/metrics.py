@@ -73,3 +73,6 @@ ACCESS_REVIEW_CAMPAIGNS_OPENED = Counter("yuzu_access_review_campaigns_opened_to
 ACCESS_REVIEW_ATTESTATIONS = Counter("yuzu_access_review_attestations_total", "attestations recorded over REST", ["decision"])
 SECRET_DECRYPT_FAILURES = Counter("yuzu_server_secret_decrypt_failures_total", "sealed secrets that did not open",
                                   ["store", "failure_class"])
+
+STORE_FAULTS = Counter("yuzu_store_faults_total", "Requests refused because a backing store failed (yuzu.faults)",
+                       ["store", "kind"])

@@ -137,6 +137,9 @@ TEMPLATES = [
     },
 ]
 
+SQLITE_SYNCHRONOUS = os.environ.get("YUZU_SQLITE_SYNCHRONOUS", "NORMAL").upper()
+if SQLITE_SYNCHRONOUS not in ("NORMAL", "FULL"):
+    raise ImproperlyConfigured("YUZU_SQLITE_SYNCHRONOUS must be NORMAL or FULL")
 DATABASE_URL = os.environ.get("YUZU_DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
@@ -153,7 +156,10 @@ else:
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                # NORMAL: a commit is durable once the WAL is checkpointed; FULL: at once (an fsync per commit).
+                # A volume that fails under the server (or a power cut) loses NORMAL's last commits: see
+                # docs/operations.md "Embedded database: disk full or read-only".
+                "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={SQLITE_SYNCHRONOUS};",
             },
             # A file, not :memory:, so server processes started by the tests share it.
             "TEST": {"NAME": str(VAR_DIR / "test_yuzu.sqlite3")},

@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from yuzu.errors import YuzuError, correlation_id, invalid_input, validation_message
+from yuzu.faults import store_fault
 from yuzu.jsondata import JsonObject
 from yuzu.middleware import request_cid
 
@@ -64,6 +65,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
             body["error"]["retry_after_ms"] = int(wait * 1000)
     elif isinstance(exc, Http404):
         status, body = 404, error_body(404, "not found", cid)
+    elif (fault := store_fault(exc, what=f"REST {cid}")) is not None:  # a backing store failed: 503, not 500
+        status, body = fault.status, error_body(fault.status, fault.message, cid, retry_after_ms=fault.retry_after_ms,
+                                                remediation=fault.remediation, **fault.extra)
+        headers["Retry-After"] = str(max(1, (fault.retry_after_ms or 0) // 1000))
     else:
         log.exception("unhandled API error %s", cid)
         status, body = 500, error_body(500, "internal error", cid, remediation="retry; cite the correlation_id if it persists")
