@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('bridge', '0002_status_choices'),
+        ('bridge', '0003_profile_env_sealed'),
     ]
 
     operations = [
