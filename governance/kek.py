@@ -116,7 +116,7 @@ def rotate_kek(principal: rbac.Principal, *, cid: str = "") -> dict[str, Any]:
             audit(principal, "kek.rotate", "failure", detail=str(exc.extra.get("failure", "internal")),
                   correlation_id=cid)
         raise
-    complete = set(_versions_in_use()) <= {version}
+    complete = set(_versions_in_use()) - {secrets.UNREADABLE} <= {version}
     audit(principal, "kek.rotate", "success", detail=f"new_version={version} rows_rewrapped={moved}",
           correlation_id=cid)
     return {"new_version": version, "rotation_complete": complete}
@@ -142,12 +142,13 @@ def get_kek_status(principal: rbac.Principal) -> dict[str, Any]:
     _authorize(principal, "Read")
     active = KekVersion.objects.order_by("-version").values_list("version", flat=True).first()
     in_use = _versions_in_use()
+    unreadable = in_use.pop(secrets.UNREADABLE, 0)
     oldest = min(in_use) if in_use else None
     lock_held, pid, captured = _lock_diagnostics()
     return {"active_version": active, "oldest_in_use": oldest,
             "rotation_complete": oldest is None or oldest == active,
             "live_versions": len(in_use) if in_use else None, "lock_held": lock_held,
-            "lock_holder_pid": pid, "lock_holder_captured_at": captured}
+            "lock_holder_pid": pid, "lock_holder_captured_at": captured, "unreadable_secrets": unreadable}
 
 
 def _lock_diagnostics() -> tuple[bool | None, int | None, str | None]:

@@ -305,12 +305,13 @@ def rewrap_secrets(ctx, args):
 @tool(name="get_kek_status", title="KEK status", securable="Security", operation="Read",
       description="Show the active KEK version, the oldest version still in use, whether rotation is complete, "
                   "and lock diagnostics. oldest_in_use and live_versions are null when no secret is stored; "
-                  "lock_held null means unknown." + DENY_ENGINE,
+                  "lock_held null means unknown. unreadable_secrets counts stored values that are not sealed "
+                  "secrets at all (damaged rows): no KEK opens them and no rewrap moves them." + DENY_ENGINE,
       input_schema=obj({}),
       output_schema=obj({"active_version": nullable(integer()), "oldest_in_use": nullable(integer()),
                          "rotation_complete": boolean(), "live_versions": nullable(integer()),
                          "lock_held": nullable(boolean()), "lock_holder_pid": nullable(integer()),
-                         "lock_holder_captured_at": nullable(string(64))},
+                         "lock_holder_captured_at": nullable(string(64)), "unreadable_secrets": integer(0)},
                         ["active_version", "oldest_in_use", "rotation_complete"]))
 def get_kek_status(ctx, args):
     return kek.get_kek_status(ctx.principal)

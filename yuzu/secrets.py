@@ -170,14 +170,21 @@ def problems() -> list[str]:
     return out
 
 
+UNREADABLE = 0  # the key under which versions_in_use counts blobs that are not sealed secrets at all
+
+
 def versions_in_use() -> dict[int, int]:
-    """KEK version → how many sealed values are wrapped under it, over every registered sealed column."""
+    """KEK version → how many sealed values are wrapped under it, over every registered sealed column. Blobs
+    whose header does not parse count under ``UNREADABLE`` (0, never a real version)."""
     counts: dict[int, int] = {}
     for col in SEALED:
         for blob in col.model._default_manager.exclude(**{f"{col.column}__isnull": True}).values_list(
                 col.column, flat=True).iterator():
             if blob:
-                v = kek_version_of(blob)
+                try:
+                    v = kek_version_of(blob)
+                except SecretError:  # a damaged row: counted apart (UNREADABLE), never the reason a status fails
+                    v = UNREADABLE
                 counts[v] = counts.get(v, 0) + 1
     return counts
 
@@ -316,7 +323,10 @@ def rewrap_all(version: int | None = None) -> int:
     for col in SEALED:
         rows = col.model._default_manager.exclude(**{f"{col.column}__isnull": True}).values_list("pk", col.column)
         for pk, blob in rows.iterator():
-            if blob is None or kek_version_of(blob) == version:
+            try:
+                if blob is None or kek_version_of(blob) == version:
+                    continue
+            except SecretError:  # not a sealed secret: no KEK opens it, so no rewrap moves it (get_kek_status counts it)
                 continue
             new = rewrap(blob, col.where(pk), version)
             moved += col.model._default_manager.filter(pk=pk, **{col.column: bytes(blob)}).update(**{col.column: new})

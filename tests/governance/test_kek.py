@@ -45,6 +45,22 @@ def test_rotate_rewrap_status_and_retire(make_user, settings, mint):
     assert ca._ca_key(ca.authority()) is not None  # the CA key opens under v2 alone
 
 
+def test_a_damaged_row_is_counted_not_fatal(make_user, settings):
+    """A stored value that is not a sealed secret at all (a damaged row, a bad restore) must not take the KEK
+    tools down with it: the status counts it apart, a rewrap moves the rest and skips it, rotation completes."""
+    from operations.models import PluginSecret
+
+    settings.YUZU_KEK_MIN_ROTATE_INTERVAL = 0
+    root = Principal(user=make_user("root", "Administrator"))
+    ca.authority()
+    PluginSecret.objects.create(scope_key="p.k", plugin="p", key="k", sealed_value=b"not a blob", updated_by="x")
+    status = kek.get_kek_status(root)
+    assert status["unreadable_secrets"] == 1 and status["oldest_in_use"] == 1 and status["live_versions"] == 1
+    assert kek.rotate_kek(root) == {"new_version": 2, "rotation_complete": True}
+    assert kek.rewrap_secrets(root) == {"rows_rewrapped": 0}
+    assert kek.get_kek_status(root)["unreadable_secrets"] == 1
+
+
 def test_cooldown_and_ceiling(make_user, settings):
     root = Principal(user=make_user("root", "Administrator"))
     secrets.active_version()

@@ -272,8 +272,12 @@ def compliance_world(w, agents):
 def operations_world(w, agents):
     """A plugin configuration value and a secret to delete, and an unredeemed upload grant per agent."""
     PluginConfig.objects.create(plugin="process", key="default_limit", value="50", updated_by="zed")
+    from operations.models import SECRET_VALUE
+    from yuzu import secrets
+
     PluginSecret.objects.create(scope_key="process.api_token", plugin="process", key="api_token",
-                                sealed_value=b"never-opened", updated_by="zed")
+                                sealed_value=secrets.seal("never-opened", SECRET_VALUE.where("process.api_token")),
+                                updated_by="zed")
     for target, agent, grant_id in zip((IN, OUT), agents, ("a" * 32, "b" * 32), strict=True):
         w.grants[target] = UploadGrant.objects.create(
             grant_id=grant_id, secret_sha256="0" * 64, agent_id=agent.pk, declared_max_size=10, minted_by="zed",
