@@ -151,7 +151,7 @@ def transfer_engine_principal_owner(ctx, args):
 
 @tool(name="audit_engine_no_admin", title="Prove engines hold no admin", securable="AuditLog", operation="Read",
       description="Prove that no engine principal holds admin or admin-equivalent permissions. ok:true with no "
-                  "violations is the proof; an unreadable RBAC catalogue is -32603 'unable to verify', never "
+                  "violations is the proof (an empty violations list means no engine principal holds admin); an unreadable RBAC catalogue is -32603 'unable to verify', never "
                   "ok:true." + DENY_ENGINE,
       input_schema=obj({"include_revoked": boolean("Check revoked principals too (default true)")}),
       output_schema=obj({"ok": boolean(), "violations": array(obj({
@@ -212,7 +212,8 @@ EXPORT_ROW = obj({"principal_type": string(8), "principal_id": string(150), "rol
       description="Export every principal's current direct role grants as access-review evidence (one row per "
                   "principal holding at least one grant), or a campaign's frozen rows and decisions with "
                   "campaign_id; sha256 is the SHA-256 of the rows' canonical JSON (sorted keys, compact) for an "
-                  "auditor to verify. CSV: REST ?format=csv." + DENY_ENGINE,
+                  "auditor to verify. An empty rows list means no principal holds a direct grant (or the campaign froze "
+                  "none). CSV: REST ?format=csv." + DENY_ENGINE,
       input_schema=obj({"campaign_id": UUID}),
       output_schema=obj({"count": integer(0), "rows": array(EXPORT_ROW), "sha256": string(64),
                          "generated_at_ms": integer(), "campaign": CAMPAIGN}, ["count", "rows", "sha256"]))
@@ -250,7 +251,8 @@ def record_attestation(ctx, args):
 
 
 @tool(name="get_access_review", title="Get an access review", securable="AccessReview", operation="Read",
-      description="Show a campaign with every attestation row and the pending count." + DENY_ENGINE,
+      description="Show a campaign with every attestation row and the pending count. An empty attestations list "
+                  "means the campaign froze no grants." + DENY_ENGINE,
       input_schema=obj({"campaign_id": UUID}, ["campaign_id"]),
       output_schema=obj({"campaign": CAMPAIGN, "attestations": array(obj(additional=True)),
                          "pending_count": integer(0)}, ["campaign", "attestations", "pending_count"]))

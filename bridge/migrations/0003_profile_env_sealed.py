@@ -5,10 +5,11 @@ import json
 
 from django.db import migrations, models
 
+# The KEK registry (yuzu 0002) is migrated first: the dependency below.
+from yuzu.secrets import Where, seal, unseal
+
 
 def seal_existing(apps, schema_editor):
-    from yuzu.secrets import Where, seal  # deferred: the KEK registry must be migrated first (dependency below)
-
     Profile = apps.get_model("bridge", "Profile")
     for pk, env in Profile.objects.values_list("pk", "env"):
         if env:
@@ -17,8 +18,6 @@ def seal_existing(apps, schema_editor):
 
 
 def unseal_existing(apps, schema_editor):
-    from yuzu.secrets import Where, unseal  # deferred: as above
-
     Profile = apps.get_model("bridge", "Profile")
     for pk, blob in Profile.objects.exclude(env_sealed__isnull=True).values_list("pk", "env_sealed"):
         env = json.loads(unseal(blob, Where("bridge", Profile._meta.db_table, "env_sealed", pk)))
