@@ -664,6 +664,7 @@ def rest_outcome(r, row):
     return f"HTTP {r.status_code}"
 
 
+@pytest.mark.timeout(600)  # every route × caller × tier: it grows with each route (~300 s with the operator surface)
 def test_rest_matrix():
     routes = url_routes()
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]
