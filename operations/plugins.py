@@ -376,10 +376,12 @@ def push_kill_switches():
 
 
 def sync_agent(agent_id):
-    """On connect: the whole configuration (one frame per plugin) and every kill switch."""
+    """On connect: the whole configuration (one frame per plugin) and every kill switch — nothing when the store
+    is empty (a fresh agent starts with no configuration and every plugin on)."""
     for plugin in PluginConfig.objects.values_list("plugin", flat=True).distinct():
         send_to_agent(agent_id, {"type": "agent.push", "payload": config_message(plugin)})
-    send_to_agent(agent_id, {"type": "agent.push", "payload": kill_message()})
+    if PluginKillSwitch.objects.exists():
+        send_to_agent(agent_id, {"type": "agent.push", "payload": kill_message()})
 
 
 def catalogue_json(plugin):
