@@ -37,7 +37,7 @@ from yuzu.policy import requires_approval, tier_allows
 from . import jsonrpc as rpc
 from .context import ToolContext
 from .registry import SyncHandler, Tool, ToolFailure, catalogue
-from .schema import error_path, first_error
+from .schema import error_path, error_text, first_error
 
 log = logging.getLogger("yuzu.mcp")
 
@@ -91,7 +91,7 @@ def _deny(ctx: ToolContext, code: int, message: str, result: str = "denied", det
 
 
 def schema_error_message(error: SchemaError) -> str:
-    return f"arguments do not match the tool input schema at '{error_path(error)}': {error.message}"
+    return f"arguments do not match the tool input schema at '{error_path(error)}': {error_text(error)}"
 
 
 def check_arguments(tool: Tool, arguments: JsonObject) -> SchemaError | None:

@@ -38,6 +38,21 @@ def error_path(error: ValidationError) -> str:
     return "/" + "/".join(str(p) for p in error.absolute_path)
 
 
+def error_text(error: ValidationError) -> str:
+    """What is wrong, without the submitted value: jsonschema's messages begin with the offending value
+    (``'hunter2…' is too long``), and an argument may be a secret, or megabytes. The value is named as
+    "the value" instead; the path (``error_path``) says which one. Property names (required, additional
+    properties) are the caller's keys, not its values, and stay."""
+    message = error.message
+    shown = repr(error.instance)
+    if message.startswith(shown):
+        return "the value" + message[len(shown):]
+    if error.validator in ("const", "enum", "required", "additionalProperties", "unevaluatedProperties",
+                           "propertyNames", "dependentRequired"):
+        return message if len(message) <= 512 else message[:509] + "..."
+    return f"the value fails the schema's '{error.validator}' rule"
+
+
 def without(schema: Schema, *names: str) -> Schema:
     """``schema`` (an object schema) without the properties ``names`` (e.g. a tool's input for REST, which
     has no approval_id)."""

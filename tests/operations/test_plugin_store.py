@@ -79,6 +79,20 @@ def test_secrets_are_sealed_write_only_and_never_audited_in_clear(agent, mcp):
     assert AuditEvent.objects.filter(action="plugin_secret.delete", result="failure").exists()  # still audited
 
 
+def test_an_oversized_secret_is_refused_without_echoing_it(agent, mcp, mint, client):
+    """A schema refusal names the field and the rule, never the submitted value: a secret that is too long
+    must not come back in the error (a client transcript, a proxy log), on either face."""
+    value = "hunter2-" + "s" * 70_000
+    _, error = mcp().tool("set_plugin_secret", {"plugin": "process", "key": "api.token", "value": value})
+    assert error["code"] == -32602 and "/value" in error["message"] and "too long" in error["message"]
+    assert "hunter2" not in str(error)
+    raw = mint("admin-rest", role="Administrator", tier="")
+    r = client.put("/api/v1/plugin-config/process/api.token/secret", {"value": value},
+                   content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 400 and b"hunter2" not in r.content and b"too long" in r.content
+    assert not PluginSecret.objects.exists()
+
+
 def test_delete_is_gated_on_the_supervised_tier(agent, mcp):
     PluginConfig.objects.create(plugin="process", key="default_limit", value="5", updated_by="x")
     _, error = mcp(tier="supervised").tool("delete_plugin_config", {"plugin": "process", "key": "default_limit"})

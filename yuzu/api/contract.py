@@ -25,6 +25,7 @@ from mcp.schema import (
     Schema,
     array,
     error_path,
+    error_text,
     first_error,
     integer,
     nullable,
@@ -90,7 +91,7 @@ def payload(request: Request, schema: Schema) -> JsonObject:
     data = request.data or {}  # no body at all reads as an empty object
     error = first_error(schema, data)
     if error is not None:
-        raise YuzuError(f"body does not match the schema at '{error_path(error)}': {error.message}", status=400,
+        raise YuzuError(f"body does not match the schema at '{error_path(error)}': {error_text(error)}", status=400,
                         remediation="fix the field named in the message; see /api/v1/openapi.json")
     body: JsonObject = data  # a body schema is an object schema
     return body
