@@ -181,6 +181,7 @@ def main():
             c.prepare()
             rest = c.token("soak-rest", "Operator")
             mcp = c.token("soak-mcp", "Operator", tier="operator")
+            stream_tokens = c.tokens(max(1, (a.streams + 3) // 4)) if a.streams else []  # 4 GET streams per token
             bases = [c.daphne("daphne-1"), c.daphne("daphne-2")]
             c.celery()
             c.spawn("celery-beat", [sys.executable, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
@@ -200,8 +201,9 @@ def main():
             threads += [threading.Thread(target=mcp_loop, args=(stop, stats, bases, mcp, k), daemon=True)
                         for k in range(a.mcp_clients)]
             threads.append(threading.Thread(target=exec_loop, args=(stop, stats, bases, rest, a.exec_every), daemon=True))
-            threads += [threading.Thread(target=stream_loop, args=(stop, stats, bases[k % 2], mcp), daemon=True)
-                        for k in range(a.streams)]
+            # a token's streams on one process (the budget is 4 per principal per process)
+            threads += [threading.Thread(target=stream_loop, args=(stop, stats, bases[(k // 4) % 2], stream_tokens[k // 4]),
+                                         daemon=True) for k in range(a.streams)]
             for t in threads:
                 t.start()
                 if len(threads) > 50:
