@@ -220,7 +220,8 @@ def main():
                 with stats.lock:
                     started = list(stats.exec_started)
                     streams = stats.streams_open
-                ok = pg.query("SELECT count(*) FROM fleet_execution WHERE status = 'succeeded'")[0][0]
+                by_status = dict(pg.query("SELECT status, count(*) FROM fleet_execution GROUP BY status"))
+                ok = by_status.get("succeeded", 0)
                 s = {"t_s": round(time.monotonic() - t0),
                      **{f"rss_{n}": round(p.memory_info().rss / 2**20, 1) for n, p in daphnes.items()},
                      **{f"fds_{n}": p.num_fds() for n, p in daphnes.items()},
@@ -230,7 +231,8 @@ def main():
                                                 if ln.startswith("connected_clients:")), "0")),
                      "streams_open": streams, "requests": reqs, "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95),
                      "p99_ms": pct(lat, 99), "five_xx": five, "errors": len(errors) - five,
-                     "error_samples": errors[:3], "executions": len(started), "succeeded": ok}
+                     "error_samples": errors[:3], "executions": len(started), "succeeded": ok,
+                     "executions_by_status": by_status}
                 samples.append(s)
                 print(f"{s['t_s']:>6} {s['rss_daphne-1']:>6} {s['rss_daphne-2']:>6} {s['fds_daphne-1']:>5} "
                       f"{s['fds_daphne-2']:>5} {s['pg_connections']:>7} {s['layer_groups']:>6} {s['redis_clients']:>8} "
