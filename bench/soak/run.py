@@ -181,6 +181,7 @@ def main():
             c.prepare()
             rest = c.token("soak-rest", "Operator")
             mcp = c.token("soak-mcp", "Operator", tier="operator")
+            stream_tokens = c.tokens(max(1, (a.streams + 3) // 4)) if a.streams else []  # 4 GET streams per token
             bases = [c.daphne("daphne-1"), c.daphne("daphne-2")]
             c.celery()
             c.spawn("celery-beat", [sys.executable, "-m", "celery", "-A", "yuzu", "beat", "-l", "warning",
@@ -200,8 +201,9 @@ def main():
             threads += [threading.Thread(target=mcp_loop, args=(stop, stats, bases, mcp, k), daemon=True)
                         for k in range(a.mcp_clients)]
             threads.append(threading.Thread(target=exec_loop, args=(stop, stats, bases, rest, a.exec_every), daemon=True))
-            threads += [threading.Thread(target=stream_loop, args=(stop, stats, bases[k % 2], mcp), daemon=True)
-                        for k in range(a.streams)]
+            # a token's streams on one process (the budget is 4 per principal per process)
+            threads += [threading.Thread(target=stream_loop, args=(stop, stats, bases[(k // 4) % 2], stream_tokens[k // 4]),
+                                         daemon=True) for k in range(a.streams)]
             for t in threads:
                 t.start()
                 if len(threads) > 50:
@@ -218,7 +220,8 @@ def main():
                 with stats.lock:
                     started = list(stats.exec_started)
                     streams = stats.streams_open
-                ok = pg.query("SELECT count(*) FROM fleet_execution WHERE status = 'succeeded'")[0][0]
+                by_status = dict(pg.query("SELECT status, count(*) FROM fleet_execution GROUP BY status"))
+                ok = by_status.get("succeeded", 0)
                 s = {"t_s": round(time.monotonic() - t0),
                      **{f"rss_{n}": round(p.memory_info().rss / 2**20, 1) for n, p in daphnes.items()},
                      **{f"fds_{n}": p.num_fds() for n, p in daphnes.items()},
@@ -228,7 +231,8 @@ def main():
                                                 if ln.startswith("connected_clients:")), "0")),
                      "streams_open": streams, "requests": reqs, "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95),
                      "p99_ms": pct(lat, 99), "five_xx": five, "errors": len(errors) - five,
-                     "error_samples": errors[:3], "executions": len(started), "succeeded": ok}
+                     "error_samples": errors[:3], "executions": len(started), "succeeded": ok,
+                     "executions_by_status": by_status}
                 samples.append(s)
                 print(f"{s['t_s']:>6} {s['rss_daphne-1']:>6} {s['rss_daphne-2']:>6} {s['fds_daphne-1']:>5} "
                       f"{s['fds_daphne-2']:>5} {s['pg_connections']:>7} {s['layer_groups']:>6} {s['redis_clients']:>8} "

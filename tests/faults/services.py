@@ -161,6 +161,16 @@ class Cluster:
             args += ["--tier", tier]
         return self.manage(*args).strip().splitlines()[-1]
 
+    def tokens(self, count: int, user: str = "fault-streams", role: str = "Operator", tier: str = "operator") -> list[str]:
+        """``count`` MCP tokens of one user, minted in one process (a GET stream budget is per token)."""
+        code = ("from datetime import timedelta; from django.utils import timezone; "
+                "from django.contrib.auth import get_user_model; from yuzu.models import ApiToken; "
+                "from yuzu.rbac import assign_role; "
+                f"u = get_user_model().objects.get_or_create(username={user!r})[0]; assign_role(u, {role!r}); "
+                f"print('\\n'.join(ApiToken.mint(u, f'{user}-{{i}}', mcp_tier={tier!r}, "
+                f"expires_at=timezone.now() + timedelta(days=30))[1] for i in range({count})))")
+        return self.manage("shell", "-c", code).split()[-count:]
+
     def device_token(self, uses: int = 10) -> str:
         return self.manage("mint_device_token", "--name", "faults", "--max-uses", str(uses)).strip().splitlines()[-1]
 
