@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince, timeuntil
 
 from yuzu import rbac
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.plans import SENSITIVE_KEY_RE
 from yuzu.stepup import mfa_is_fresh, prove
@@ -82,7 +82,7 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(RbacAdmin):
+class ApprovalAdmin(ReadOnlyAdmin):
     securable = "Approval"
     group_scoped = True  # approvers of one group see (and review) that group's tickets
     list_display = ("what", "targets", "risk_class", "requested_by", "age", "expires", "status")
@@ -96,16 +96,7 @@ class ApprovalAdmin(RbacAdmin):
               "arguments", "reviewed_by", "reviewed_at", "review_comment", "consumed_at", "consumed_by")
     readonly_fields = fields
 
-    # --- read-only: the admin reviews tickets, it never edits them -------------------------------
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    # --- read-only (ReadOnlyAdmin): the admin reviews tickets, it never edits them -----------------
 
     def get_queryset(self, request):
         """Only the tickets this user submitted or may review (services: visibility rules)."""

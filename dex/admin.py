@@ -5,7 +5,7 @@ what dex.services.dashboard returns (the same confinement as the tools)."""
 from django.contrib import admin
 from django.template.response import TemplateResponse
 
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 
 from . import services
 from .models import DeviceFacts
@@ -18,17 +18,8 @@ WORST = (("cpu_pct", "CPU %"), ("commit_pct", "Memory commit %"), ("disk_lat_ms"
 
 
 @admin.register(DeviceFacts)
-class DashboardAdmin(RbacAdmin):
+class DashboardAdmin(ReadOnlyAdmin):
     securable = "GuaranteedState"
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def changelist_view(self, request, extra_context=None):
         data = services.dashboard(session_principal(request))

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.stepup import mfa_is_fresh, prove
 
@@ -19,22 +19,15 @@ from .models import AccessReviewAttestation, AccessReviewCampaign, EnginePrincip
 
 
 @admin.register(EnginePrincipal)
-class EnginePrincipalAdmin(RbacAdmin):
+class EnginePrincipalAdmin(ReadOnlyAdmin):
+    """Rows are never deleted here: revoke through revoke_engine_principal."""
+
     securable = "EnginePrincipal"
     list_display = ("principal_id", "display_name", "owner", "classification", "lifecycle_state", "live_credentials",
                     "created_at", "revoked_at")
     list_filter = ("lifecycle_state", "classification")
     search_fields = ("principal_id", "display_name", "owner__username")
     readonly_fields = [f.name for f in EnginePrincipal._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # rows are never deleted; revoke through revoke_engine_principal
 
     @admin.display(description="live credentials")
     def live_credentials(self, obj):
@@ -45,20 +38,14 @@ DECISIONS = {"keep": AccessReviewAttestation.Decision.ATTESTED, "revoke": Access
 
 
 @admin.register(AccessReviewCampaign)
-class AccessReviewAdmin(RbacAdmin):
+class AccessReviewAdmin(ReadOnlyAdmin):
+    """Campaigns are opened with the tool or REST (opening freezes the population in one transaction); this
+    page is the reviewer's keep/revoke workflow."""
+
     securable = "AccessReview"
     list_display = ("title", "status", "grant_count", "created_by", "closed_by", "revocations_applied")
     list_filter = ("status",)
     actions = None
-
-    def has_add_permission(self, request):
-        return False  # opened with the tool or REST (it freezes the population in one transaction)
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_urls(self):
         return [path("<str:campaign_id>/review/", self.admin_site.admin_view(self.review_view),

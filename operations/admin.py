@@ -7,7 +7,7 @@ detected licences, read-only."""
 from django import forms
 from django.contrib import admin, messages
 
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import RbacAdmin, ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
 
 from . import plugins, schedules
@@ -21,17 +21,6 @@ from .models import (
     UploadGrant,
     UploadSession,
 )
-
-
-class ReadOnlyAdmin(RbacAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class ServiceForm(forms.ModelForm):

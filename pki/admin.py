@@ -3,7 +3,7 @@ authenticator code (step-up), the same service function as the tool and the REST
 
 from django.contrib import admin, messages
 
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.stepup import mfa_is_fresh
 
@@ -12,22 +12,13 @@ from .models import IssuedCert
 
 
 @admin.register(IssuedCert)
-class IssuedCertAdmin(RbacAdmin):
+class IssuedCertAdmin(ReadOnlyAdmin):
     securable = "Security"
     list_display = ("serial_hex", "subject", "purpose", "status", "not_after", "issued_at", "issued_by", "revoked_at")
     list_filter = ("purpose", "status")
     search_fields = ("serial_hex", "subject", "agent_id", "signer_name")
     readonly_fields = [f.name for f in IssuedCert._meta.fields]
     actions = ["revoke_selected"]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_actions(self, request):
         actions = super().get_actions(request)

@@ -52,3 +52,17 @@ class RbacAdmin(admin.ModelAdmin[Any]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return self.may(request, "Delete")
+
+
+class ReadOnlyAdmin(RbacAdmin):
+    """An RBAC-gated page that shows rows and never adds, edits or deletes them from the admin (the app's
+    service functions, behind their own actions or tools, are the only writers)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False

@@ -10,12 +10,16 @@ import json
 import os
 
 import pytest
-from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from governance import reviews
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
-from tests.support.otp import code
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    admin_login,
+    off_thread,
+    require_browser,
+    staff_with_authenticator,
+)
 from yuzu.models import AuditEvent, RoleAssignment
 from yuzu.rbac import Principal, seed_builtin_roles
 from yuzu.testing import ROOT
@@ -29,9 +33,8 @@ VIEWPORT = {"width": 1200, "height": 800}
 def test_a_reviewer_keeps_one_grant_revokes_another_and_closes(daphne, make_user, tmp_path):
     sync_playwright = require_browser()
     seed_builtin_roles()
-    rita = make_user("rita", "Reviewer", password=PASSWORD)
-    get_user_model().objects.filter(pk=rita.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=rita, name="phone", confirmed=True)
+    device = staff_with_authenticator(make_user, "rita", "Reviewer", PASSWORD)
+    rita = device.user
     make_user("olga", "Operator")
     make_user("vic", "Viewer")
     campaign = reviews.open_access_review(Principal(user=rita), "Q4 2026 access review")["campaign_id"]
@@ -43,12 +46,7 @@ def test_a_reviewer_keeps_one_grant_revokes_another_and_closes(daphne, make_user
         try:
             page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
             page.set_default_timeout(15000)
-            page.goto(f"/admin/login/?next={url}")
-            page.fill("#id_username", "rita")
-            page.fill("#id_password", PASSWORD)
-            page.fill("#id_otp_token", code(device))
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_url(f"{server.base}{url}")
+            admin_login(page, server.base, url, "rita", PASSWORD, device)
             assert page.inner_text("#pending-count") == "3"
 
             page.click("tr[data-principal='olga'] button.keep")

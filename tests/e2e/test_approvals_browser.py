@@ -13,9 +13,7 @@ and the playwright package (requirements-test.txt). `playwright install` is neve
 import time
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from fleet.models import Agent, Tag
@@ -23,10 +21,12 @@ from tests.support.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
     McpHttp,
+    admin_login,
     off_thread,
     require_browser,
+    staff_with_authenticator,
 )
-from tests.support.otp import code, next_code
+from tests.support.otp import next_code
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.models import AuditEvent
 
@@ -53,9 +53,7 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
     agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
     Tag.objects.create(agent=agent, key="owner", value="payments")
     token = mint("alice", role="Operator", tier="operator")
-    carol = make_user("carol", "Approver", password=PASSWORD)
-    get_user_model().objects.filter(pk=carol.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=carol, name="phone", confirmed=True)
+    device = staff_with_authenticator(make_user, "carol", "Approver", PASSWORD)
 
     server = daphne()
     alice = McpHttp(server, token)
@@ -70,12 +68,7 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
             page.set_default_timeout(15000)
 
             # Password + authenticator code in one submission (carol has one device).
-            page.goto("/admin/login/?next=/admin/")
-            page.fill("#id_username", "carol")
-            page.fill("#id_password", PASSWORD)
-            page.fill("#id_otp_token", code(device))
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_url(f"{server.base}/admin/")
+            admin_login(page, server.base, "/admin/", "carol", PASSWORD, device)
 
             # Deterministically stale: move this session's MFA proof an hour back in the session store.
             sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")

@@ -7,14 +7,18 @@ With YUZU_DOCS_SCREENSHOTS=1 the policy page is also written to docs/img/complia
 import os
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    admin_login,
+    off_thread,
+    require_browser,
+    staff_with_authenticator,
+)
 from tests.support.compliance import FRAGMENT, POLICY, agents
-from tests.support.otp import code
 from yuzu.testing import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -25,9 +29,7 @@ VIEWPORT = {"width": 1100, "height": 900}
 
 def test_a_policy_written_in_the_admin_and_its_compliance_page(daphne, make_user, tmp_path):
     sync_playwright = require_browser()
-    pat = make_user("pat", "PlatformEngineer", password=PASSWORD)
-    get_user_model().objects.filter(pk=pat.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=pat, name="phone", confirmed=True)
+    device = staff_with_authenticator(make_user, "pat", "PlatformEngineer", PASSWORD)
     PolicyFragment().apply_yaml(FRAGMENT).save()
     server = daphne()
 
@@ -36,12 +38,7 @@ def test_a_policy_written_in_the_admin_and_its_compliance_page(daphne, make_user
         try:
             page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
             page.set_default_timeout(15000)
-            page.goto("/admin/login/?next=/admin/compliance/policy/add/")
-            page.fill("#id_username", "pat")
-            page.fill("#id_password", PASSWORD)
-            page.fill("#id_otp_token", code(device))
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_url(f"{server.base}/admin/compliance/policy/add/")
+            admin_login(page, server.base, "/admin/compliance/policy/add/", "pat", PASSWORD, device)
 
             page.fill("#id_yaml_source", POLICY.replace("triggers:", "scope: 'ostype == '\n  triggers:"))
             page.click("input[name=_save]")

@@ -8,13 +8,17 @@ import os
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from fleet.models import Agent
 from tests.dex.conftest import agent, observe
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
-from tests.support.otp import code
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    admin_login,
+    off_thread,
+    require_browser,
+    staff_with_authenticator,
+)
 from yuzu.models import AuditEvent
 from yuzu.testing import ROOT
 
@@ -39,21 +43,14 @@ def fleet():
 
 def test_the_dex_dashboard(daphne, make_user, tmp_path):
     sync_playwright = require_browser()
-    pat = make_user("pat", "PlatformEngineer", password=PASSWORD)
-    get_user_model().objects.filter(pk=pat.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=pat, name="phone", confirmed=True)
+    device = staff_with_authenticator(make_user, "pat", "PlatformEngineer", PASSWORD)
     server = daphne()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
             page.set_default_timeout(15000)
-            page.goto("/admin/login/?next=/admin/dex/devicefacts/")
-            page.fill("#id_username", "pat")
-            page.fill("#id_password", PASSWORD)
-            page.fill("#id_otp_token", code(device))
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_url(f"{server.base}/admin/dex/devicefacts/")
+            admin_login(page, server.base, "/admin/dex/devicefacts/", "pat", PASSWORD, device)
             assert "nobody reported" in page.inner_text("#dex-perf")  # an empty fleet: no zeros
             off_thread(fleet)
             page.reload()

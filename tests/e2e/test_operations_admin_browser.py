@@ -8,14 +8,18 @@ With YUZU_DOCS_SCREENSHOTS=1 the kill-switch list is also written to docs/img/op
 import os
 
 import pytest
-from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from fleet.agent.plugins import catalogue
 from fleet.models import Agent, AgentInventory
 from operations.models import PluginConfig, PluginKillSwitch, PluginSecret
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
-from tests.support.otp import code
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    admin_login,
+    off_thread,
+    require_browser,
+    staff_with_authenticator,
+)
 from yuzu.models import AuditEvent
 from yuzu.testing import ROOT
 
@@ -27,9 +31,7 @@ VIEWPORT = {"width": 1100, "height": 800}
 
 def test_plugin_configuration_secret_and_kill_switch_in_the_admin(daphne, make_user, tmp_path):
     sync_playwright = require_browser()
-    ada = make_user("ada", "Administrator", password=PASSWORD)
-    get_user_model().objects.filter(pk=ada.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=ada, name="phone", confirmed=True)
+    device = staff_with_authenticator(make_user, "ada", "Administrator", PASSWORD)
     agent = Agent.objects.create(agent_id="b1", hostname="b1.example", os="linux")
     AgentInventory.objects.create(agent=agent, plugin=AgentInventory.CATALOGUE, data=catalogue())
     server = daphne()
@@ -39,12 +41,7 @@ def test_plugin_configuration_secret_and_kill_switch_in_the_admin(daphne, make_u
         try:
             page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
             page.set_default_timeout(15000)
-            page.goto("/admin/login/?next=/admin/operations/pluginconfig/add/")
-            page.fill("#id_username", "ada")
-            page.fill("#id_password", PASSWORD)
-            page.fill("#id_otp_token", code(device))
-            page.click("input[type=submit][value='Log in']")
-            page.wait_for_url(f"{server.base}/admin/operations/pluginconfig/add/")
+            admin_login(page, server.base, "/admin/operations/pluginconfig/add/", "ada", PASSWORD, device)
 
             page.fill("#id_plugin", "process")
             page.fill("#id_key", "default_limit")

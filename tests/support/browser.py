@@ -60,3 +60,25 @@ def require_browser():
     except ImportError:
         pytest.fail("the playwright package is missing: pip install -r requirements-test.txt")
     return sync_playwright
+
+
+def staff_with_authenticator(make_user, username, role, password):
+    """A staff user holding ``role``, with a confirmed TOTP device (the admin's second factor)."""
+    from django.contrib.auth import get_user_model
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    user = make_user(username, role, password=password)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    return TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+
+
+def admin_login(page, base, next_path, username, password, device):
+    """Sign in on the admin's login page (password and authenticator code) and land on ``next_path``."""
+    from .otp import code
+
+    page.goto(f"/admin/login/?next={next_path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.fill("#id_otp_token", code(device))
+    page.click("input[type=submit][value='Log in']")
+    page.wait_for_url(f"{base}{next_path}")
