@@ -25,13 +25,29 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 def stack(django_db_setup, django_db_blocker, tmp_path_factory):
     # The server process carries ANTHROPIC_* of its own: no worker may inherit them.
     s = start_stack(tmp_path_factory.mktemp("bridge"),
-                    extra_env={"ANTHROPIC_API_KEY": SERVER_SECRET, "ANTHROPIC_BASE_URL": "https://server.invalid"})
+                    extra_env={"ANTHROPIC_API_KEY": SERVER_SECRET, "ANTHROPIC_BASE_URL": "https://server.invalid",
+                               "YUZU_KEK_DIR": str(tmp_path_factory.mktemp("bridge-keys"))})
     yield s
     s.stop()
 
 
+def share_server_keys(stack, settings):
+    """Seal with the keys the stack's server already holds. The server outlives each test's database (it is
+    started once per module) and keeps the KEK it loaded; the test database is emptied between tests, so
+    register the server's key files in it again (yuzu.secrets: the database keeps each version's check value)."""
+    from yuzu import secrets
+    from yuzu.models import KekVersion
+
+    settings.YUZU_KEK_DIR = Path(stack.env["YUZU_KEK_DIR"])
+    secrets.forget_keys()
+    for path in sorted(settings.YUZU_KEK_DIR.glob("secrets-kek-v*.key")):
+        KekVersion.objects.get_or_create(version=int(path.stem.rsplit("-v", 1)[1]),
+                                         defaults={"kcv": secrets.check_value(path.read_bytes())})
+
+
 @pytest.fixture
-def bridge(stack, transactional_db):
+def bridge(stack, transactional_db, settings):
+    share_server_keys(stack, settings)
     stack.resume_poller()
     seed_profiles()
     Profile.objects.filter(name="standin").update(env={"YUZU_STANDIN_BUSY_SECONDS": "0.4"})
