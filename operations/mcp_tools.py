@@ -211,7 +211,9 @@ LICENSE = obj({"product": string(256), "vendor": string(256), "version": string(
 @tool(name="query_software_licenses", title="Query detected software licences", securable="SoftwareLicensing",
       operation="Read", service_scope="confined",
       description="List the software licences detected on one device (machine-level facts only, no user "
-                  "identities). An unknown agent answers count 0; a device outside your management groups -32003.",
+                  "identities). An empty licenses list means no licence was detected there, or the device has "
+                  "not sent its daily licence scan yet — not that it runs nothing licensed. An unknown agent "
+                  "answers count 0; a device outside your management groups -32003.",
       input_schema=obj({"agent_id": string(256, "The device", minLength=1)}, ["agent_id"]),
       output_schema=obj({"agent_id": string(256), "count": integer(), "licenses": array(LICENSE),
                          "audit_persisted": boolean()}, ["agent_id", "count", "licenses"]))
