@@ -203,6 +203,11 @@ class Cluster:
         return self.spawn(name, [sys.executable, "-m", "celery", "-A", "yuzu", "worker", "-l", "info", "--concurrency",
                                  "2", "--without-gossip", "--without-mingle", "-n", f"{name}-{time.monotonic_ns()}@%h"])
 
+    def beat(self, name: str = "celery-beat") -> subprocess.Popen[bytes]:
+        """Celery beat: the periodic tasks, among them the sweep that ends a silent agent's command in TIMEOUT."""
+        return self.spawn(name, [sys.executable, "-m", "celery", "-A", "yuzu", "beat", "-l", "info",
+                                 "--schedule", str(self.tmp / f"{name}-schedule")])
+
     def agent(self, base: str, device_token: str, name: str = "agent",
               script_allow: list[list[str]] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
         state = self.tmp / f"state-{name}"

@@ -110,7 +110,16 @@ def test_postgres_restart_and_outage_answer_honestly_and_half_write_nothing(pg, 
         tickets.append((err["data"]["approval_id"], args))
     pg.query("UPDATE approvals_approval SET status = 'approved', reviewed_by = 'faults', reviewed_at = now()")
 
+    failures: list = []  # what ended a recall thread early (an assertion in a thread is otherwise lost)
+
     def recall_all(deadline):
+        try:
+            return _recall_all(deadline)
+        except BaseException as exc:
+            failures.append(repr(exc))
+            raise
+
+    def _recall_all(deadline):
         """Recall every unconsumed ticket until each is accepted or refused for good; returns the answers."""
         answers = []
         pending = list(tickets)
@@ -167,6 +176,7 @@ def test_postgres_restart_and_outage_answer_honestly_and_half_write_nothing(pg, 
     assert all(p.poll() is None for p in c.procs.values()), c.all_logs()  # no process needed a restart
 
     # every ticket ended consumed with its execution (the recalls retried honest refusals until accepted)
+    assert not failures, failures
     consumed = pg.query("SELECT id FROM approvals_approval WHERE consumed_at IS NOT NULL")
     assert len(consumed) == TICKETS, (answers, pg.query("SELECT id, status, consumed_at FROM approvals_approval"))
     for (tid,) in consumed:
