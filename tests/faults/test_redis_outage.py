@@ -66,9 +66,11 @@ def test_redis_outage_reads_work_writes_refused_then_everything_reconnects(pg, r
     first_id = first.json()["data"]["execution_id"]
     _terminal(pg, first_id, 30)
     slow = _execute(http, base, rest, plugin="script", action="run", agent_ids=[agent_id],
-                    params={"argv": json.dumps(SLOW)}, expires_in=60)
+                    params={"argv": json.dumps(SLOW)})
     assert slow.status_code == 202, slow.text
     slow_id = slow.json()["data"]["execution_id"]
+    # A 60 s expiry instead of the API's 300 s: the sweep's TIMEOUT for an answer the outage lost comes in time
+    pg.query("UPDATE fleet_execution SET expires_at = now() + interval '60 seconds' WHERE id = %s", slow_id)
     until(lambda: pg.query("SELECT count(*) FROM fleet_agentexecstatus WHERE execution_id = %s AND status = 'running'",
                            slow_id)[0][0], 20, "the agent to start the slow command")
     stored_before = pg.query("SELECT id, status, output FROM fleet_response WHERE status <> 'running' ORDER BY id")
