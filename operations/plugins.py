@@ -363,16 +363,19 @@ def _connected():
     return list(Agent.objects.filter(connected=True).values_list("agent_id", flat=True))
 
 
-def push_config(plugin):
-    message = {"type": "agent.push", "payload": config_message(plugin)}
+def _push(payload):
+    """Send one push frame to every connected agent."""
+    message = {"type": "agent.push", "payload": payload}
     for agent_id in _connected():
         send_to_agent(agent_id, message)
+
+
+def push_config(plugin):
+    _push(config_message(plugin))
 
 
 def push_kill_switches():
-    message = {"type": "agent.push", "payload": kill_message()}
-    for agent_id in _connected():
-        send_to_agent(agent_id, message)
+    _push(kill_message())
 
 
 def sync_agent(agent_id):
