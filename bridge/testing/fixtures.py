@@ -14,6 +14,8 @@ import pytest
 
 from bridge.models import Profile
 from bridge.profiles import seed_profiles
+from yuzu import secrets
+from yuzu.models import KekVersion
 
 from .harness import Mcp, start_stack, wait_until
 
@@ -35,9 +37,6 @@ def share_server_keys(stack, settings):
     """Seal with the keys the stack's server already holds. The server outlives each test's database (it is
     started once per module) and keeps the KEK it loaded; the test database is emptied between tests, so
     register the server's key files in it again (yuzu.secrets: the database keeps each version's check value)."""
-    from yuzu import secrets
-    from yuzu.models import KekVersion
-
     settings.YUZU_KEK_DIR = Path(stack.env["YUZU_KEK_DIR"])
     secrets.forget_keys()
     for path in sorted(settings.YUZU_KEK_DIR.glob("secrets-kek-v*.key")):
