@@ -13,7 +13,7 @@ channel-layer group (fleet.events).
 import json
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -57,15 +57,25 @@ REDACTED = "[redacted]"
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
 
 
-#: Callables ``(plugin, action)`` that raise a YuzuError to refuse any dispatch of that command, installed by
-#: other apps in their AppConfig.ready (operations: plugin kill switches). Run when a command is validated
-#: and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
-DISPATCH_GATES: list[Callable[[str, str], None]] = []
+#: Callables ``(plugin, action, targets)`` installed by other apps in their AppConfig.ready (operations: plugin
+#: kill switches): each raises a YuzuError to refuse the whole dispatch, or returns the targets it holds back
+#: ({agent_id: why}), which the dispatch leaves out. Run when a command is validated (without targets), when its
+#: targets are known and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
+DISPATCH_GATES: list[Callable[[str, str, Sequence[str]], dict[str, str]]] = []
 
 
-def dispatch_gate(plugin, action):
+def dispatch_gate(plugin, action, targets=()):
+    """The targets held back ({agent_id: why}); raises when the dispatch is refused."""
+    held = {}
     for gate in DISPATCH_GATES:
-        gate(plugin, action)
+        held.update(gate(plugin, action, targets))
+    return held
+
+
+def _gated(plugin, action, targets):
+    """(the targets that may receive plugin.action, how many were held back)."""
+    held = dispatch_gate(plugin, action, targets)
+    return [t for t in targets if t not in held], len(held)
 
 
 def invalid(message, remediation=None, **extra):
@@ -185,6 +195,7 @@ class Order:
     targets: list
     scope: str = ""
     expires_in: int = 300
+    held: int = 0  # targets a kill switch held back (left out)
 
 
 def _describe(order, how):
@@ -197,7 +208,8 @@ def _describe(order, how):
         where = ", ".join(names.get(a) or a for a in order.targets)
     else:
         where = f"{n} agent{'s' if n != 1 else ''} {how}"
-    return f"Run {order.plugin}.{order.action}{with_params} on {where}"
+    held = f" ({order.held} more held back by a kill switch)" if order.held else ""
+    return f"Run {order.plugin}.{order.action}{with_params} on {where}{held}"
 
 
 def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, expires_in=300,
@@ -209,14 +221,16 @@ def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_
     if not isinstance(expires_in, int) or isinstance(expires_in, bool) or not 1 <= expires_in <= MAX_EXPIRES_IN:
         raise invalid(f"expires_in must be an integer of 1-{MAX_EXPIRES_IN} seconds")
     pinned_ids = (pinned or {}).get("agents") if pinned is not None else None
-    order = Order(plugin, action, params, _targets(principal, tree, agent_ids, pinned_ids), scope or "", expires_in)
+    targets, held = _gated(plugin, action, _targets(principal, tree, agent_ids, pinned_ids))
+    order = Order(plugin, action, params, targets, scope or "", expires_in, held)
     spec = _check_plugin(plugin, action, params, order.targets) or {}
     how = (f"matching `{scope}`" if scope is not None else "listed by id" if agent_ids is not None
            else "(every connected agent you may execute on)")
     return Plan(summary=_describe(order, how), value=order, pins={"agents": order.targets},
                 risk=spec.get("risk") or "", facts={"plugin": f"{plugin}.{action}",
                                                     "description": spec.get("description") or "",
-                                                    "params": redact(params), "scope": scope})
+                                                    "params": redact(params), "scope": scope,
+                                                    "kill_switched_agents": held})
 
 
 # --- start / dispatch --------------------------------------------------------------------------
@@ -229,16 +243,11 @@ def start_execution(principal, *, cid="", plan=None, definition_id="", **request
 
 
 def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_step=None):
-    return _launch(principal, order.plugin, order.action, order.params, order.targets, scope=order.scope, cid=cid,
-                   definition_id=definition_id, bundle_id=bundle_id, bundle_step=bundle_step,
-                   expires_in=order.expires_in)
-
-
-def _launch(principal, plugin, action, params, targets, *, scope, cid, definition_id, bundle_id, bundle_step,
-            expires_in):
     """Create the rows, then enqueue dispatch. Sensitive parameter values are stored redacted and reach
     the dispatch task only through its message."""
-    dispatch_gate(plugin, action)
+    plugin, action, params, scope, expires_in = order.plugin, order.action, order.params, order.scope, order.expires_in
+    targets, held = _gated(plugin, action, order.targets)  # a switch may have been flipped since the plan
+    held += order.held
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
     now = timezone.now()
     enqueue = {"tried": False}
@@ -285,7 +294,7 @@ def _launch(principal, plugin, action, params, targets, *, scope, cid, definitio
                         retry_after_ms=STORE_FAULT_RETRY_MS, remediation="retry shortly",
                         extra={"execution_id": ex.id}) from None
     base = {"execution_id": ex.id, "command_id": ex.command_id, "plugin": plugin, "action": action,
-            "agents_reached": len(targets)}
+            "agents_reached": len(targets), **({"kill_switched_agents": held} if held else {})}
     if not targets:
         events.publish(ex)
         return {**base, "status": "no_agents_reached",
@@ -443,6 +452,7 @@ def plan_bundle(principal, *, agent_id, steps, pinned=None):
             raise invalid(f"steps[{i}] must be an object with plugin, action and optional params")
         try:
             plugin, action, params = _command(step.get("plugin"), step.get("action"), step.get("params"))
+            _gated(plugin, action, targets)  # the one agent held back by a group's kill switch refuses the bundle
             specs.append(_check_plugin(plugin, action, params, targets) or {})
         except YuzuError as exc:
             raise invalid(f"steps[{i}]: {exc.message}", exc.remediation) from None

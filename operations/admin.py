@@ -42,6 +42,11 @@ class ServiceForm(forms.ModelForm):
 class ServiceAdmin(RbacAdmin):
     """save_model and delete_model call the service (audit, push); the form has validated with it already."""
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.request = request  # the service's checks need the principal (RBAC on the row's scope)
+        return form
+
     def message_error(self, request, exc):
         self.message_user(request, exc.message, messages.ERROR)
 
@@ -96,11 +101,6 @@ class PluginSecretAdmin(ServiceAdmin):
     list_display = ("scope_key", "updated_by", "updated_at_ms")
     search_fields = ("scope_key",)
 
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        form = super().get_form(request, obj, change, **kwargs)
-        form.request = request
-        return form
-
     def get_readonly_fields(self, request, obj=None):
         return ("plugin", "key") if obj is not None else ()
 
@@ -116,34 +116,40 @@ class PluginSecretAdmin(ServiceAdmin):
 class KillSwitchForm(ServiceForm):
     class Meta:
         model = PluginKillSwitch
-        fields = ["plugin", "action", "enabled", "reason"]
+        fields = ["plugin", "action", "group", "enabled", "reason"]
 
     def service_check(self, data):
-        plugins.check_plugin(data.get("plugin"), reserved=True)
-        plugins.check_action(data.get("action") or "")
+        row = self.instance  # on a change, plugin, action and group are read-only: the row's own
+        group = data.get("group", row.group)
+        plugins.plan_set_plugin_kill_switch(session_principal(self.request), data.get("plugin", row.plugin),
+                                            bool(data.get("enabled")), data.get("action", row.action) or "",
+                                            data.get("reason") or "", group.pk if group else "")
 
 
 @admin.register(PluginKillSwitch)
 class PluginKillSwitchAdmin(ServiceAdmin):
     securable = "PluginConfig"
     form = KillSwitchForm
-    list_display = ("scope_key", "enabled", "reason", "set_by", "updated_at_ms")
-    list_filter = ("enabled",)
+    list_display = ("switch", "group", "enabled", "reason", "set_by", "updated_at_ms")
+    list_filter = ("enabled", "group")
     actions = ["switch_off", "switch_on"]
 
     def has_delete_permission(self, request, obj=None):
         return False  # a switch is turned back on, not deleted (its row is the record of who flipped it)
 
+    def get_readonly_fields(self, request, obj=None):
+        return ("plugin", "action", "group") if obj is not None else ()
+
     def save_model(self, request, obj, form, change):
         plugins.set_plugin_kill_switch(session_principal(request), obj.plugin, obj.enabled, obj.action or "",
-                                       obj.reason or "", surface="rest")
-        obj.scope_key = PluginKillSwitch.key_of(obj.plugin, obj.action or "")
+                                       obj.reason or "", obj.group_id or "", surface="rest")
+        obj.scope_key = PluginKillSwitch.key_of(obj.plugin, obj.action or "", obj.group_id or "")
 
     def _flip(self, request, queryset, enabled):
         for row in queryset:
             try:
                 plugins.set_plugin_kill_switch(session_principal(request), row.plugin, enabled, row.action,
-                                               row.reason if not enabled else "", surface="rest")
+                                               row.reason if not enabled else "", row.group_id or "", surface="rest")
             except YuzuError as exc:
                 self.message_error(request, exc)
         self.message_user(request, f"{queryset.count()} switch(es) turned {'on' if enabled else 'off'}")

@@ -75,20 +75,23 @@ def secret_detail(request, plugin, key):
     return ok(plugins.delete_plugin_secret(p, plugin, key, cid=cid_of(request), surface="rest"))
 
 
-@contract("GET", "A plugin's kill switch (?action=)", response=tool_output("get_plugin_kill_switch"),
-          query=[("action", str, "one action")])
-@contract("PUT", "Flip a plugin's kill switch (?action=)", body=SWITCH, response=tool_output("set_plugin_kill_switch"),
-          query=[("action", str, "one action")])
+SWITCH_QUERY = [("action", str, "one action"), ("group", str, "a management group id or name (its own switch)")]
+
+
+@contract("GET", "A plugin's kill switch (?action=&group=)", response=tool_output("get_plugin_kill_switch"),
+          query=SWITCH_QUERY)
+@contract("PUT", "Flip a plugin's kill switch (?action=&group=)", body=SWITCH,
+          response=tool_output("set_plugin_kill_switch"), query=SWITCH_QUERY)
 @api_view(["GET", "PUT"])
 def kill_switch(request, plugin):
     p = principal_of(request)
-    action = request.query_params.get("action", "")
+    action, group = request.query_params.get("action", ""), request.query_params.get("group", "")
     if request.method == "GET":
         rbac.check(p, "PluginConfig", "Read", any_scope=True)
-        return ok(plugins.get_plugin_kill_switch(p, plugin, action))
+        return ok(plugins.get_plugin_kill_switch(p, plugin, action, group))
     rbac.check(p, "PluginConfig", "Write", any_scope=True)
     d = payload(request, SWITCH)
-    return ok(plugins.set_plugin_kill_switch(p, plugin, d["enabled"], action, d.get("reason", ""),
+    return ok(plugins.set_plugin_kill_switch(p, plugin, d["enabled"], action, d.get("reason", ""), group,
                                              cid=cid_of(request), surface="rest"))
 
 

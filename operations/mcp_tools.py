@@ -18,7 +18,10 @@ CONFIG_ROW = obj({"plugin": string(64), "key": string(128), "value": string(8192
                  ["plugin", "key", "value", "updated_at_ms", "updated_by"])
 SECRET_META = obj({"plugin": string(64), "key": string(128), "updated_at_ms": integer(), "updated_by": string(150),
                    "audit_persisted": boolean()}, ["plugin", "key", "updated_at_ms", "updated_by"])
-SWITCH = obj({"plugin": string(68), "action": string(64), "enabled": boolean(), "reason": string(512),
+GROUP = string(256, "A management group id or name: the switch then applies to that group's agents (and its "
+                   "subgroups') only. Empty or absent: fleet-wide", pattern="^[^\\x00]*$")
+SWITCH = obj({"plugin": string(68), "action": string(64), "group": string(32), "enabled": boolean(),
+              "reason": string(512),
               "set_by": string(150), "updated_at_ms": integer(), "audit_persisted": boolean()},
              ["plugin", "action", "enabled"])
 DELETED = obj({"deleted": boolean(), "audit_persisted": boolean()}, ["deleted"])
@@ -91,23 +94,28 @@ def delete_plugin_secret(ctx, args):
 
 
 @tool(name="get_plugin_kill_switch", title="Show a plugin kill switch", securable="PluginConfig", operation="Read",
-      description="Show whether a plugin or one plugin action is switched off, and why. enabled=true with no "
-                  "set_by means nobody ever flipped it. action \"\" is the whole plugin.",
-      input_schema=obj({"plugin": SWITCH_PLUGIN, "action": ACTION}, ["plugin"]), output_schema=SWITCH)
+      description="Show whether a plugin or one plugin action is switched off, and why: fleet-wide, or with "
+                  "`group` that group's own switch (a fleet-wide switch is not repeated there). enabled=true with "
+                  "no set_by means nobody ever flipped it. action \"\" is the whole plugin.",
+      input_schema=obj({"plugin": SWITCH_PLUGIN, "action": ACTION, "group": GROUP}, ["plugin"]), output_schema=SWITCH)
 def get_plugin_kill_switch(ctx, args):
-    return plugins.get_plugin_kill_switch(ctx.principal, args["plugin"], args.get("action", ""))
+    return plugins.get_plugin_kill_switch(ctx.principal, args["plugin"], args.get("action", ""), args.get("group", ""))
 
 
 @tool(name="set_plugin_kill_switch", title="Flip a plugin kill switch", securable="PluginConfig", operation="Write",
       effect="destructive", idempotent=True,
-      description="Switch a plugin or a single plugin action off (or back on) fleet-wide. While off, every "
-                  "dispatch to it is refused (reason kill_switched) and connected agents stop running it at once.",
+      description="Switch a plugin or a single plugin action off (or back on) fleet-wide, or with `group` for one "
+                  "management group's agents (needs PluginConfig:Write on that group; fleet-wide needs it "
+                  "fleet-wide). While off, every dispatch to it is refused (reason kill_switched) — a group's switch "
+                  "leaves its agents out of a wider dispatch (kill_switched_agents counts them) and refuses one that "
+                  "reaches only them — and the affected connected agents stop running it at once.",
       input_schema=obj({"plugin": SWITCH_PLUGIN, "enabled": boolean("false switches it off"), "action": ACTION,
-                        "reason": string(512, "Why (shown to whoever is refused)")}, ["plugin", "enabled"]),
+                        "group": GROUP, "reason": string(512, "Why (shown to whoever is refused)")},
+                       ["plugin", "enabled"]),
       output_schema=SWITCH)
 def set_plugin_kill_switch(ctx, args):
     return plugins.set_plugin_kill_switch(ctx.principal, args["plugin"], args["enabled"], args.get("action", ""),
-                                          args.get("reason", ""), cid=ctx.cid)
+                                          args.get("reason", ""), args.get("group", ""), cid=ctx.cid)
 
 
 # --- upload grants -------------------------------------------------------------------------------------

@@ -75,11 +75,16 @@ SECRET_VALUE = sealed_column("operations", PluginSecret, "sealed_value")
 
 
 class PluginKillSwitch(models.Model):
-    """A row exists only once someone flipped the switch; no row means enabled."""
+    """A row exists only once someone flipped the switch; no row means enabled. ``group`` empty: fleet-wide;
+    otherwise the switch applies to that management group's agents (and its subgroups') only. Deleting the
+    group deletes its switches."""
 
-    scope_key = models.CharField(primary_key=True, max_length=140, help_text="<plugin> or <plugin>.<action>")
+    scope_key = models.CharField(primary_key=True, max_length=200,
+                                 help_text="<plugin>[.<action>], then @<group id> for a group's switch")
     plugin = models.CharField(max_length=68)
     action = models.CharField(max_length=64, blank=True, default="")
+    group = models.ForeignKey("fleet.ManagementGroup", null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="+", help_text="empty: fleet-wide")
     enabled = models.BooleanField(default=True)
     reason = models.CharField(max_length=MAX_REASON, blank=True, default="")
     set_by = models.CharField(max_length=150)
@@ -94,12 +99,18 @@ class PluginKillSwitch(models.Model):
         return f"{self.scope_key}: {'on' if self.enabled else 'OFF'}"
 
     @staticmethod
-    def key_of(plugin, action=""):
-        return f"{plugin}.{action}" if action else plugin
+    def key_of(plugin, action="", group_id=""):
+        key = f"{plugin}.{action}" if action else plugin
+        return f"{key}@{group_id}" if group_id else key
+
+    @property
+    def switch(self):
+        """``<plugin>`` or ``<plugin>.<action>``: what it switches, wherever it applies."""
+        return self.key_of(self.plugin, self.action)
 
     def to_dict(self):
-        return {"plugin": self.plugin, "action": self.action, "enabled": self.enabled, "reason": self.reason,
-                "set_by": self.set_by, "updated_at_ms": self.updated_at_ms}
+        return {"plugin": self.plugin, "action": self.action, "group": self.group_id or "", "enabled": self.enabled,
+                "reason": self.reason, "set_by": self.set_by, "updated_at_ms": self.updated_at_ms}
 
 
 # --- typed software inventory and detected licences ------------------------------------------------

@@ -12,7 +12,8 @@ import logging
 from django.db import DatabaseError, transaction
 from jsonschema import Draft202012Validator
 
-from fleet.models import Agent, AgentInventory
+from fleet.groups import agents_in_groups
+from fleet.models import Agent, AgentInventory, ManagementGroup
 from fleet.push import send_to_agent
 from yuzu import rbac
 from yuzu import secrets as sealed
@@ -275,45 +276,64 @@ def delete_plugin_secret(principal, plugin=None, key=None, *, cid="", plan=None,
 
 # --- kill switches ---------------------------------------------------------------------------------
 
-def _switch_view(plugin, action, row):
+def _switch_view(plugin, action, group, row):
     if row is None:
-        return {"plugin": plugin, "action": action, "enabled": True}
+        return {"plugin": plugin, "action": action, "group": group.pk if group else "", "enabled": True}
     return row.to_dict()
 
 
-def get_plugin_kill_switch(principal, plugin, action=""):
+def _switch_scope(principal, group_ref, operation):
+    """None for a fleet-wide switch (a fleet-wide PluginConfig grant), else the management group (by id or exact
+    name) the caller holds PluginConfig:<operation> on, directly or through an ancestor; another reads as absent."""
+    if group_ref in (None, ""):
+        _fleet_wide(principal, "PluginConfig", operation)
+        return None
+    if not isinstance(group_ref, str) or len(group_ref) > 256:
+        raise invalid("group must be a management group id or name", "list_management_groups gives them")
+    group = (ManagementGroup.objects.filter(pk=group_ref).first()
+             or ManagementGroup.objects.filter(name=group_ref).first())
+    if group is None or not rbac.may(principal, "PluginConfig", operation, group=group):
+        raise YuzuError(f"not_found: management group {group_ref[:64]} not found", status=404, rpc_code=-32602,
+                        remediation="list_management_groups gives the groups you can reach")
+    return group
+
+
+def get_plugin_kill_switch(principal, plugin, action="", group=""):
     """The display view: a store error is an error here, not 'disabled'."""
-    _fleet_wide(principal, "PluginConfig", "Read")
     check_plugin(plugin, reserved=True)
     action = check_action(action)
+    scope = _switch_scope(principal, group, "Read")
     try:
-        row = PluginKillSwitch.objects.filter(pk=PluginKillSwitch.key_of(plugin, action)).first()
+        row = PluginKillSwitch.objects.filter(pk=PluginKillSwitch.key_of(plugin, action, scope and scope.pk)).first()
     except DatabaseError:
         raise store_fault() from None
-    return _switch_view(plugin, action, row)
+    return _switch_view(plugin, action, scope, row)
 
 
-def plan_set_plugin_kill_switch(principal, plugin, enabled, action="", reason=""):
-    _fleet_wide(principal, "PluginConfig", "Write")
+def plan_set_plugin_kill_switch(principal, plugin, enabled, action="", reason="", group=""):
     check_plugin(plugin, reserved=True)
     action = check_action(action)
     if not isinstance(enabled, bool):
         raise invalid("enabled must be true or false")
     if not isinstance(reason, str) or len(reason) > MAX_REASON or "\x00" in reason:
         raise invalid(f"reason must be text of at most {MAX_REASON} characters")
-    return Plan(summary=f"{'Enable' if enabled else 'Kill'} {PluginKillSwitch.key_of(plugin, action)}",
-                value=(plugin, action, enabled, reason), risk="write")
+    scope = _switch_scope(principal, group, "Write")
+    where = f" in group {scope.name}" if scope else " fleet-wide"
+    return Plan(summary=f"{'Enable' if enabled else 'Kill'} {PluginKillSwitch.key_of(plugin, action)}{where}",
+                value=(plugin, action, enabled, reason, scope), risk="write")
 
 
-def set_plugin_kill_switch(principal, plugin, enabled, action="", reason="", *, cid="", surface="mcp"):
-    plugin, action, enabled, reason = plan_set_plugin_kill_switch(principal, plugin, enabled, action, reason).value
-    scope_key = PluginKillSwitch.key_of(plugin, action)
+def set_plugin_kill_switch(principal, plugin, enabled, action="", reason="", group="", *, cid="", surface="mcp"):
+    plugin, action, enabled, reason, scope = plan_set_plugin_kill_switch(principal, plugin, enabled, action, reason,
+                                                                         group).value
+    scope_key = PluginKillSwitch.key_of(plugin, action, scope and scope.pk)
     persisted = _audit_first(principal, "plugin_kill_switch.set", scope_key,
-                             f"plugin={plugin} action={action} enabled={enabled} reason={reason}", surface, cid)
+                             f"plugin={plugin} action={action} group={scope.pk if scope else ''} enabled={enabled} "
+                             f"reason={reason}", surface, cid)
     try:
         with transaction.atomic():
             row, _ = PluginKillSwitch.objects.update_or_create(
-                scope_key=scope_key, defaults={"plugin": plugin, "action": action, "enabled": enabled,
+                scope_key=scope_key, defaults={"plugin": plugin, "action": action, "group": scope, "enabled": enabled,
                                                "reason": reason, "set_by": principal.name, "updated_at_ms": now_ms()})
     except DatabaseError:
         raise store_fault() from None
@@ -322,28 +342,69 @@ def set_plugin_kill_switch(principal, plugin, enabled, action="", reason="", *, 
     return _with_audit(row.to_dict(), persisted)
 
 
+def _off(rows, plugin, action):
+    """The row of one scope (its rows by switch) that switches plugin.action off, or None: the action's row wins
+    over the plugin's; no row means on."""
+    row = rows.get(PluginKillSwitch.key_of(plugin, action)) or rows.get(plugin)
+    return row if row is not None and not row.enabled else None
+
+
+def _why(row):
+    where = f" in group {row.group.name}" if row.group_id else ""
+    return f"{row.switch} is switched off{where} by {row.set_by}" + (f": {row.reason}" if row.reason else "")
+
+
+def _scopes(plugin):
+    """{group id or None: {switch: row}} for one plugin's switches."""
+    scopes = {}
+    for row in PluginKillSwitch.objects.filter(plugin=plugin).select_related("group"):
+        scopes.setdefault(row.group_id, {})[row.switch] = row
+    return scopes
+
+
 def action_allowed(plugin, action):
-    """The dispatch gate: (allowed, reason). The action's row wins over the plugin's; no row means allowed;
-    any store error means disabled (fail closed)."""
+    """The fleet-wide part of the dispatch gate: (allowed, reason). Any store error means disabled (fail closed)."""
     try:
-        rows = {r.scope_key: r for r in PluginKillSwitch.objects.filter(
-            pk__in=[PluginKillSwitch.key_of(plugin, action), plugin])}
+        row = _off(_scopes(plugin).get(None, {}), plugin, action)
     except DatabaseError:
         return False, "kill switch store unavailable (fail closed)"
-    row = rows.get(PluginKillSwitch.key_of(plugin, action)) or rows.get(plugin)
-    if row is None or row.enabled:
-        return True, ""
-    return False, f"{row.scope_key} is switched off by {row.set_by}" + (f": {row.reason}" if row.reason else "")
+    return (True, "") if row is None else (False, _why(row))
 
 
-def dispatch_gate(plugin, action):
-    """fleet.executions' hook: refuse a dispatch to a switched-off plugin or action."""
+def held_targets(plugin, action, targets):
+    """{agent_id: why} for the targets a group's switch holds back (the group's agents and its subgroups')."""
+    if not targets:
+        return {}
+    held = {}
+    for gid, rows in _scopes(plugin).items():
+        row = gid is not None and _off(rows, plugin, action)
+        if row:
+            for agent_id in agents_in_groups([gid]).filter(pk__in=targets).values_list("agent_id", flat=True):
+                held.setdefault(agent_id, _why(row))
+    return held
+
+
+def _refuse(plugin, action, why):
+    KILL_SWITCH_REFUSALS.inc()
+    raise YuzuError(f"kill_switched: {plugin}.{action} refused: {why}", status=403, rpc_code=-32602,
+                    remediation="set_plugin_kill_switch with enabled=true turns it back on",
+                    extra={"reason": "kill_switched"}, audit_result="denied")
+
+
+def dispatch_gate(plugin, action, targets=()):
+    """fleet.executions' hook: refuse a dispatch to a plugin or action switched off fleet-wide, or one whose every
+    target a group's switch holds back; otherwise return the targets held back ({agent_id: why}), which are left
+    out of the dispatch."""
     allowed, why = action_allowed(plugin, action)
     if not allowed:
-        KILL_SWITCH_REFUSALS.inc()
-        raise YuzuError(f"kill_switched: {plugin}.{action} refused: {why}", status=403, rpc_code=-32602,
-                        remediation="set_plugin_kill_switch with enabled=true turns it back on",
-                        extra={"reason": "kill_switched"}, audit_result="denied")
+        _refuse(plugin, action, why)
+    try:
+        held = held_targets(plugin, action, targets)
+    except DatabaseError:
+        _refuse(plugin, action, "kill switch store unavailable (fail closed)")
+    if targets and len(held) == len(set(targets)):
+        _refuse(plugin, action, next(iter(held.values())) + (f" (all {len(held)} targets)" if len(held) > 1 else ""))
+    return held
 
 
 # --- delivery to agents ----------------------------------------------------------------------------
@@ -353,10 +414,39 @@ def config_message(plugin):
     return {"type": "plugin.config", "plugin": plugin, "config": values}
 
 
-def kill_message():
-    switches = [{"plugin": r.plugin, "action": r.action, "enabled": r.enabled, "reason": r.reason}
-                for r in PluginKillSwitch.objects.all()]
-    return {"type": "plugin.kill", "switches": switches}
+def _effective(scopes):
+    """One agent's switches as the flat list the agent applies (plugin rows and action rows, the action's row
+    winning): the switches of every scope that reaches it (fleet-wide, and each group it is in) combined — a
+    plugin or action is off when any of those scopes switches it off."""
+    switches = {}
+    for rows in scopes:
+        for row in rows.values():
+            switches.setdefault(row.plugin, set()).add(row.action)
+    out = []
+    for plugin in sorted(switches):
+        for action in sorted(switches[plugin]):
+            off = next((row for rows in scopes if (row := _off(rows, plugin, action))), None)
+            out.append({"plugin": plugin, "action": action, "enabled": off is None,
+                        "reason": _why(off) if off else ""})
+    return out
+
+
+def kill_messages(agent_ids):
+    """{agent_id: plugin.kill frame} for the given agents: fleet-wide switches plus their groups'."""
+    fleet, by_group = {}, {}
+    for row in PluginKillSwitch.objects.select_related("group"):
+        (fleet if row.group_id is None else by_group.setdefault(row.group_id, {}))[row.switch] = row
+    member_of = {}
+    for gid in by_group:
+        for agent_id in agents_in_groups([gid]).filter(pk__in=agent_ids).values_list("agent_id", flat=True):
+            member_of.setdefault(agent_id, []).append(gid)
+    frames, memo = {}, {}
+    for agent_id in agent_ids:
+        groups = tuple(sorted(member_of.get(agent_id, ())))
+        if groups not in memo:
+            memo[groups] = {"type": "plugin.kill", "switches": _effective([fleet] + [by_group[g] for g in groups])}
+        frames[agent_id] = memo[groups]
+    return frames
 
 
 def _connected():
@@ -375,16 +465,18 @@ def push_config(plugin):
 
 
 def push_kill_switches():
-    _push(kill_message())
+    """Each connected agent gets the switches that reach it."""
+    for agent_id, frame in kill_messages(_connected()).items():
+        send_to_agent(agent_id, {"type": "agent.push", "payload": frame})
 
 
 def sync_agent(agent_id):
-    """On connect: the whole configuration (one frame per plugin) and every kill switch — nothing when the store
-    is empty (a fresh agent starts with no configuration and every plugin on)."""
+    """On connect: the whole configuration (one frame per plugin) and every kill switch that reaches it — nothing
+    when the store is empty (a fresh agent starts with no configuration and every plugin on)."""
     for plugin in PluginConfig.objects.values_list("plugin", flat=True).distinct():
         send_to_agent(agent_id, {"type": "agent.push", "payload": config_message(plugin)})
     if PluginKillSwitch.objects.exists():
-        send_to_agent(agent_id, {"type": "agent.push", "payload": kill_message()})
+        send_to_agent(agent_id, {"type": "agent.push", "payload": kill_messages([agent_id])[agent_id]})
 
 
 def catalogue_json(plugin):

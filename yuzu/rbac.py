@@ -38,11 +38,12 @@ Permission = tuple[str, str]
 Grants = dict[Permission, "set[str] | None"]
 
 ALL: list[Permission] = [(s, o) for s in SECURABLES for o in OPERATIONS]
-#: Securables whose grants may be held on a management group: they concern devices, groups, or tickets
-#: pinned to devices. A role held on a group grants nothing on any other securable (the audit log, tokens,
+#: Securables whose grants may be held on a management group: they concern devices, groups, tickets
+#: pinned to devices, or a group's own plugin kill switches (PluginConfig; the rest of the plugin store stays
+#: fleet-wide). A role held on a group grants nothing on any other securable (the audit log, tokens,
 #: users, definitions, the bridge …): those are not any group's, and need a global grant.
 GROUP_SCOPED = frozenset({"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory",
-                          "ManagementGroup", "Approval"})
+                          "ManagementGroup", "Approval", "PluginConfig"})
 READS: list[Permission] = [(s, "Read") for s in SECURABLES]
 
 BUILTIN_ROLES: dict[str, tuple[str, list[Permission]]] = {

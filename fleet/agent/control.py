@@ -1,7 +1,7 @@
 """Plugin configuration and kill switches on the agent (docs/operator.md, docs/agent-protocol.md).
 
-The server pushes ``plugin.config`` (one plugin's whole configuration) and ``plugin.kill`` (every kill
-switch) on connect and whenever they change. The configuration is applied at once — plugins read it from
+The server pushes ``plugin.config`` (one plugin's whole configuration) and ``plugin.kill`` (the kill
+switches that reach this agent) on connect and whenever they change. The configuration is applied at once — plugins read it from
 ``ctx.config["plugin_config"][plugin]`` on their next run, no restart — and a switched-off plugin or action
 is refused locally (REJECTED, ``kill_switched``) even if a command reaches the agent, and its running
 commands are asked to stop. The agent acknowledges each change with a ``plugin_state`` report. Secrets are

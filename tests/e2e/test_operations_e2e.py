@@ -244,3 +244,57 @@ def test_config_kill_switch_inventory_uploads_and_schedules_on_real_agents(ostac
     listed = rest.get("/api/v1/schedules").json()["data"]["schedules"]
     assert {s["id"] for s in listed} == {every["id"], gated["id"]}
     assert shutil.which("dpkg-query")
+
+
+@live
+def test_a_group_kill_switch_on_real_agents(ostack, mint):
+    """A switch held on one management group stops the plugin on that group's agent only: its running script.run
+    is killed, the other agent's keeps running; a dispatch to the group's agent alone is refused, a wider one leaves
+    it out; switched back on, the agent runs the plugin again."""
+    stack = ostack
+    token = mint("ops-admin", role="Administrator")
+    rest = httpx.Client(base_url=stack.server.base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    one, two = start_agent(stack, "one"), start_agent(stack, "two")
+    r = rest.post("/api/v1/management-groups", json={"name": "lab"})
+    assert r.status_code == 201, r.text
+    lab = r.json()["data"]["id"]
+    assert rest.post(f"/api/v1/management-groups/{lab}/members", json={"agent_id": two}).status_code in (200, 201)
+
+    r = rest.post("/api/v1/executions", json={"plugin": "script", "action": "run", "agent_ids": [one, two],
+                                              "params": {"argv": "sleep 60", "timeout": "90"}})
+    assert r.status_code == 202, r.text
+    long_run = r.json()["data"]["execution_id"]
+    wait_for(lambda: AgentExecStatus.objects.filter(execution_id=long_run, status="running").count() == 2, 15,
+             "script.run to start on both agents", stack.logs)
+    flipped = time.monotonic()
+    r = rest.put("/api/v1/plugin-config/script/kill-switch?group=lab", json={"enabled": False, "reason": "lab incident"})
+    assert r.status_code == 200 and r.json()["data"]["group"] == lab, r.text
+    stopped = wait_for(lambda: Response.objects.filter(execution_id=long_run, agent_id=two, status="failure").first(),
+                       HEARTBEAT_S + 5, "the lab agent's script.run to stop", stack.logs)
+    assert "kill_switched" in stopped.error_detail and time.monotonic() - flipped < HEARTBEAT_S + 5
+    time.sleep(1)
+    assert AgentExecStatus.objects.get(execution_id=long_run, agent_id=one).status == "running"  # not in the group
+    assert rest.get("/api/v1/plugin-config/script/kill-switch").json()["data"]["enabled"] is True  # fleet-wide: on
+
+    r = rest.post("/api/v1/executions", json={"plugin": "script", "action": "run", "agent_ids": [two],
+                                              "params": {"argv": "sleep 1"}})
+    assert r.status_code == 403 and r.json()["error"]["reason"] == "kill_switched", r.text
+    assert "in group lab" in r.json()["error"]["message"] and "lab incident" in r.json()["error"]["message"]
+    r = rest.post("/api/v1/executions", json={"plugin": "script", "action": "run", "agent_ids": [one, two],
+                                              "params": {"argv": "sleep 1"}})
+    assert r.status_code == 202, r.text
+    receipt = r.json()["data"]
+    assert receipt["agents_reached"] == 1 and receipt["kill_switched_agents"] == 1
+    assert list(AgentExecStatus.objects.filter(execution_id=receipt["execution_id"])
+                .values_list("agent_id", flat=True)) == [one]
+
+    r = rest.put("/api/v1/plugin-config/script/kill-switch?group=lab", json={"enabled": True})
+    assert r.status_code == 200, r.text
+
+    def acknowledged():  # the agent reports what it has switched off (plugin_state)
+        row = AgentInventory.objects.filter(agent_id=two, plugin="plugin_state").first()
+        return row and not row.data.get("switched_off")
+
+    wait_for(acknowledged, 10, "the lab agent to acknowledge the switch back on", stack.logs)
+    assert run(rest, stack, two, "script", "run", {"argv": "sleep 1"}).status == "success"
+    rest.post(f"/api/v1/executions/{long_run}/cancel")

@@ -5,7 +5,9 @@ success, the kill switch as a dispatch gate (and failing closed), audit rows, no
 import pytest
 from django.db import DatabaseError
 
-from fleet.models import Execution, ManagementGroup
+from fleet.agent.plugins import catalogue
+from fleet.executions import launch, plan_execution
+from fleet.models import Agent, AgentExecStatus, AgentInventory, Execution, ManagementGroup
 from operations import plugins
 from operations.models import SECRET_VALUE, PluginConfig, PluginKillSwitch, PluginSecret
 from tests.operations.conftest import Caller
@@ -103,7 +105,7 @@ def test_delete_is_gated_on_the_supervised_tier(agent, mcp):
 def test_kill_switch_refuses_dispatch_and_the_action_row_wins(agent, mcp):
     admin = mcp()
     view, _ = admin.tool("get_plugin_kill_switch", {"plugin": "os"})
-    assert view == {"plugin": "os", "action": "", "enabled": True}
+    assert view == {"plugin": "os", "action": "", "group": "", "enabled": True}
     admin.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "reason": "incident 42"})
     _, error = admin.tool("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"]})
     assert error["code"] == -32602 and error["message"].startswith("kill_switched") and "incident 42" in error["message"]
@@ -139,3 +141,86 @@ def test_tiers(agent, mcp):
     _, error = mcp("Operator", "").tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False})
     assert error["code"] == -32003
     assert mcp("Viewer", "readonly").tool("get_plugin_kill_switch", {"plugin": "os"})[1] is None
+
+
+@pytest.fixture
+def lab(agent):
+    """a1 outside any group; a2 in group lab; a3 in lab's subgroup lab-child — all connected, same catalogue."""
+    lab = ManagementGroup.objects.create(name="lab")
+    child = ManagementGroup.objects.create(name="lab-child", parent=lab)
+    for agent_id, group in (("a2", lab), ("a3", child)):
+        a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", connected=True)
+        AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=catalogue())
+        group.members.add(a)
+    return lab
+
+
+def reached(admin, **target):
+    result, error = admin.tool("execute_instruction", {"plugin": "os", "action": "info", **target})
+    assert error is None, error
+    return result, set(AgentExecStatus.objects.filter(execution_id=result["execution_id"])
+                       .values_list("agent_id", flat=True))
+
+
+def test_a_group_switch_holds_back_its_agents_and_its_subgroups(lab, mcp):
+    admin = mcp()
+    row, error = admin.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab",
+                                                       "reason": "lab incident"})
+    assert error is None and row["group"] == lab.pk and row["enabled"] is False
+    assert admin.tool("get_plugin_kill_switch", {"plugin": "os"})[0]["enabled"] is True  # fleet-wide untouched
+    assert admin.tool("get_plugin_kill_switch", {"plugin": "os", "group": lab.pk})[0]["reason"] == "lab incident"
+    result, agents = reached(admin, agent_ids=["a1", "a2", "a3"])
+    assert agents == {"a1"} and result["agents_reached"] == 1 and result["kill_switched_agents"] == 2
+    _, error = admin.tool("execute_instruction", {"plugin": "os", "action": "info", "scope": "hostname == a3.example"})
+    assert error["data"]["reason"] == "kill_switched" and "in group lab" in error["message"], error
+    assert "lab incident" in error["message"]
+    _, error = admin.tool("execute_bundle", {"agent_id": "a2", "steps": [{"plugin": "os", "action": "info"}]})
+    assert "kill_switched" in error["message"]
+    # within the group the action's row wins over the plugin's, as fleet-wide
+    admin.tool("set_plugin_kill_switch", {"plugin": "os", "action": "info", "enabled": True, "group": "lab"})
+    assert reached(admin, agent_ids=["a1", "a2", "a3"])[1] == {"a1", "a2", "a3"}
+    _, error = admin.tool("execute_instruction", {"plugin": "os", "action": "other", "agent_ids": ["a2"]})
+    assert error["data"]["reason"] == "kill_switched"
+    # an execution to nobody held back says nothing about switches
+    assert "kill_switched_agents" not in reached(admin, agent_ids=["a1"])[0]
+
+
+def test_a_switch_flipped_between_plan_and_launch_holds_back_the_pinned_agents(lab, mcp, principal):
+    p = principal("launcher", role="Administrator")
+    order = plan_execution(p, plugin="os", action="info", agent_ids=["a1", "a2"]).value
+    assert sorted(order.targets) == ["a1", "a2"]
+    mcp().tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab"})
+    result = launch(p, order)
+    assert result["agents_reached"] == 1 and result["kill_switched_agents"] == 1
+    assert list(AgentExecStatus.objects.values_list("agent_id", flat=True)) == ["a1"]
+
+
+def test_each_agent_is_sent_the_switches_that_reach_it(lab, mcp):
+    admin = mcp()
+    admin.tool("set_plugin_kill_switch", {"plugin": "os", "action": "info", "enabled": True})  # fleet-wide 'on' row
+    admin.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab", "reason": "r"})
+    admin.tool("set_plugin_kill_switch", {"plugin": "script", "enabled": False, "reason": "everywhere"})
+    frames = plugins.kill_messages(["a1", "a2", "a3"])
+    off = {a: {(s["plugin"], s["action"]) for s in f["switches"] if not s["enabled"]} for a, f in frames.items()}
+    # a1: only the fleet-wide script switch; a2 and a3 (subgroup): the group turns os off, and its os.info too —
+    # the fleet-wide 'on' row for os.info does not undo another scope's 'off'
+    assert off == {"a1": {("script", "")}, "a2": {("script", ""), ("os", ""), ("os", "info")},
+                   "a3": {("script", ""), ("os", ""), ("os", "info")}}
+    reasons = {s["plugin"]: s["reason"] for s in frames["a2"]["switches"] if not s["action"]}
+    assert "in group lab" in reasons["os"] and "everywhere" in reasons["script"]
+
+
+def test_a_group_switch_needs_the_grant_on_that_group(lab, mint):
+    other = ManagementGroup.objects.create(name="other")
+    caller = Caller(mint("lab-admin", role="Administrator", group=lab))
+    row, error = caller.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab-child"})
+    assert error is None and row["group"] == ManagementGroup.objects.get(name="lab-child").pk  # through its parent
+    for group in ("other", other.pk, "nosuch"):  # another group reads as absent: no oracle
+        _, error = caller.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": group})
+        assert error["code"] == -32602 and "not_found" in error["message"], error
+    _, error = caller.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False})  # fleet-wide
+    assert error["code"] == -32003
+    _, error = caller.tool("get_plugin_kill_switch", {"plugin": "os", "group": "other"})
+    assert "not_found" in error["message"]
+    assert PluginKillSwitch.objects.count() == 1
+    assert AuditEvent.objects.filter(action="plugin_kill_switch.set").count() == 1

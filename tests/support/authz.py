@@ -56,7 +56,7 @@ GROUP_ROLES = ("Viewer", "Operator", "Approver", "ITServiceOwner")  # Administra
 #: securables whose grants may be held on a management group (they concern devices, groups, or tickets
 #: pinned to devices); any other securable needs a global grant.
 GROUP_SCOPED = {"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory", "ManagementGroup",
-                "Approval"}
+                "Approval", "PluginConfig"}
 
 ALLOW, TIER, RBAC, HIDDEN, APPROVAL = "allow", "tier", "rbac", "hidden", "approval"
 IN, OUT, GHOST = "in", "out", "ghost"  # a target in the caller's group, in another group, or no such thing

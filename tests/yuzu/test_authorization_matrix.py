@@ -181,9 +181,17 @@ V1 = {
                                                                              "value": "matrix-secret"})],
     "delete_plugin_secret": [V("PluginSecret", "Delete", lambda w, t, c, tok: {"plugin": "process",
                                                                                "key": "api_token"})],
-    "get_plugin_kill_switch": [V("PluginConfig", "Read", lambda w, t, c, tok: {"plugin": "process"})],
-    "set_plugin_kill_switch": [V("PluginConfig", "Write", lambda w, t, c, tok: {"plugin": "process", "enabled": False,
-                                                                                  "reason": "matrix"})],
+    # a kill switch is fleet-wide (a fleet-wide grant) or one group's (a grant on that group or an ancestor)
+    "get_plugin_kill_switch": [
+        V("PluginConfig", "Read", lambda w, t, c, tok: {"plugin": "process"}, label="fleet",
+          compound=fleet_wide("PluginConfig", "Read")),
+        V("PluginConfig", "Read", lambda w, t, c, tok: {"plugin": "process", "group": group(w, t)}, "group",
+          label="group")],
+    "set_plugin_kill_switch": [
+        V("PluginConfig", "Write", lambda w, t, c, tok: {"plugin": "process", "enabled": False, "reason": "matrix"},
+          label="fleet", compound=fleet_wide("PluginConfig", "Write")),
+        V("PluginConfig", "Write", lambda w, t, c, tok: {"plugin": "process", "enabled": False, "group": group(w, t)},
+          "group", label="group")],
     "mint_upload_grant": [V("UploadGrant", "Write", lambda w, t, c, tok: {"agent_id": agent(w, t),
                                                                           "declared_max_size": 10}, "agent")],
     "list_upload_grants": [V("UploadGrant", "Read", lambda w, t, c, tok: {})],
@@ -621,11 +629,15 @@ REST.update({
         body=lambda w, t, c, tok: {"value": "matrix-secret"})],
     ("api/v1/plugin-config/<str:plugin>/<str:key>/secret", "DELETE"): [R(
         "PluginSecret", "Delete", lambda w, t, c, tok: f"{PC}/process/api_token/secret")],
-    ("api/v1/plugin-config/<str:plugin>/kill-switch", "GET"): [R(
-        "PluginConfig", "Read", lambda w, t, c, tok: f"{PC}/process/kill-switch?action=list")],
-    ("api/v1/plugin-config/<str:plugin>/kill-switch", "PUT"): [R(
-        "PluginConfig", "Write", lambda w, t, c, tok: f"{PC}/process/kill-switch",
-        body=lambda w, t, c, tok: {"enabled": False, "reason": "matrix"})],
+    ("api/v1/plugin-config/<str:plugin>/kill-switch", "GET"): [
+        R("PluginConfig", "Read", lambda w, t, c, tok: f"{PC}/process/kill-switch?action=list",
+          compound=fleet_wide("PluginConfig", "Read")),
+        R("PluginConfig", "Read", lambda w, t, c, tok: f"{PC}/process/kill-switch?group={G(w, t)}", target="group")],
+    ("api/v1/plugin-config/<str:plugin>/kill-switch", "PUT"): [
+        R("PluginConfig", "Write", lambda w, t, c, tok: f"{PC}/process/kill-switch",
+          body=lambda w, t, c, tok: {"enabled": False, "reason": "matrix"}, compound=fleet_wide("PluginConfig", "Write")),
+        R("PluginConfig", "Write", lambda w, t, c, tok: f"{PC}/process/kill-switch?group={G(w, t)}",
+          body=lambda w, t, c, tok: {"enabled": False}, target="group")],
     ("api/v1/upload-grants", "GET"): [R("UploadGrant", "Read", lambda w, t, c, tok: "/api/v1/upload-grants")],
     ("api/v1/upload-grants", "POST"): [R("UploadGrant", "Write", lambda w, t, c, tok: "/api/v1/upload-grants",
                                          body=lambda w, t, c, tok: {"agent_id": A(w, t), "declared_max_size": 10},
