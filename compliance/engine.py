@@ -25,7 +25,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.executions import Order, launch
+from fleet.executions import Order, gate, launch
 from fleet.models import Agent, AgentState, Execution, Response
 from yuzu.errors import YuzuError
 from yuzu.metrics import POLICY_EVAL_ERRORS, POLICY_VERDICTS
@@ -65,7 +65,8 @@ def dispatch(policy, phase, agent_ids, actor=SYSTEM, cid=""):
         plugin, action, params, expr = policy.fragment.step(phase, policy.inputs())
     except DocumentError as exc:  # the fragment changed under the policy (the admin refuses that; a safety net)
         raise conflict(f"the policy cannot be dispatched: {exc.message}", "fix the policy's inputs") from None
-    order = Order(plugin, action, params, sorted(agent_ids), expires_in=COMMAND_EXPIRES_S)
+    # the agents a group's kill switch holds back are not this run's (gate raises when it holds them all)
+    order = gate(Order(plugin, action, params, sorted(agent_ids), expires_in=COMMAND_EXPIRES_S))
     with transaction.atomic():
         receipt = launch(actor, order, cid=cid, definition_id=f"policy/{policy.id}/{phase}"[:128])
         return PolicyRun.objects.create(policy=policy, phase=phase, execution_id=receipt["execution_id"],
@@ -105,6 +106,8 @@ def remediate(policy, agent_ids=None, actor=SYSTEM, cid=""):
                            "wait for the running fix to be verified, or evaluate the policy again")
         ids = [r.agent_id for r in todo]
         run = dispatch(policy, PolicyRun.Phase.FIX, ids, actor, cid)  # first: a failed dispatch costs no attempt
+        reached = set(run.agent_ids)
+        todo = [r for r in todo if r.agent_id in reached]  # one a kill switch held back costs no attempt either
         now = timezone.now()
         for r in todo:
             r.status, r.fix_attempts, r.last_fix_at = Status.FIXING, r.fix_attempts + 1, now
@@ -216,6 +219,9 @@ def tick(now=None):
             if policy.claim(now) and targets:
                 dispatch(policy, PolicyRun.Phase.CHECK, targets)
                 dispatched += 1
+        except YuzuError as exc:  # refused (a kill switch, a store fault): said once per interval, no traceback
+            log.warning("policy %s was not dispatched: %s", policy.pk, exc.message)
+            POLICY_EVAL_ERRORS.labels("check").inc()
         except Exception:  # one broken policy must not stop the others
             log.exception("evaluating policy %s failed", policy.pk)
             POLICY_EVAL_ERRORS.labels("check").inc()

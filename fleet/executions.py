@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
 
@@ -76,6 +76,12 @@ def _gated(plugin, action, targets):
     """(the targets that may receive plugin.action, how many were held back)."""
     held = dispatch_gate(plugin, action, targets)
     return [t for t in targets if t not in held], len(held)
+
+
+def gate(order):
+    """The order without the targets the dispatch gates hold back now (raises when they refuse it)."""
+    targets, held = _gated(order.plugin, order.action, order.targets)
+    return replace(order, targets=targets, held=order.held + held) if held else order
 
 
 def invalid(message, remediation=None, **extra):
@@ -245,9 +251,9 @@ def start_execution(principal, *, cid="", plan=None, definition_id="", **request
 def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_step=None):
     """Create the rows, then enqueue dispatch. Sensitive parameter values are stored redacted and reach
     the dispatch task only through its message."""
-    plugin, action, params, scope, expires_in = order.plugin, order.action, order.params, order.scope, order.expires_in
-    targets, held = _gated(plugin, action, order.targets)  # a switch may have been flipped since the plan
-    held += order.held
+    order = gate(order)  # a switch may have been flipped since the plan
+    plugin, action, params, targets = order.plugin, order.action, order.params, order.targets
+    scope, expires_in, held = order.scope, order.expires_in, order.held
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
     now = timezone.now()
     enqueue = {"tried": False}

@@ -22,7 +22,8 @@ from prometheus_client import REGISTRY
 from compliance import documents, engine, services
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment, PolicyRun
 from fleet.agent.plugins import PLUGINS, Context, execute
-from fleet.models import AgentState, Execution, ManagementGroup
+from fleet.models import Agent, AgentState, Execution, ManagementGroup
+from operations.models import PluginKillSwitch
 from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import FRAGMENT, POLICY, admin_client, agents, answer, make_policy, nothing_written
 from tests.support.fuzz import NASTY_STRINGS
@@ -389,3 +390,31 @@ def test_evaluators_racing_dispatch_a_due_policy_once_and_write_a_run_once():
     with ThreadPoolExecutor(4) as pool:
         assert [c for c, _ in pool.map(tick, [later] * 4)].count(1) == 1
     assert PolicyAgentStatus.objects.get().status == "compliant"
+
+
+def test_a_group_kill_switch_holds_its_agents_out_of_checks_and_fixes_at_no_cost(caplog):
+    """The check and the fix go to the agents a group's kill switch does not hold back; a held agent's fix costs
+    no attempt; a tick whose every target is held says so once as a warning (no traceback)."""
+    _, a2 = agents("a1", "a2")
+    lab = ManagementGroup.objects.create(name="lab")
+    lab.members.add(a2)
+    policy = make_policy()
+    run = engine.evaluate_now(policy)
+    answer(run, "a1", output={"exists": False})
+    answer(run, "a2", output={"exists": False})
+    engine.collect(run)
+    PluginKillSwitch.objects.create(scope_key=f"script@{lab.pk}", plugin="script", group=lab, enabled=False,
+                                    set_by="test")
+    fix = engine.remediate(policy)
+    assert fix.agent_ids == ["a1"]
+    assert dict(PolicyAgentStatus.objects.values_list("agent_id", "fix_attempts")) == {"a1": 1, "a2": 0}
+    PluginKillSwitch.objects.create(scope_key=f"file@{lab.pk}", plugin="file", group=lab, enabled=False, set_by="t")
+    Agent.objects.filter(pk="a1").update(connected=False)  # the check now reaches only the held agent
+    with pytest.raises(services.YuzuError) as exc:
+        engine.evaluate_now(policy)
+    assert exc.value.extra["reason"] == "kill_switched" and "in group lab" in exc.value.message
+    with caplog.at_level("WARNING", logger="yuzu.compliance"):
+        assert engine.tick(timezone.now() + timedelta(seconds=300))[1] == 0
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "not dispatched" in r.getMessage()]
+    assert len(said) == 1 and said[0][0] == "WARNING" and "kill_switched" in said[0][1], caplog.records
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
