@@ -26,7 +26,7 @@ test_version_comparison_across_real_cohorts — compare_app_perf_versions on rea
   its before/after means are exactly the two real rows' CPU averages.
 Without unshare (or without two dpkg-resolvable interpreters) this test is skipped with the reason.
 
-Every load is bounded: the busy loops end by themselves after BURN_S seconds, and are killed at the end (a
+Every load is bounded: the busy loops end by themselves (BURN_S, COHORT_BURN_S seconds), and are killed at the end (a
 namespace dies with its first process: unshare --kill-child)."""
 
 import io
