@@ -207,7 +207,8 @@ def cohort(tmp_path):
     exes = {"baseline": os.path.realpath("/usr/bin/perl"), "candidate": os.path.realpath("/usr/bin/python3")}
     versions = {k: package_version(exe) for k, exe in exes.items()}
     if not all(versions.values()) or versions["baseline"] == versions["candidate"]:
-        pytest.skip(f"needs /usr/bin/perl and /usr/bin/python3 owned by dpkg packages of different versions: {versions}")
+        pytest.skip("needs /usr/bin/perl and /usr/bin/python3 owned by dpkg packages of different versions: "
+                    f"{versions}")
     out = {}
     for side, exe in exes.items():
         link = tmp_path / f"burn-{side}" / "yuzu-burn"
