@@ -1,22 +1,38 @@
-"""DEX end to end, every part a real process (issue 18, "Must show"): daphne, the background workers, two real
-agents (`python -m fleet.agent`) reading this machine through psutil and /proc, a bounded CPU load, and the
-official MCP Python client (tests/mcp_client/drive.py in .venv-mcp).
+"""DEX end to end, every part a real process (issue 18, "Must show"): daphne, the background workers, real agents
+(`python -m fleet.agent`) reading this machine through psutil and /proc, bounded CPU loads, and the official MCP
+Python client (tests/mcp_client/drive.py in .venv-mcp).
 
+test_real_telemetry_signals_and_app_rows:
 - the busy agent's heartbeat facts arrive; the one started with --dex-disable sends none and is listed by
   list_dex_perf_devices filter=not_reporting;
 - a bounded busy loop on every core (each a process named ``yuzu-burn``: a symlink to this Python, so its
   version is the package version dpkg/rpm gives for the real interpreter) makes perf.cpu_sustained fire for the
   reporting agent (the sustain window is shortened to seconds by its config), list_dex_perf_devices orders it
-  first, and the agent's app rows carry ``yuzu-burn``;
-- compare_app_perf_versions: the agent's real rows of today are the candidate version; its baseline days on an
-  older version are seeded rows of the days before (a real upgrade history takes days), with a lower CPU, so the
-  right direction is "up".
+  first, and the agent's app rows carry ``yuzu-burn``.
 
-The whole load is bounded: the busy loops end by themselves after BURN_S seconds, and are killed at the end."""
+test_version_comparison_across_real_cohorts — compare_app_perf_versions on real rows only, nothing seeded:
+- agents on one machine see every process, so each agent of the cohort runs in its own PID namespace with its own
+  /proc (``unshare -p -f --mount-proc``) together with its own ``yuzu-burn``. Both are named ``yuzu-burn`` but
+  are symlinks to two different real executables, so the agent resolves two real package versions (dpkg -S): the
+  baseline is Perl (perl-base) running a light duty-cycled loop, the candidate is Python (python3.x-minimal)
+  running a full busy loop;
+- two machines (agents) in one management group, one on each version, at the same time: the tool counts one
+  member per version (baseline_only 1, candidate_only 1) and gives no direction — different machines are not a
+  before/after (the tool compares each machine around its own upgrade, docs/dex.md);
+- then the baseline machine is upgraded: restarted (same identity) with the candidate's executable and load. Its
+  transition must fall on a later UTC day than its baseline rows, and a real upgrade history takes days, so the
+  test moves the day of that machine's real baseline row one day back — the only thing the test changes; every
+  figure (samples, CPU, working set, version) is the agent's. The tool then pairs that machine, says "up", and
+  its before/after means are exactly the two real rows' CPU averages.
+Without unshare (or without two dpkg-resolvable interpreters) this test is skipped with the reason.
+
+Every load is bounded: the busy loops end by themselves (BURN_S, COHORT_BURN_S seconds), and are killed at the end (a
+namespace dies with its first process: unshare --kill-child)."""
 
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import timedelta
@@ -38,6 +54,16 @@ HEARTBEAT_S = 2
 SUSTAIN_S = 8
 BURN_S = 90
 BURN = "import time\nend = time.time() + {s}\nwhile time.time() < end:\n    pass\n"
+# the baseline's lighter load: busy 15 ms of every 100 ms (Perl's core Time::HiRes), bounded the same way
+LIGHT_PERL = "use Time::HiRes qw(time sleep); my $end = time + {s}; while (time < $end) {{ my $t = time + 0.015; " \
+             "1 while time < $t; sleep 0.085 }}"
+COHORT_BURN_S = 60  # each cohort phase stops its namespaces well before this
+COHORT_SAMPLES = 4  # app samples (one per heartbeat) before a row is read: the first sample of a process is 0 %
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+# PID 1 of a private PID namespace: starts the busy process and the agent, and ends when the agent ends (the
+# namespace, and so the busy process, dies with it; unshare --kill-child kills it if unshare is killed).
+NS_MAIN = ("import subprocess, sys\nburn = subprocess.Popen({burn!r})\nagent = subprocess.Popen({agent!r})\n"
+           "code = agent.wait()\nburn.kill()\nsys.exit(code)\n")
 
 
 @pytest.fixture
@@ -48,16 +74,23 @@ def dstack(daphne, tmp_path):
     s.close()
 
 
-def start_agent(stack, name, config, *extra):
-    out = io.StringIO()
-    call_command("mint_device_token", "--name", f"dex e2e {name}", "--max-uses", "1", stdout=out)
+def start_agent(stack, name, config, *extra, namespace_burn=None):
+    """A real agent; the first start of ``name`` enrols it with a fresh token, a later one reuses its identity.
+    ``namespace_burn`` (an argv): run the agent and that process in a private PID namespace with its own /proc, so
+    the agent sees only them (see NS_MAIN)."""
     home = stack.tmp_path / name
-    home.mkdir()
+    args = ["--server", f"ws://127.0.0.1:{stack.server.port}", "--state-dir", str(home), *extra]
+    if not (home / "state.json").exists():
+        out = io.StringIO()
+        call_command("mint_device_token", "--name", f"dex e2e {name}", "--max-uses", "1", stdout=out)
+        args += ["--token", out.getvalue().strip()]
+    home.mkdir(exist_ok=True)
     (home / "config.json").write_text(json.dumps(config))
-    args = ["--server", f"ws://127.0.0.1:{stack.server.port}", "--token", out.getvalue().strip(),
-            "--state-dir", str(home), *extra]
-    proc = Proc(f"agent-{name}", [sys.executable, "-c", AGENT_MAIN.format(root=str(ROOT), cwd=str(home), args=args)],
-                stack.tmp_path, stack.env)
+    main = AGENT_MAIN.format(root=str(ROOT), cwd=str(home), args=args)
+    argv = [sys.executable, "-c", main]
+    if namespace_burn is not None:
+        argv = [*UNSHARE, sys.executable, "-c", NS_MAIN.format(burn=namespace_burn, agent=argv)]
+    proc = Proc(f"agent-{name}", argv, stack.tmp_path, stack.env)
     stack.procs.append(proc)
 
     def connected():
@@ -67,7 +100,7 @@ def start_agent(stack, name, config, *extra):
         agent_id = json.loads(state.read_text())["agent_id"] if state.exists() else None
         return agent_id if agent_id and Agent.objects.filter(pk=agent_id, connected=True).exists() else None
 
-    return wait_for(connected, 30, f"agent {name} to connect", stack.logs)
+    return wait_for(connected, 30, f"agent {name} to connect", stack.logs), proc
 
 
 def burn(tmp_path):
@@ -78,10 +111,11 @@ def burn(tmp_path):
 
 
 @live
-def test_real_telemetry_signals_app_rows_and_version_comparison(dstack, mint):
+def test_real_telemetry_signals_and_app_rows(dstack, mint):
     stack = dstack
-    busy = start_agent(stack, "busy", {"procperf_enabled": True, "procperf_send_s": 2, "dex_sustain_s": SUSTAIN_S})
-    quiet = start_agent(stack, "quiet", {}, "--dex-disable")
+    busy, _ = start_agent(stack, "busy", {"procperf_enabled": True, "procperf_send_s": 2,
+                                          "dex_sustain_s": SUSTAIN_S})
+    quiet, _ = start_agent(stack, "quiet", {}, "--dex-disable")
     wait_for(lambda: DeviceFacts.objects.filter(agent_id=busy, cpu_pct__isnull=False).exists(), 30,
              "the busy agent's first perf facts", stack.logs)
     assert not DeviceFacts.objects.filter(agent_id=quiet).exists()  # --dex-disable: nothing at all
@@ -105,15 +139,6 @@ def test_real_telemetry_signals_app_rows_and_version_comparison(dstack, mint):
                        lambda: f"{list(AppDay.objects.filter(app_name='yuzu-burn').values())}\n{stack.logs()}")
         assert row.ws_avg_bytes > 0 and AppDay.objects.filter(agent_id=busy, app_name="yuzu-burn").count() == 1
 
-        # History before the upgrade: the same machine on an older version, lighter, on the days before.
-        group = ManagementGroup.objects.create(name="dex-e2e")
-        group.members.add(busy, quiet)
-        for d in (3, 2, 1):
-            AppDay.objects.create(agent_id=busy, app_name="yuzu-burn", version="0.9-baseline",
-                                  day=timezone.now().date() - timedelta(days=d), samples=100, instances_max=1,
-                                  cpu_avg=1.0, cpu_max=2.0, ws_avg_bytes=row.ws_avg_bytes,
-                                  ws_max_bytes=row.ws_max_bytes)
-
         reader = mint("dex-reader", role="Viewer", tier="readonly")
         obs = official_client(stack, reader, [
             {"op": "list", "kind": "tools"},
@@ -125,12 +150,9 @@ def test_real_telemetry_signals_app_rows_and_version_comparison(dstack, mint):
             {"op": "call", "tool": "list_dex_perf_devices", "args": {"filter": "not_reporting"}, "as": "silent"},
             {"op": "call", "tool": "list_dex_perf_apps", "args": {}, "as": "apps"},
             {"op": "call", "tool": "get_dex_app_perf", "args": {"app": "yuzu-burn"}, "as": "app"},
-            {"op": "call", "tool": "compare_app_perf_versions",
-             "args": {"app": "yuzu-burn", "group": "dex-e2e", "baseline": "0.9-baseline",
-                      "candidate": "$candidate", "window": 7}, "as": "compare"},
             {"op": "call", "tool": "get_network_fleet", "args": {}, "as": "net"},
             {"op": "call", "tool": "list_network_devices", "args": {}, "as": "net_devices"},
-        ], candidate=row.version)
+        ])
     finally:
         for p in loops:
             p.kill()
@@ -151,10 +173,146 @@ def test_real_telemetry_signals_app_rows_and_version_comparison(dstack, mint):
     assert "yuzu-burn" in {a["app_name"] for a in calls["apps"]["structured"]["apps"]}
     points = calls["app"]["structured"]["points"]
     assert points and all(p["suppressed"] for p in points)  # one device: below the floor of 10, counts only
-    cmp = calls["compare"]["structured"]
-    assert (cmp["paired"], cmp["small_cohort"], cmp["insufficient"]) == (1, True, False), cmp
-    assert cmp["distribution"] == {"up": 1, "flat": 0, "down": 0}
-    assert cmp["cpu"]["after_mean"] > cmp["cpu"]["before_mean"] == 1.0 and cmp["cpu"]["delta_median"] > 0
     net = calls["net"]["structured"]
     assert net["online"] == 2 and net["reporting"] == 1
     assert net["cooccurrence"]["degraded"] == 0  # agents send no degraded flag (no calibrated threshold)
+
+
+def package_version(exe):
+    """The version of the Debian package owning ``exe`` (dpkg -S, dpkg-query), or "" — checked independently of
+    the agent, which must find the same."""
+    if shutil.which("dpkg") is None or not os.path.exists(exe):
+        return ""
+    owner = subprocess.run(["dpkg", "-S", exe], capture_output=True, text=True, timeout=10, check=False)
+    if owner.returncode != 0 or ":" not in owner.stdout:
+        return ""
+    pkg = owner.stdout.split(":", 1)[0].split(",")[0].strip()
+    q = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True, timeout=10,
+                       check=False)
+    return q.stdout.strip() if q.returncode == 0 else ""
+
+
+@pytest.fixture
+def cohort(tmp_path):
+    """Two real executables with different package versions, each behind a symlink named yuzu-burn, and their
+    bounded loads; skips (with the reason) where private PID namespaces or the two packaged interpreters are
+    missing. Runs before the stack starts, so a skip costs nothing."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is missing: the cohort agents need private PID namespaces")
+    probe = subprocess.run([*UNSHARE, "sh", "-c", "echo $$"], capture_output=True, text=True, timeout=10,
+                           check=False)
+    if probe.returncode != 0 or probe.stdout.strip() != "1":
+        pytest.skip("no private PID namespace here (`unshare --pid --fork --mount-proc` needs root or user "
+                    f"namespaces): exit {probe.returncode}, {probe.stderr.strip()[:200]}")
+    exes = {"baseline": os.path.realpath("/usr/bin/perl"), "candidate": os.path.realpath("/usr/bin/python3")}
+    versions = {k: package_version(exe) for k, exe in exes.items()}
+    if not all(versions.values()) or versions["baseline"] == versions["candidate"]:
+        pytest.skip("needs /usr/bin/perl and /usr/bin/python3 owned by dpkg packages of different versions: "
+                    f"{versions}")
+    out = {}
+    for side, exe in exes.items():
+        link = tmp_path / f"burn-{side}" / "yuzu-burn"
+        link.parent.mkdir()
+        link.symlink_to(exe)
+        argv = ([str(link), "-e", LIGHT_PERL.format(s=COHORT_BURN_S)] if side == "baseline"
+                else [str(link), "-I", "-c", BURN.format(s=COHORT_BURN_S)])
+        out[side] = (argv, versions[side])
+    return out
+
+
+def wait_row(stack, agent_id, version):
+    """The agent's row of today for yuzu-burn at ``version`` once it holds COHORT_SAMPLES samples."""
+    def ready():
+        row = AppDay.objects.filter(agent_id=agent_id, app_name="yuzu-burn", version=version,
+                                    day=timezone.now().date()).first()
+        return row if row and row.samples >= COHORT_SAMPLES else None
+
+    return wait_for(ready, 40, f"{agent_id}'s yuzu-burn row at {version}",
+                    lambda: f"{list(AppDay.objects.filter(app_name='yuzu-burn').values())}\n{stack.logs()}")
+
+
+def stop(stack, proc, agent_id):
+    """Stop an agent and its namespace, and wait until the server saw it go (every frame it sent is stored: the
+    connection's frames are handled in order, before its close)."""
+    proc.stop()
+    wait_for(lambda: not Agent.objects.filter(pk=agent_id, connected=True).exists(), 20,
+             f"{agent_id} to disconnect", stack.logs)
+
+
+@live
+def test_version_comparison_across_real_cohorts(cohort, dstack, mint):
+    stack = dstack
+    (base_argv, base_version), (cand_argv, cand_version) = cohort["baseline"], cohort["candidate"]
+    config = {"procperf_enabled": True, "procperf_send_s": 2}
+    today = timezone.now().date()
+    try:
+        # Two machines at the same time, one per version, each alone with its yuzu-burn in its own namespace.
+        old, old_proc = start_agent(stack, "old", config, namespace_burn=base_argv)
+        new, new_proc = start_agent(stack, "new", config, namespace_burn=cand_argv)
+        group = ManagementGroup.objects.create(name="dex-cohort")
+        group.members.add(old, new)
+        wait_row(stack, old, base_version)
+        wait_row(stack, new, cand_version)
+        stop(stack, old_proc, old)
+        stop(stack, new_proc, new)
+        old_base = AppDay.objects.get(agent_id=old, app_name="yuzu-burn", version=base_version, day=today)
+        new_cand = AppDay.objects.get(agent_id=new, app_name="yuzu-burn", version=cand_version, day=today)
+        # each agent saw only its own namespace: one yuzu-burn, at its own version
+        assert list(AppDay.objects.filter(app_name="yuzu-burn").values_list("agent_id", "version").order_by(
+            "agent_id")) == sorted([(old, base_version), (new, cand_version)])
+        assert old_base.instances_max == new_cand.instances_max == 1
+        assert 0 < old_base.cpu_avg < new_cand.cpu_avg and old_base.ws_avg_bytes > 0 and new_cand.ws_avg_bytes > 0
+
+        reader = mint("dex-cohort-reader", role="Viewer", tier="readonly")
+        compare = {"op": "call", "tool": "compare_app_perf_versions",
+                   "args": {"app": "yuzu-burn", "group": "dex-cohort", "baseline": base_version,
+                            "candidate": cand_version, "window": 7}}
+        tools = {"op": "list", "kind": "tools"}  # the output schemas the calls are checked against
+        split = official_client(stack, reader, [
+            tools,
+            {**compare, "as": "compare"},
+            {"op": "call", "tool": "get_dex_group_app_perf", "args": {"group_id": str(group.pk), "app": "yuzu-burn"},
+             "as": "group"},
+        ])["calls"]
+
+        # The baseline machine is upgraded: its real baseline row moves to yesterday (a transition needs a later
+        # UTC day), and it comes back, the same identity, running the candidate's executable and load.
+        assert AppDay.objects.filter(pk=old_base.pk).update(day=today - timedelta(days=1)) == 1
+        again, old_proc = start_agent(stack, "old", config, namespace_burn=cand_argv)
+        assert again == old
+        wait_row(stack, old, cand_version)
+        stop(stack, old_proc, old)
+        old_cand = AppDay.objects.get(agent_id=old, app_name="yuzu-burn", version=cand_version, day=today)
+        upgrade = official_client(stack, reader, [tools, {**compare, "as": "compare"}])["calls"]
+    finally:
+        for proc in stack.procs:
+            proc.stop()
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if (p.info["cmdline"] or [""])[0].startswith(str(stack.tmp_path))]
+    assert not leftovers, f"busy processes left behind: {leftovers}"
+
+    for call in (*split.values(), *upgrade.values()):
+        assert call["is_error"] is False and call["schema_valid"], call
+    # Two machines, one on each version: one member counted per version, and no direction — they are not a
+    # before/after of the same machines.
+    cmp = split["compare"]["structured"]
+    assert (cmp["cohort_size"], cmp["paired"], cmp["baseline_only"], cmp["candidate_only"], cmp["no_data"]) == (
+        2, 0, 1, 1, 0), cmp
+    assert cmp["insufficient"] is True and cmp["cpu"] is None and cmp["ws"] is None
+    assert cmp["distribution"] == {"up": 0, "flat": 0, "down": 0}
+    points = {(p["version"], p["day"]): p for p in split["group"]["structured"]["points"]}
+    assert set(points) == {(base_version, today.isoformat()), (cand_version, today.isoformat())}, points
+    assert all(p["device_count"] == 1 and p["suppressed"] for p in points.values())  # below the floor: counts only
+
+    # After the upgrade: that machine is paired, the heavier candidate says "up", the figures are its real rows.
+    cmp = upgrade["compare"]["structured"]
+    assert (cmp["cohort_size"], cmp["paired"], cmp["baseline_only"], cmp["candidate_only"], cmp["no_data"]) == (
+        2, 1, 0, 1, 0), cmp
+    assert (cmp["insufficient"], cmp["small_cohort"]) == (False, True)
+    assert cmp["distribution"] == {"up": 1, "flat": 0, "down": 0}
+    assert cmp["cpu"]["before_mean"] == pytest.approx(old_base.cpu_avg)
+    assert cmp["cpu"]["after_mean"] == pytest.approx(old_cand.cpu_avg)
+    assert cmp["cpu"]["delta_median"] == pytest.approx(old_cand.cpu_avg - old_base.cpu_avg) and \
+        cmp["cpu"]["delta_median"] > 0
+    assert cmp["ws"]["before_mean"] == pytest.approx(old_base.ws_avg_bytes)
+    assert cmp["ws"]["after_mean"] == pytest.approx(old_cand.ws_avg_bytes)
