@@ -10,7 +10,7 @@ import os
 import pytest
 
 from fleet.agent.plugins import catalogue
-from fleet.models import Agent, AgentInventory
+from fleet.models import Agent, AgentInventory, ManagementGroup
 from operations.models import PluginConfig, PluginKillSwitch, PluginSecret
 from tests.support.browser import (
     CHROMIUM,
@@ -33,6 +33,7 @@ def test_plugin_configuration_secret_and_kill_switch_in_the_admin(daphne, make_u
     sync_playwright = require_browser()
     device = staff_with_authenticator(make_user, "ada", "Administrator", PASSWORD)
     agent = Agent.objects.create(agent_id="b1", hostname="b1.example", os="linux")
+    lab = ManagementGroup.objects.create(name="lab")
     AgentInventory.objects.create(agent=agent, plugin=AgentInventory.CATALOGUE, data=catalogue())
     server = daphne()
 
@@ -73,6 +74,14 @@ def test_plugin_configuration_secret_and_kill_switch_in_the_admin(daphne, make_u
             page.click("input[name=_save]")
             page.wait_for_url(f"{server.base}/admin/operations/pluginkillswitch/")
             assert "incident 7" in page.inner_text("#result_list")
+            page.goto("/admin/operations/pluginkillswitch/add/")  # one group's switch
+            page.fill("#id_plugin", "process")
+            page.select_option("#id_group", label="lab")
+            page.uncheck("#id_enabled")
+            page.fill("#id_reason", "lab maintenance")
+            page.click("input[name=_save]")
+            page.wait_for_url(f"{server.base}/admin/operations/pluginkillswitch/")
+            assert "lab maintenance" in page.inner_text("#result_list")
             page.screenshot(path=str(tmp_path / "operations-kill-switches.png"), full_page=True)
             if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
                 page.screenshot(path=str(ROOT / "docs" / "img" / "operations-kill-switches.png"), full_page=True)
@@ -81,6 +90,7 @@ def test_plugin_configuration_secret_and_kill_switch_in_the_admin(daphne, make_u
 
     switch = PluginKillSwitch.objects.get(pk="script")
     assert (switch.enabled, switch.set_by) == (False, "ada")
+    assert PluginKillSwitch.objects.get(pk=f"process@{lab.pk}").group == lab
     actions = set(AuditEvent.objects.filter(principal="ada").values_list("action", flat=True))
     assert {"plugin_config.set", "plugin_secret.set", "plugin_kill_switch.set"} <= actions
     assert not AuditEvent.objects.filter(detail__contains="browser-secret-value").exists()
