@@ -130,9 +130,13 @@ class KillSwitchForm(ServiceForm):
 class PluginKillSwitchAdmin(ServiceAdmin):
     securable = "PluginConfig"
     form = KillSwitchForm
-    list_display = ("switch", "group", "enabled", "reason", "set_by", "updated_at_ms")
+    list_display = ("switch", "applies_to", "enabled", "reason", "set_by", "updated_at_ms")
     list_filter = ("enabled", "group")
     actions = ["switch_off", "switch_on"]
+
+    @admin.display(description="applies to", ordering="group__name")
+    def applies_to(self, obj):
+        return obj.where
 
     def has_delete_permission(self, request, obj=None):
         return False  # a switch is turned back on, not deleted (its row is the record of who flipped it)

@@ -96,7 +96,11 @@ class PluginKillSwitch(models.Model):
         verbose_name_plural = "plugin kill switches"
 
     def __str__(self):
-        return f"{self.scope_key}: {'on' if self.enabled else 'OFF'}"
+        return f"{self.switch} ({self.where}): {'on' if self.enabled else 'OFF'}"
+
+    @property
+    def where(self):
+        return f"group {self.group.name}" if self.group_id else "fleet-wide"
 
     @staticmethod
     def key_of(plugin, action="", group_id=""):
