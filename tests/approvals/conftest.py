@@ -1,14 +1,11 @@
 """Fixtures of the approval tests."""
 
 import gc
-import time
 
 import pytest
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from tests.support.approvals import PASSWORD
+from tests.support.approvals import approver_principal
 from tests.support.mcp_http import McpClient
-from yuzu.rbac import Principal
 
 
 @pytest.fixture
@@ -34,10 +31,4 @@ def mcp(mint):
 @pytest.fixture
 def approver(make_user):
     """carol: an Approver (staff) with a TOTP device, as a session principal with a fresh proof."""
-    user = make_user("carol", "Approver", password=PASSWORD)
-    user.is_staff = True
-    user.save(update_fields=["is_staff"])
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
-    principal = Principal(user=user, via="session", mfa_verified_at=time.time())
-    principal.device = device
-    return principal
+    return approver_principal(make_user, "carol", "Approver")

@@ -30,6 +30,7 @@ from approvals.models import Approval
 from fleet.models import Agent, AgentExecStatus, AgentInventory, Execution, InstructionDefinition, Response
 from operations.models import InstalledSoftware, InstructionSchedule, PluginConfig, UploadSession
 from tests.e2e.test_fleet_e2e import live
+from tests.support.approvals import approve, approver_principal
 from tests.support.official_client import MCP_PY, client_env
 from tests.support.stack import Stack, wait_for
 from yuzu.rbac import seed_builtin_roles
@@ -100,7 +101,7 @@ def dpkg_version(package):
 
 
 @live
-def test_config_kill_switch_inventory_uploads_and_schedules_on_real_agents(ostack, mint, tmp_path):
+def test_config_kill_switch_inventory_uploads_and_schedules_on_real_agents(ostack, mint, make_user, tmp_path):
     stack = ostack
     admin = mint("ops-admin", role="Administrator", tier="")
     supervised = mint("ops-admin", role="Administrator", tier="supervised")
@@ -235,7 +236,7 @@ def test_config_kill_switch_inventory_uploads_and_schedules_on_real_agents(ostac
 
     # --- the schedules: the interval one fired twice; the supervised one only once approved -----------------
     assert not Execution.objects.filter(dispatched_by=f"schedule:{gated['id']}").exists()
-    Approval.objects.filter(pk=ticket.pk).update(status=Approval.APPROVED, reviewed_by="ops-approver")
+    approve(approver_principal(make_user, "ops-approver", "Approver"), ticket.pk)  # the admin's review, with step-up
     wait_for(lambda: fired(gated["id"], 1), 20, "the approved schedule's first run", stack.logs)
     runs = wait_for(lambda: fired(every["id"], 2), 90, "the schedule's second run", stack.logs)
     first, second = sorted(runs.values_list("dispatched_at", flat=True))[:2]
