@@ -74,6 +74,11 @@ class LossyProxy:
             ready.set()
             self._loop.run_forever()
             server.close()
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name="lossy-proxy")
         self._thread.start()
