@@ -77,7 +77,8 @@ class LossyProxy:
             tasks = asyncio.all_tasks(self._loop)
             for task in tasks:
                 task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            if tasks:
+                self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name="lossy-proxy")
