@@ -20,13 +20,19 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from pki.ca import CertError, new_nonce
-from yuzu.metrics import AGENT_ORIGIN_REFUSED, CA_REVOKED_CERT, FLEET_COMMAND_SENDS, FLEET_COMMAND_UNSENT
+from yuzu.metrics import (
+    AGENT_ORIGIN_REFUSED,
+    CA_REVOKED_CERT,
+    FLEET_COMMAND_SENDS,
+    FLEET_COMMAND_UNSENT,
+    FLEET_RESULT_QUERIES,
+)
 
-from . import identity
+from . import events, identity
 from .identity import Refused, Superseded
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
-from .responses import RECEIVED, responses
+from .responses import RECEIVED, record_forgotten, responses, running_commands
 from .signals import agent_connected, agent_report, agent_telemetry
 
 log = logging.getLogger("yuzu.fleet.agents")
@@ -50,6 +56,9 @@ PRE_REGISTER = ("enroll", "challenge", "register")
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 UNSTORABLE_RE = re.compile("[\x00\ud800-\udfff]")  # json.loads joins surrogate pairs: any left is unpaired
 ANSWERS = tuple(s.name for s in Response.STATES)  # a response frame's status
+RESULT_QUERY_MAX = 100  # command ids per result.query frame (and per list of a result.answer)
+RESULT_QUERY_TOTAL = 1000  # running commands asked about on one register (the newest; the rest time out as before)
+RESULT_KINDS = ("kept", "running", "unknown")  # the lists of a result.answer frame
 
 
 class Malformed(Exception):
@@ -158,11 +167,33 @@ def _response(msg):
     return frame
 
 
+def _result_answer(msg, asked):
+    """A ``result.answer`` frame's lists, each of at most RESULT_QUERY_MAX command ids; every id one the
+    server asked about on this connection and not answered yet (``asked``), named once."""
+    answers, named = {}, set()
+    for kind in RESULT_KINDS:
+        ids = msg.get(kind, [])
+        if not isinstance(ids, list) or len(ids) > RESULT_QUERY_MAX:
+            raise Malformed(f"'{kind}' must be a list of at most {RESULT_QUERY_MAX} command ids")
+        for cid in ids:
+            if not isinstance(cid, str) or cid not in asked or cid in named:
+                raise Malformed(f"'{kind}' must list only command ids the server asked about, each once")
+            named.add(cid)
+        answers[kind] = ids
+    return answers
+
+
+def _register(agent_id, credential, fields, tags, plugins, opened_at, proof):
+    """identity.register, then the commands to ask the agent about (running_commands): one database hop."""
+    current, cert_serial = identity.register(agent_id, credential, fields, tags, plugins, opened_at, proof)
+    return current, cert_serial, running_commands(agent_id, RESULT_QUERY_TOTAL)
+
+
 # --- the consumer ------------------------------------------------------------------------------
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     TYPES = ("enroll", "challenge", "register", "heartbeat", "inventory", "response", "received", "report",
-             "cert.enroll", "dex.observation", "dex.app_perf")  # handled by on_<type> ('.' → '_')
+             "cert.enroll", "dex.observation", "dex.app_perf", "result.answer")  # handled by on_<type> ('.' → '_')
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
@@ -174,6 +205,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.closing = False
         self.superseded = False
         self.held = []  # group messages that arrive while the credential is being checked
+        self.asked = set()  # command ids of result.query frames sent on this connection, not answered yet
         self.hello_timer = None
         client = self.scope.get("client") or ()
         self.source = str(client[0]) if client else "unknown"
@@ -292,7 +324,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         self.group = group
         try:
-            current, self.cert_serial = await database_sync_to_async(identity.register)(
+            current, self.cert_serial, running = await database_sync_to_async(_register)(
                 agent_id, credential, fields, tags, plugins, self.opened_at, proof)
         except (Refused, Superseded):
             await self.channel_layer.group_discard(group, self.channel_name)
@@ -306,7 +338,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         for payload in self.held:
             await self.send_json(payload)
         self.held = []
+        await self.ask_about(running)
         await self._announce(agent_connected, agent_id=agent_id)
+
+    async def ask_about(self, command_ids):
+        """Ask the agent about the commands the server holds as ``running`` for it (acknowledged, no terminal
+        answer stored): a terminal answer sent into a connection that died on the way (a Redis outage closing
+        the consumer, a dropped socket) is lost, and re-sending the command itself could run it twice on an
+        agent that restarted. The agent answers each from its memory (on_result_answer)."""
+        for i in range(0, len(command_ids), RESULT_QUERY_MAX):
+            chunk = command_ids[i:i + RESULT_QUERY_MAX]
+            self.asked.update(chunk)
+            await self.send_json({"type": "result.query", "command_ids": chunk})
+        if command_ids:
+            FLEET_RESULT_QUERIES.labels("asked").inc(len(command_ids))
 
     async def _announce(self, signal, **kwargs):
         """Tell the apps listening (fleet.signals); a receiver's failure is logged, never the agent's."""
@@ -360,6 +405,25 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_response(self, msg):
         await responses.record(self.agent_id, _response(msg))
+
+    async def on_result_answer(self, msg):
+        """The agent's answer to a result.query: ``kept`` (it sent the terminal frames it kept just before, as
+        ``response`` frames, stored like any answer), ``running`` (its terminal answer will come) and
+        ``unknown`` (it no longer knows the command: TIMEOUT, never re-run — fleet.responses.record_forgotten)."""
+        try:
+            answers = _result_answer(msg, self.asked)
+        except Malformed:
+            FLEET_RESULT_QUERIES.labels("refused").inc()
+            raise
+        for kind, ids in answers.items():
+            self.asked.difference_update(ids)
+            if ids:
+                FLEET_RESULT_QUERIES.labels(kind).inc(len(ids))
+        if answers["unknown"]:
+            log.info("agent %s no longer knew %d running command(s): timed out, not re-run", self.agent_id,
+                     len(answers["unknown"]))
+            _, changed = await database_sync_to_async(record_forgotten)(self.agent_id, answers["unknown"])
+            await events.apublish(*changed)
 
     async def on_report(self, msg):
         """A report for another app (``kind``, e.g. guardian): passed on with the connection's agent_id."""

@@ -28,6 +28,8 @@ log = logging.getLogger("yuzu.fleet")
 SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
 RECEIVED = "RECEIVED"  # a frame's status for a `received` frame: an acknowledgement, not an answer
 MAX_BATCH = 1000
+FORGOTTEN = ("the agent no longer knew the command when asked after it reconnected (it restarted or forgot it); "
+             "it was not run again")
 
 
 def record_response(agent_id, frame):
@@ -177,6 +179,30 @@ def expire_overdue(now=None, limit=5000):
                                 acknowledge=False)
     events.publish(*changed)
     return timed_out
+
+
+def running_commands(agent_id, limit):
+    """The command ids of the agent's rows in ``running`` (acknowledged, no terminal answer stored), newest
+    first, at most ``limit``: what the server asks a (re-)registering agent about (``result.query``,
+    fleet.consumers), since a terminal answer sent into a connection that died is lost on the way."""
+    return list(AgentExecStatus.objects.filter(agent_id=agent_id, status=AgentState.RUNNING).order_by("-id")
+                .values_list("execution__command_id", flat=True)[:limit])
+
+
+def record_forgotten(agent_id, command_ids):
+    """The agent answered ``unknown`` about these commands (it restarted, or its memory of command ids moved
+    on): the ones still ``running`` for it end in TIMEOUT with the reason FORGOTTEN, keeping any partial output
+    (as the sweep's TIMEOUT does: the agent is lost for that command). Never re-sent, so never run twice.
+    Rows in another state are left alone (a ``dispatched`` one is the re-send's, a terminal one is final).
+    Returns (how many moved, the changed executions) without publishing; the caller publishes."""
+    with transaction.atomic():
+        known = list(AgentExecStatus.objects.filter(agent_id=agent_id, status=AgentState.RUNNING,
+                                                    execution__command_id__in=command_ids)
+                     .values_list("execution__command_id", flat=True))
+        if not known:
+            return 0, []
+        return _apply([(agent_id, cid, AgentState.TIMEOUT, None, None, FORGOTTEN) for cid in known],
+                      acknowledge=False)
 
 
 # --- frames batched across the agent connections of this process ---------------------------------

@@ -28,6 +28,11 @@ FLEET_COMMAND_SENDS = Counter("yuzu_fleet_command_sends_total",
                               "Commands written to agent WebSockets by this process", ["attempt"])
 FLEET_COMMAND_UNSENT = Counter("yuzu_fleet_command_unsent_total",
                                "Commands that reached a connection already closing (re-sent if not acknowledged)")
+FLEET_RESULT_QUERIES = Counter(
+    "yuzu_fleet_result_queries_total",
+    "Commands held as running that a (re-)registering agent was asked about (asked), its answers (kept: the terminal "
+    "frame it kept; running; unknown: it no longer knew the command), and result.answer frames refused (refused)",
+    ["outcome"])
 FLEET_COMMAND_ACK_SECONDS = Histogram("yuzu_fleet_command_ack_seconds",
                                       "From a command's last send to the agent's acknowledgement",
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80))

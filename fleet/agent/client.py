@@ -5,7 +5,9 @@ Reconnects with exponential backoff and jitter. Plugins run in a thread pool so 
 flowing; a terminal response that could not be sent is kept and re-sent after the next register.
 The server re-sends a command it has no acknowledgement for: the agent runs each command_id once (it
 remembers recent ones across reconnects) and answers a repeat with the result it kept, or with a
-``received`` frame while the command still runs."""
+``received`` frame while the command still runs. After each register the server asks about the commands it
+holds as running (``result.query``): a terminal frame sent into a connection that died on the way counted as
+sent here, so only the kept copy can answer it."""
 
 import asyncio
 import base64
@@ -46,6 +48,8 @@ REPLY_TIMEOUT_S = 30.0
 OUTBOX_MAX = 1000
 SEEN_MAX = 4096  # command ids remembered, so a re-sent command is not run again
 RESULTS_MAX_BYTES = 16 * 1024 * 1024  # terminal frames kept to answer a re-sent command with
+RESULT_QUERY_MAX = 100  # command ids the server may ask about in one result.query frame
+MAX_ID_BYTES = 160  # a command_id
 
 
 class Refused(Exception):
@@ -144,6 +148,7 @@ class AgentClient:
         self.outbox = deque(maxlen=OUTBOX_MAX)
         self.seen = OrderedDict()  # command_id → its terminal frame once known (None while running)
         self.kept_bytes = 0  # of the terminal frames kept in self.seen
+        self.refused_frames = 0  # server frames ignored as malformed (a result.query out of bounds)
         self.tasks = set()
         self._send_lock = None
         self.guardian = Guardian(self.send, self.config)
@@ -328,6 +333,10 @@ class AgentClient:
             task = asyncio.create_task(self.on_command(msg))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        elif kind == "result.query":
+            task = asyncio.create_task(self.on_result_query(msg))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         elif kind == "cert.issued":
             self.on_certificate(msg)
         elif kind == "cert.refused":
@@ -368,6 +377,29 @@ class AgentClient:
             while self.kept_bytes > RESULTS_MAX_BYTES and len(self.seen) > 1:
                 self.forget()
         await self.send(frame, keep=True)
+
+    async def on_result_query(self, msg):
+        """The server asks about commands it holds as running for this agent. Answer each from ``seen``: the
+        kept terminal frame is sent again (a ``response`` frame, as when it finished), then one
+        ``result.answer`` lists the ids as kept, running (the terminal frame will follow when done) or unknown
+        (this process never ran it, or forgot it: the server times it out and never re-sends it). A query out
+        of bounds is ignored and counted: the server's rows then wait for their expiry, as before."""
+        ids = msg.get("command_ids")
+        if not (isinstance(ids, list) and 0 < len(ids) <= RESULT_QUERY_MAX and all(
+                isinstance(c, str) and 0 < len(c.encode(errors="surrogatepass")) <= MAX_ID_BYTES for c in ids)):
+            self.refused_frames += 1
+            log.warning("%s: ignoring a malformed result.query", self.hostname)
+            return
+        answer = {"type": "result.answer", "kept": [], "running": [], "unknown": []}
+        for cid in dict.fromkeys(ids):  # each once
+            if cid not in self.seen:
+                answer["unknown"].append(cid)
+            elif self.seen[cid] is None:
+                answer["running"].append(cid)
+            else:
+                await self.send(dict(self.seen[cid]), keep=True)
+                answer["kept"].append(cid)
+        await self.send(answer)
 
     def forget(self):
         _, kept = self.seen.popitem(last=False)

@@ -35,6 +35,8 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from approvals.models import Approval
 from approvals.services import review
 from fleet.models import Agent, AgentExecStatus, AgentState, Execution, Response
+from fleet.responses import FORGOTTEN
+from tests.support.lossy_proxy import LossyProxy
 from tests.support.stack import REDIS, Stack, wait_for
 from yuzu.models import AuditEvent
 from yuzu.rbac import Principal, seed_builtin_roles
@@ -265,6 +267,78 @@ def test_restarting_the_celery_worker_mid_execution_loses_no_response(stack, res
         assert len(rows) == 1 and rows[0].status == AgentState.SUCCESS and expected in rows[0].output, (eid, rows)
         assert (ex.status, ex.agents_targeted, ex.agents_responded, ex.agents_success) == ("succeeded", 1, 1, 1)
     assert Response.objects.count() == 3
+
+
+# --- a terminal answer lost with its connection ----------------------------------------------------
+
+def result_queries(stack, outcome):
+    metrics = httpx.get(stack.server.base + "/metrics", timeout=10).text
+    found = re.search(rf'^yuzu_fleet_result_queries_total\{{outcome="{outcome}"\}} (\S+)$', metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@live
+def test_a_terminal_answer_lost_with_its_connection_is_recovered_when_the_agent_reconnects(stack, rest, tmp_path):
+    """The loss window of issue 22: the agent sends its terminal answer into a connection whose server end
+    is gone (a relay drops what the agent sends, then cuts the connection). To the agent the frame was sent,
+    so nothing re-sends it, and the server holds the command as running. After the agent reconnects, the
+    server asks about it (result.query) and the agent answers with the frame it kept: the real result, with
+    its output, long before the expiry — and the command ran once."""
+    proxy = LossyProxy(stack.server.port).start()
+    try:
+        _, agent_id = stack.agent(script_allow=SCRIPT_ALLOW, server=f"ws://127.0.0.1:{proxy.port}")
+        ran = tmp_path / "ran.txt"
+        eid = execute(rest, plugin="script", action="run", agent_ids=[agent_id], params={
+            "argv": json.dumps(["sh", "-c", f"echo run >> {ran}; echo started; sleep 3; echo finished"])})["execution_id"]
+        wait_for(lambda: Response.objects.filter(execution_id=eid, output__contains="started").exists(), 20,
+                 "the RUNNING frame", stack.logs)
+        proxy.swallow()  # from now on what the agent sends is lost on the way
+        wait_for(lambda: ran.exists() and proxy.swallowed > 0, 20, "the agent's answer to be swallowed", stack.logs)
+        time.sleep(4)  # the command has finished and its terminal frame went into the dead connection
+        row = AgentExecStatus.objects.get(execution_id=eid)
+        assert row.status == "running" and "finished" not in Response.objects.get(execution_id=eid).output
+        kept = result_queries(stack, "kept")
+        proxy.cut()  # both ends see the connection reset; the agent reconnects through the relay
+        view = poll_terminal(rest, eid, 40, stack)
+    finally:
+        proxy.stop()
+    assert view["status"] == "succeeded" and view["resent"] == 0, view
+    [r] = rest.get(f"/api/v1/executions/{eid}/responses").json()["data"]["responses"]
+    assert (r["status"], r["output"], r["exit_code"]) == ("SUCCESS", "started\nfinished\n", 0)
+    assert AgentExecStatus.objects.get(execution_id=eid).attempts == 1
+    assert ran.read_text() == "run\n"  # it ran once
+    assert result_queries(stack, "kept") == kept + 1
+
+
+@live
+def test_a_restarted_agent_that_no_longer_knows_a_running_command_ends_it_in_timeout_not_a_re_run(stack, rest,
+                                                                                                 tmp_path):
+    """The agent is SIGKILLed while a command runs and started again from its state: it does not know the
+    command any more. Re-sending it could run it twice; the server asks instead, the agent answers unknown,
+    and the command ends in TIMEOUT with a reason saying so, at once rather than at its expiry — run once."""
+    agent, agent_id = stack.agent(script_allow=SCRIPT_ALLOW)
+    ran = tmp_path / "ran.txt"
+    eid = execute(rest, plugin="script", action="run", agent_ids=[agent_id], params={
+        "argv": json.dumps(["sh", "-c", f"echo run >> {ran}; echo started; sleep 60; echo never"]),
+        "timeout": "120"})["execution_id"]
+    wait_for(lambda: Response.objects.filter(execution_id=eid, output__contains="started").exists(), 20,
+             "the RUNNING frame", stack.logs)
+    stack.orphans |= {c.pid for c in psutil.Process(agent.proc.pid).children(recursive=True)}
+    agent.kill()
+    wait_for(lambda: not Agent.objects.get(pk=agent_id).connected, 10, "daphne to see the agent go", stack.logs)
+    unknown = result_queries(stack, "unknown")
+    _, again = stack.agent(state=agent.state)  # the same agent, restarted
+    assert again == agent_id
+    view = poll_terminal(rest, eid, 30, stack)  # the expiry is 300 s away
+    assert view["status"] == "completed" and (view["agents_responded"], view["agents_failure"], view["resent"]) == \
+        (1, 1, 0), view
+    [r] = rest.get(f"/api/v1/executions/{eid}/responses").json()["data"]["responses"]
+    assert r["status"] == "TIMEOUT" and r["output"].startswith("started") and "never" not in r["output"]
+    assert r["error"] == FORGOTTEN
+    assert AgentExecStatus.objects.get(execution_id=eid).attempts == 1
+    time.sleep(2)
+    assert ran.read_text() == "run\n"  # never run again
+    assert result_queries(stack, "unknown") == unknown + 1
 
 
 # --- delivery: commands lost on purpose ------------------------------------------------------------

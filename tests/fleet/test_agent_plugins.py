@@ -342,3 +342,57 @@ def test_a_re_sent_command_runs_once_across_reconnects_and_gets_the_kept_result(
                      (2, "response", "SUCCESS")]
     first, second = [m for _, m in frames if m.get("status") == "SUCCESS"]
     assert first == second and first["exit_code"] == 0
+
+
+def test_a_result_query_is_answered_from_what_the_agent_kept_and_a_malformed_one_is_ignored(tmp_path):
+    """After a register the server asks about the commands it holds as running: the agent sends the terminal
+    frame it kept again, says which still run and which it does not know, and runs none of them again."""
+    (tmp_path / "state.json").write_text(json.dumps({"agent_id": "a1", "credential": "yza_test"}))
+    slow = {"type": "command", "command_id": "c-slow", "plugin": "script", "action": "run",
+            "parameters": {"argv": "sleep 2"}}
+    quick = {"type": "command", "command_id": "c-quick", "plugin": "os", "action": "info", "parameters": {}}
+    malformed = [{"command_ids": "c-quick"}, {"command_ids": []}, {"command_ids": ["x" * 161]},
+                 {"command_ids": ["c-quick"] * 101}, {"command_ids": [7]}, {}]
+    frames, connections, done = [], [], asyncio.Event()
+
+    async def handler(ws):
+        connections.append(ws)
+        async for raw in ws:
+            msg = json.loads(raw)
+            frames.append((len(connections), msg))
+            if msg["type"] == "register":
+                await ws.send(json.dumps({"type": "registered", "agent_id": "a1", "heartbeat_interval": 30}))
+                if len(connections) == 1:
+                    await ws.send(json.dumps(slow))
+                    await ws.send(json.dumps(quick))
+                else:
+                    for bad in malformed:
+                        await ws.send(json.dumps({"type": "result.query", **bad}))
+                    await ws.send(json.dumps({"type": "result.query",
+                                              "command_ids": ["c-quick", "c-slow", "c-other", "c-quick"]}))
+            elif msg.get("command_id") == "c-quick" and msg.get("status") == "SUCCESS" and len(connections) == 1:
+                await ws.close()  # as if this answer had been lost with the connection
+            elif msg.get("command_id") == "c-slow" and msg.get("status") == "SUCCESS":
+                done.set()
+
+    async def scenario():
+        async with websockets.serve(handler, "127.0.0.1", 0) as srv:
+            port = srv.sockets[0].getsockname()[1]
+            client = AgentClient(f"ws://127.0.0.1:{port}", None, tmp_path, config={"script_allow": [["sleep", "*"]]})
+            task = asyncio.create_task(client.run())
+            await asyncio.wait_for(done.wait(), 30)
+            task.cancel()
+            return client
+
+    client = asyncio.run(scenario())
+    assert client.refused_frames == len(malformed)
+    second = [m for n, m in frames if n == 2 and m["type"] in ("response", "result.answer")]
+    answers = [m for m in second if m["type"] == "result.answer"]
+    assert answers == [{"type": "result.answer", "kept": ["c-quick"], "running": ["c-slow"], "unknown": ["c-other"]}]
+    quick_frames = [m for _, m in frames if m.get("command_id") == "c-quick" and m.get("status") == "SUCCESS"]
+    assert len(quick_frames) == 2 and quick_frames[0] == quick_frames[1]  # the kept frame, sent again
+    assert second.index(quick_frames[1]) < second.index(answers[0])  # before the answer that says "kept"
+    # Each ran once: one RUNNING frame each, and the slow one's terminal frame came when it finished.
+    running = [m["command_id"] for _, m in frames if m.get("status") == "RUNNING"]
+    assert sorted(running) == ["c-quick", "c-slow"]
+    assert [n for n, m in frames if m.get("command_id") == "c-slow" and m.get("status") == "SUCCESS"] == [2]

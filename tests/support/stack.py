@@ -35,6 +35,7 @@ class Proc:
 
     def __init__(self, name, argv, tmp_path, env):
         self.name = name
+        self.state = None  # an agent's state directory (Stack.agent)
         self.log_path = tmp_path / f"{name}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -97,17 +98,21 @@ class Stack:
         return "\n".join([f"--- daphne ({daphne_log}) ---\n" + daphne_log.read_text(errors="replace")[-3000:]]
                           + [p.tail() for p in self.procs])
 
-    def agent(self, script_allow=None):
-        """Start a real agent enrolled with a fresh device token; returns (Proc, agent_id) once connected."""
-        out = io.StringIO()
-        call_command("mint_device_token", "--name", "fleet e2e", "--max-uses", "1", stdout=out)
-        token = out.getvalue().strip()
-        state = self.tmp_path / f"agent-{len(self.procs)}"
-        state.mkdir()
-        (state / "config.json").write_text(json.dumps({"script_allow": script_allow or [],
-                                                       "tags": {"environment": "e2e"}}))
-        proc = self.spawn("agent", [sys.executable, "-m", "fleet.agent", "--server", f"ws://127.0.0.1:{self.server.port}",
-                                    "--token", token, "--state-dir", str(state)])
+    def agent(self, script_allow=None, server=None, state=None):
+        """Start a real agent enrolled with a fresh device token (or, given the ``state`` directory of one that
+        ran before — its Proc's ``state`` — that agent again: a restart); returns (Proc, agent_id) once connected. ``server``: the
+        ws:// URL it connects to (default this daphne)."""
+        argv = [sys.executable, "-m", "fleet.agent", "--server", server or f"ws://127.0.0.1:{self.server.port}"]
+        if state is None:
+            out = io.StringIO()
+            call_command("mint_device_token", "--name", "fleet e2e", "--max-uses", "1", stdout=out)
+            state = self.tmp_path / f"agent-{len(self.procs)}"
+            state.mkdir()
+            (state / "config.json").write_text(json.dumps({"script_allow": script_allow or [],
+                                                           "tags": {"environment": "e2e"}}))
+            argv += ["--token", out.getvalue().strip()]
+        proc = self.spawn("agent", argv + ["--state-dir", str(state)])
+        proc.state = state
 
         def connected():
             if proc.proc.poll() is not None:
