@@ -51,6 +51,7 @@ class ToolContext:
     approval: object = None  # the consumed approval ticket on a gated recall (the approvals app's)
     plan: Plan[Any] | None = None  # the call's Plan, worked out before any side effect
     detail: list[str] = field(default_factory=list)  # audit detail fragments a handler adds ("execution_id=…")
+    audited: bool = False  # the call's outcome row is written already (a recall's, in its own transaction)
     extra: CallExtras = field(default_factory=CallExtras)
 
     following: FollowSpec | None = None  # set by follow()

@@ -75,10 +75,10 @@ def a4(cid: str, retry_after_ms: int | None = None, remediation: str | None = No
     return data
 
 
-def _audit(ctx: ToolContext, result: str, detail: str = "") -> bool:
+def _audit(ctx: ToolContext, result: str, detail: str = "", strict: bool = False) -> bool:
     parts = [p for p in [detail] + ctx.detail if p]
     return audit(ctx.principal, f"mcp.{ctx.tool}", result, target_type="mcp_tool", target_id=ctx.tool,
-                 detail=" ".join(parts), correlation_id=ctx.cid)
+                 detail=" ".join(parts), correlation_id=ctx.cid, strict=strict)
 
 
 def _deny(ctx: ToolContext, code: int, message: str, result: str = "denied", detail: str = "", stamp_cid: bool = False,
@@ -214,7 +214,7 @@ def finish(ctx: ToolContext, tool: Tool, outcome: JsonObject | ToolFailure | Yuz
             MCP_APPROVAL_BURNED.labels(tool.name, "handler_reject").inc()
         _refuse(ctx, outcome.rpc_code, outcome, result=outcome.audit_result)
     result = "approved" if ctx.approval is not None else "success"
-    persisted = _audit(ctx, result)
+    persisted = ctx.audited or _audit(ctx, result)
     MCP_TOOL_CALLS.labels(tool.name, result).inc()
     if not persisted and isinstance(outcome, dict):
         outcome = {**outcome, "audit_persisted": False}
@@ -256,7 +256,7 @@ def _recall_atomically(ctx: ToolContext, name: object,
     """A gated recall (``approval_id``): the ticket's consumption and the handler's writes in one transaction
     (issue 22). When the store fails under the handler (PostgreSQL restarting, a failover) both roll back: the
     ticket stays approved and unconsumed for the retry, and no execution exists without its consumed ticket
-    or the reverse. A refusal commits what it wrote (its audit row, a lazy expiry) as before; the rows of a
+    or the reverse, nor either without the call's ``approved`` audit row (written in the same transaction). A refusal commits what it wrote (its audit row, a lazy expiry) as before; the rows of a
     rolled-back call's refusal are written again after the rollback."""
     refusal: rpc.RpcError | None = None
     with kept_rows() as rows:
@@ -270,6 +270,9 @@ def _recall_atomically(ctx: ToolContext, name: object,
                     outcome = _call(ctx, tool, args)
                     if ctx.approval is not None and isinstance(outcome, YuzuError) and outcome.extra.get("store"):
                         raise _Undo(outcome)
+                    if ctx.approval is not None and isinstance(outcome, dict):
+                        # the approved row commits with the consumption and the handler's writes, or none does
+                        ctx.audited = _audit(ctx, "approved", strict=True)
         except _Undo as undo:
             rewrite([r for r in rows if r.action == f"mcp.{ctx.tool}"])  # the gate's rows, not the handler's
             ctx.approval = None  # nothing was consumed: the ticket is not burned

@@ -363,11 +363,8 @@ def _scopes(plugin):
 
 
 def action_allowed(plugin, action):
-    """The fleet-wide part of the dispatch gate: (allowed, reason). Any store error means disabled (fail closed)."""
-    try:
-        row = _off(_scopes(plugin).get(None, {}), plugin, action)
-    except DatabaseError:
-        return False, "kill switch store unavailable (fail closed)"
+    """The fleet-wide part of the dispatch gate: (allowed, reason). A store error propagates: the gate refuses."""
+    row = _off(_scopes(plugin).get(None, {}), plugin, action)
     return (True, "") if row is None else (False, _why(row))
 
 
@@ -395,13 +392,13 @@ def dispatch_gate(plugin, action, targets=()):
     """fleet.executions' hook: refuse a dispatch to a plugin or action switched off fleet-wide, or one whose every
     target a group's switch holds back; otherwise return the targets held back ({agent_id: why}), which are left
     out of the dispatch."""
-    allowed, why = action_allowed(plugin, action)
+    try:
+        allowed, why = action_allowed(plugin, action)
+        held = held_targets(plugin, action, targets) if allowed else {}
+    except DatabaseError:  # fail closed, and say what it is: a store fault (503 / -32603, retry), not a switch
+        raise store_fault() from None
     if not allowed:
         _refuse(plugin, action, why)
-    try:
-        held = held_targets(plugin, action, targets)
-    except DatabaseError:
-        _refuse(plugin, action, "kill switch store unavailable (fail closed)")
     if targets and len(held) == len(set(targets)):
         _refuse(plugin, action, next(iter(held.values())) + (f" (all {len(held)} targets)" if len(held) > 1 else ""))
     return held

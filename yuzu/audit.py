@@ -31,9 +31,12 @@ def scrub(text: str) -> str:
 
 
 def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, action: str, result: str, *,
-          target_type: str = "", target_id: object = "", detail: str = "", correlation_id: str = "") -> bool:
+          target_type: str = "", target_id: object = "", detail: str = "", correlation_id: str = "",
+          strict: bool = False) -> bool:
     """Append one row. ``principal`` is a Principal, a user, or a name. Returns True once the row is committed
-    (or written in the caller's open transaction, which commits or rolls back with it)."""
+    (or written in the caller's open transaction, which commits or rolls back with it). ``strict`` (inside a
+    transaction only): a failed write raises, so the caller's transaction rolls back with it — for a row that
+    must exist whenever the writes it records do."""
     if principal is None or isinstance(principal, str):
         name = principal or ""
     elif hasattr(principal, "get_username"):  # a user
@@ -46,6 +49,9 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
         kept = _kept.get()
         if kept is not None:
             kept.append(event)
+        if strict:
+            _insert_one(event)
+            return True
         return _write([event])
     return group.commit(event)
 

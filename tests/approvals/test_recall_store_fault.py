@@ -7,6 +7,7 @@ from django.db import OperationalError
 from approvals.models import Approval
 from fleet.models import Tag
 from tests.support.approvals import approve, error_of, result_of
+from yuzu import audit as audit_module
 from yuzu.models import AuditEvent
 
 from .test_approvals import ARGS, mint_ticket, tagged_agent  # noqa: F401 (a fixture)
@@ -47,3 +48,33 @@ def test_a_refused_recall_still_commits_its_audit_row(mcp, tagged_agent, approve
     err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
     assert err["code"] == -32006
     assert AuditEvent.objects.filter(action="mcp.delete_tag", result="pending", detail__contains="still pending").exists()
+
+
+def test_a_recall_whose_approved_row_cannot_be_written_consumes_nothing(mcp, tagged_agent, approver,  # noqa: F811
+                                                                        monkeypatch):
+    """The store goes away after the handler ran, as the call's own ``approved`` row is written: the row, the
+    consumption and the handler's writes roll back together — never a consumed ticket without its row (found by
+    the PostgreSQL outage scenario: the row used to be written after the recall's transaction committed)."""
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    real = audit_module._insert_one
+
+    def store_gone(event):
+        if event.result == "approved":
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(event)
+
+    monkeypatch.setattr(audit_module, "_insert_one", store_gone)
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["code"] == -32603 and err["data"]["store"] == "database", err
+    ticket = Approval.objects.get(pk=tid)
+    assert ticket.status == Approval.APPROVED and ticket.consumed_at is None
+    assert Tag.objects.filter(agent_id="host-1", key="owner").exists()
+    assert not AuditEvent.objects.filter(action="tag.delete").exists()
+    assert not AuditEvent.objects.filter(action="mcp.delete_tag", result="approved").exists()
+
+    monkeypatch.undo()
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert Approval.objects.get(pk=tid).consumed_at is not None
+    assert AuditEvent.objects.filter(action="mcp.delete_tag", result="approved").count() == 1

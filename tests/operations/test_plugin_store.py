@@ -12,6 +12,7 @@ from operations import plugins
 from operations.models import SECRET_VALUE, PluginConfig, PluginKillSwitch, PluginSecret
 from tests.operations.conftest import Caller
 from yuzu import secrets as sealed
+from yuzu.errors import YuzuError
 from yuzu.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -125,13 +126,19 @@ def test_kill_switch_refuses_dispatch_and_the_action_row_wins(agent, mcp):
     assert PluginKillSwitch.objects.count() == 3
 
 
-def test_the_dispatch_gate_fails_closed(monkeypatch):
+def test_the_dispatch_gate_fails_closed_as_a_store_fault(agent, mcp, monkeypatch):
+    """A kill switch store that cannot be read refuses the dispatch — honestly: a store fault with a retry hint
+    (503 / -32603), not a kill_switched refusal nobody flipped."""
     def broken(*a, **kw):
         raise DatabaseError("down")
 
     monkeypatch.setattr(PluginKillSwitch.objects, "filter", broken)
-    allowed, why = plugins.action_allowed("os", "info")
-    assert allowed is False and "fail closed" in why
+    with pytest.raises(YuzuError) as exc:
+        plugins.dispatch_gate("os", "info", ["a1"])
+    assert (exc.value.status, exc.value.rpc_code) == (503, -32603) and exc.value.retry_after_ms
+    _, error = mcp().tool("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"]})
+    assert error["code"] == -32603 and error["data"]["retry_after_ms"], error
+    assert not Execution.objects.exists()
 
 
 def test_tiers(agent, mcp):
