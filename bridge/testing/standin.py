@@ -12,7 +12,8 @@ Run as ``python -m bridge.testing.standin`` inside a terminal. It
 
   ``reply:<text>``   -> bridge_reply(content=<text>)
   ``ask:<question>`` -> bridge_ask(content=<question>), then
-                        bridge_reply("answered:<answer>")
+                        bridge_reply("answered:<answer>") -- after <s> seconds
+                        when the answer reads ``wait:<s>:…``
   ``done``           -> end the turn without replying
   ``stall``          -> stay busy forever, reading nothing more
   ``exit``           -> exit the process (the pane dies)
@@ -310,6 +311,9 @@ def handle(message: str, client: BridgeClient, ui: UI, busy_seconds: float) -> b
                 asked = client.call_tool("bridge_ask", {"content": question}, timeout=ASK_TIMEOUT)
                 if "answer" in asked:
                     content = f"answered:{asked['answer']}"
+                    slow = re.match(r"wait:(\d+(?:\.\d+)?):", asked["answer"])
+                    if slow:  # the answer asks for a slow reply (a primary waiting on it for that long)
+                        time.sleep(float(slow.group(1)))
                 else:
                     content = f"unanswered:{asked.get('outcome', 'unknown')}"
                 ui.say(f"asked {question!r} -> {json.dumps(asked)}")
