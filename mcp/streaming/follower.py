@@ -133,8 +133,8 @@ class Follower:
 
     async def _let_go(self, settled: bool) -> None:
         """Give the lease back; once the follow has settled (result committed, cap, cancel) forget its record —
-        nothing is left to adopt. A follower cancelled with its process (a graceful stop) keeps the record, so a
-        resume elsewhere adopts the follow at once instead of after the lease would have run out."""
+        nothing is left to adopt. A follower cancelled before it settled keeps the record: a resume on another
+        process adopts the follow at once instead of after the lease would have run out."""
         assert self.lease_owner is not None
         try:
             if settled:
