@@ -97,14 +97,17 @@ class Follower:
             if await self._advance(first=not self.adopted):
                 settled = True
                 return "completed"
+            renewed = time.monotonic()
             while self.closed is None:
-                if self.lease_owner is not None and not await hop(handovers().claim)(self.key, self.stream_tag,
-                                                                                      self.lease_owner):
-                    self.detach("handed_over")  # this process stalled past its lease: another reports the call now
-                    break
+                if self.lease_owner is not None and time.monotonic() - renewed >= SNAPSHOT_EVERY:
+                    if not await hop(handovers().claim)(self.key, self.stream_tag, self.lease_owner):
+                        self.detach("handed_over")  # this process stalled past its lease: another reports it now
+                        break
+                    renewed = time.monotonic()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     await self._advance()  # one more drain pass, then settle
+                    settled = True
                     return self.closed or "cap_expired"
                 try:
                     msg = await asyncio.wait_for(self._next(layer, channel), min(left, SNAPSHOT_EVERY))

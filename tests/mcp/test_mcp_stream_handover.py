@@ -139,8 +139,9 @@ def test_a_dead_followers_call_is_adopted_by_the_resuming_get_and_delivers_its_r
     async_to_sync(go)()
 
 
-def test_a_live_follower_is_not_adopted_and_one_that_lost_its_lease_stops_handed_over(client):
+def test_a_live_follower_is_not_adopted_and_one_that_lost_its_lease_stops_handed_over(client, monkeypatch):
     key = _key(client)
+    monkeypatch.setattr(handover, "LEASE_SECONDS", 30.0)  # the adopter's lease outlives the follower's next renewal
 
     async def go():
         s = await _open(client, "POST", BODY).open()
