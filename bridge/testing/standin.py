@@ -14,6 +14,7 @@ Run as ``python -m bridge.testing.standin`` inside a terminal. It
   ``ask:<question>`` -> bridge_ask(content=<question>), then
                         bridge_reply("answered:<answer>") -- after <s> seconds
                         when the answer reads ``wait:<s>:…``
+  ``slow:<s>:<msg>`` -> stay busy <s> seconds, then act on <msg>
   ``done``           -> end the turn without replying
   ``stall``          -> stay busy forever, reading nothing more
   ``exit``           -> exit the process (the pane dies)
@@ -298,6 +299,10 @@ def handle(message: str, client: BridgeClient, ui: UI, busy_seconds: float) -> b
     result = error = None
     with Busy(ui):
         time.sleep(busy_seconds)
+        slow = re.match(r"slow:(\d+(?:\.\d+)?):", command)
+        if slow:  # a slow turn (a primary waiting on it for that long), then the rest of the message
+            time.sleep(float(slow.group(1)))
+            command = command[slow.end():]
         if command == "stall":
             while True:  # busy forever; input is never read again
                 time.sleep(3600)

@@ -6,7 +6,8 @@ two real agents (connected to B) and a stand-in bridge worker (its MCP calls go 
 
 - a streamed ``tools/call`` of ``execute_instruction`` (a handshake-era session, ``_meta.progressToken``, SSE
   ``Accept``) whose command runs SLOW_S seconds on both agents, and
-- a ``bridge_send`` answering the worker's question (``turnId``) whose reply the worker sends SLOW_S later.
+- a ``bridge_send`` answering the worker's question (``turnId``) whose reply the worker sends SLOW_S later, and
+- a new-turn ``bridge_send`` (no ``turnId``: its client never saw one) to a second worker, as slow.
 
 A is SIGKILLed mid-flight: no close frame, no lease given back, no waiter released. Then, on B only:
 
@@ -15,6 +16,8 @@ A is SIGKILLed mid-flight: no close frame, no lease given back, no waiter releas
   B adopts the follow A no longer renews (mcp.streaming.handover). Before the fix the resume waited forever;
 - the same ``bridge_send`` re-sent with the same ``turnId`` (and the session, which lives in Redis) gets the
   worker's reply; the worker got the answer once;
+- the new-turn ``bridge_send`` re-sent as it was finds its turn again (its waiter's lease ran out with A:
+  bridge/waiters.py) and gets the reply: one turn, one message pasted. Before the fix it started a second turn;
 - no answer from B is a 5xx; the execution ran once per agent (one response each, output intact, nothing
   re-dispatched) and every response stored before the kill is unchanged.
 """
@@ -30,6 +33,7 @@ import uuid
 import httpx
 import pytest
 
+from bridge import waiters
 from bridge.terminal import TmuxBackend
 from bridge.testing.harness import DEFAULT_TIMING, Mcp
 from yuzu.testing import free_port
@@ -135,6 +139,12 @@ def _scenario(c, pg, http, port_a, port_b):
     assert q["outcome"] == "question", q.structured
     turn_id = q["turnId"]
     answer = f"wait:{SLOW_S}:that one"
+    # A second worker for a new-turn bridge_send (no turnId yet) that will be waiting on A too.
+    w2 = p.call("bridge_spawn", {"profile": "standin"})
+    assert w2.rpc_error is None and not w2.is_error, (w2.structured, w2.rpc_error)
+    sid2 = w2["sessionId"]
+    message = f"slow:{SLOW_S}:reply:late one"
+    p2 = Mcp(a + "/mcp/bridge/", primary_token)
 
     # On A: an MCP session with a streamed execute_instruction, and the bridge answer waiting for the reply.
     init = http.post(a + "/mcp/v1/", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -156,12 +166,19 @@ def _scenario(c, pg, http, port_a, port_b):
     bridge_wait = threading.Thread(target=lambda: waiting.update(r=_call_or_error(
         p, "bridge_send", {"content": answer, "turnId": turn_id, "timeoutMs": 60000})), daemon=True)
     bridge_wait.start()
+    new_turn_wait = threading.Thread(target=lambda: waiting.update(n=_call_or_error(
+        p2, "bridge_send", {"content": message, "sessionId": sid2, "timeoutMs": 60000})), daemon=True)
+    new_turn_wait.start()
 
     until(lambda: post.progress(), 30, "the streamed call's first progress frame on A")
     execution_id = next(f for _, f in post.events if f.get("method") == "notifications/progress")["params"]["_meta"][
         "yuzu.execution_id"]
     until(lambda: pg.query("SELECT answer_seq = ask_seq AND waiter_until IS NOT NULL FROM bridge_turn "
                            "WHERE turn_id = %s", turn_id)[0][0], 20, "A to hold the bridge answer's wait")
+    until(lambda: pg.query("SELECT count(*) FROM bridge_turn t JOIN bridge_member m ON t.member_id = m.id "
+                           "WHERE m.session_id = %s AND t.waiter_until IS NOT NULL", sid2)[0][0], 20,
+          "A to hold the new turn's wait")
+    time.sleep(waiters.RENEW_SECONDS)  # A's wait lease is taken (and renewed) before A dies
     until(lambda: pg.query("SELECT count(*) FROM fleet_agentexecstatus WHERE execution_id = %s AND status = 'running'",
                            execution_id)[0][0] == 2, 20, "both agents to start the slow command")
     assert post.result(7) is None, "the call finished before the kill: nothing was tested"
@@ -170,8 +187,9 @@ def _scenario(c, pg, http, port_a, port_b):
     killed = time.monotonic()
     post.thread.join(15)
     bridge_wait.join(15)
+    new_turn_wait.join(15)
     assert post.ended and post.result(7) is None, (post.ended, post.events)
-    assert "error" in waiting.get("r", {}), waiting  # the dead process's answer never came
+    assert "error" in waiting.get("r", {}) and "error" in waiting.get("n", {}), waiting  # A never answered
     seen = max(post.ids())
     seen_progress = max(post.progress())
 
@@ -186,6 +204,13 @@ def _scenario(c, pg, http, port_a, port_b):
     assert r.rpc_error is None and r.get("outcome") == "reply", (r.structured, r.rpc_error, c.log("daphne-B"))
     assert r["text"] == f"answered:{answer}" and r["turnId"] == turn_id, r.structured
     bridge_answered_s = time.monotonic() - killed
+    # ... and the new-turn send (no turnId: its client never got one) re-sent as it was: the same turn, answered.
+    p2.url = b + "/mcp/bridge/"
+    r2 = p2.call("bridge_send", {"content": message, "sessionId": sid2, "timeoutMs": 60000})
+    b_statuses.append(r2.status)
+    assert r2.rpc_error is None and r2.get("outcome") == "reply" and r2["text"] == "late one", (
+        r2.structured, r2.rpc_error, c.log("daphne-B"))
+    new_turn_answered_s = time.monotonic() - killed
 
     until(lambda: resume.result(7) or resume.ended, RESUME_BOUND_S, "the streamed call's result on B")
     b_statuses.append(resume.status)
@@ -214,12 +239,19 @@ def _scenario(c, pg, http, port_a, port_b):
     assert asked == ("replied", 1, 1, answer), asked  # answered once: the re-send did not answer again
     assert pg.query("SELECT count(*) FROM bridge_turn t JOIN bridge_member m ON t.member_id = m.id "
                     "WHERE m.session_id = %s", sid)[0][0] == 2  # warm and the question: no turn started twice
+    sent = pg.query("SELECT count(*) FROM bridge_turn t JOIN bridge_member m ON t.member_id = m.id "
+                    "WHERE m.session_id = %s", sid2)[0][0], \
+        pg.query("SELECT count(*) FROM bridge_message g JOIN bridge_member m ON g.member_id = m.id "
+                 "WHERE m.session_id = %s", sid2)[0][0]
+    assert sent == (1, 1), sent  # one turn, one message: the re-send was not pasted again
     fives = [s for s in b_statuses if s is None or s >= 500]
     logged = re.findall(r'"[A-Z]+ [^"]*" 5\d\d ', c.log("daphne-B", 200000))
     assert not fives and not logged, (b_statuses, logged)
     stream_http.close()
     p.close()
-    print(f"\nserver kill: the bridge answer came on B {bridge_answered_s:.1f} s after the kill, the streamed "
+    p2.close()
+    print(f"\nserver kill: the bridge answer came on B {bridge_answered_s:.1f} s after the kill, the new turn's "
+          f"reply {new_turn_answered_s:.1f} s after, the streamed "
           f"call's result {resumed_s:.1f} s after (progress {seen_progress} seen on A, then {after} on B); "
           f"whole test {time.monotonic() - t_start:.0f} s")
 
