@@ -475,6 +475,11 @@ class Turn(models.Model):
         2026-07-28 client answers by re-sending): the question is not answered twice. An ended turn's outcome
         is returned at once (None otherwise); an active one gets this waiter (``deadline``; None: detached)."""
         if not self.active:
+            if self.pending is not None and self.pending == self.outcome:
+                # the outcome was kept for a waiter that died with its process: it is answered now, not swept
+                # into the inbox as well
+                self.pending, self.waiter_until = None, None
+                self.save(update_fields=["pending", "waiter_until"])
             return self.outcome
         self.waiter_until, self.updated_at = deadline, now or timezone.now()
         self.detached = self.detached or deadline is None
@@ -522,6 +527,16 @@ class Turn(models.Model):
         """Whether a new-turn bridge_send of ``content`` now is a re-send of this turn's own message: its waiter
         dropped with its client within RESEND_WINDOW, and it was the same text."""
         if self.dropped_at is None or self.dropped_at < now - RESEND_WINDOW or self.origin != Role.PRIMARY:
+            return False
+        first = self.messages.order_by("id").values_list("content", flat=True).first()
+        return first == content
+
+    def orphaned(self, content, now):
+        """Whether this turn's waiter may have died with its server process: one registered (``waiter_until``)
+        that neither took an outcome nor recorded a drop, on the primary's own message ``content``, within
+        RESEND_WINDOW. Only the caller's wait lease can tell a dead waiter from a live one (turns.prepare_send)."""
+        if self.waiter_until is None or self.dropped_at is not None or self.origin != Role.PRIMARY \
+                or self.created_at < now - RESEND_WINDOW:
             return False
         first = self.messages.order_by("id").values_list("content", flat=True).first()
         return first == content

@@ -10,22 +10,24 @@ server process wakes the waiter at once.
 
 import asyncio
 import logging
+import secrets
 import time
 
 from channels.layers import get_channel_layer
 
 from mcp.pipeline import hop
 
-from . import conf, turns
+from . import conf, turns, waiters
 from .reads import inbox_items
 from .wakeups import ask_group, inbox_group, turn_group
 
 log = logging.getLogger("yuzu.bridge")
 
 
-async def _wait(groups, check, deadline):
+async def _wait(groups, check, deadline, beat=None):
     """Loop: ``check(final)`` (a sync function run in a worker thread) until it returns a value.
-    ``deadline`` is a time.monotonic() value; the last check passes final=True."""
+    ``deadline`` is a time.monotonic() value; the last check passes final=True. ``beat()`` (sync), when given,
+    runs first and then at least every waiters.RENEW_SECONDS: it renews the wait's lease."""
     layer = get_channel_layer()
     channel = None
     if layer is not None:
@@ -39,13 +41,19 @@ async def _wait(groups, check, deadline):
         except Exception:  # no layer: the periodic re-read alone resolves the wait
             log.warning("channel layer unavailable; bridge waits fall back to re-reading", exc_info=True)
             channel = None
+    beaten = None
     try:
         while True:
+            if beat is not None and (beaten is None or time.monotonic() - beaten >= waiters.RENEW_SECONDS):
+                await hop(beat)()
+                beaten = time.monotonic()
             remaining = deadline - time.monotonic()
             out = await hop(check)(remaining <= 0)
             if out is not None:
                 return out
             pause = min(max(remaining, 0.0), conf.recheck_seconds())
+            if beat is not None:
+                pause = min(pause, waiters.RENEW_SECONDS)
             if channel is not None:
                 try:
                     await asyncio.wait_for(layer.receive(channel), timeout=pause)
@@ -70,15 +78,23 @@ async def wait_turn(prepared, timeout_ms):
     """The primary's bridge_send wait: exactly one outcome (reply, question, turn_done, timeout,
     cancelled) or an error outcome (worker_gone, delivery_failed)."""
     deadline = _deadline(timeout_ms)
+    owner = prepared.lease or secrets.token_hex(8)  # prepare_send took it; keep renewing it
     try:
+        # The wait holds a lease on its turn while it lives: a re-send finds a turn whose waiter died with its
+        # process (no lease, no recorded drop) instead of pasting the message twice (bridge/waiters.py).
         return await _wait([turn_group(prepared.turn_id)], lambda final: turns.take_outcome(prepared.turn_pk, final),
-                           deadline)
+                           deadline, beat=lambda: waiters.leases().hold(prepared.turn_pk, owner))
     except asyncio.CancelledError:
         # The client went away (daphne cancels the request): later outcomes go to the inbox.
         try:
             await asyncio.shield(hop(turns.release_waiter)(prepared.turn_pk))
         finally:
             raise
+    finally:
+        try:
+            await asyncio.shield(hop(waiters.leases().release)(prepared.turn_pk, owner))
+        except Exception:  # the store is away: the lease runs out by itself
+            log.warning("could not release the wait lease of turn %s", prepared.turn_id, exc_info=True)
 
 
 async def wait_answer(turn_pk, turn_id, seq, timeout_ms):

@@ -25,6 +25,8 @@ Invariants:
 """
 
 import logging
+import secrets
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -34,6 +36,7 @@ from django.utils import timezone
 from yuzu.audit import audit
 from yuzu.errors import YuzuError
 
+from . import waiters
 from .failures import BridgeFailure
 from .identity import PRIMARY, WORKER, require
 from .models import MAX_CONTENT_BYTES, InboxItem, Member, Turn
@@ -64,11 +67,48 @@ class Prepared:
     wait: bool
     deadline: object = None  # aware datetime
     outcome: dict | None = None  # a re-sent answer on a turn that has already ended: its outcome, no wait
+    lease: str = ""  # the owner of the wait's lease (bridge/waiters.py), renewed by rendezvous.wait_turn
 
 
 def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True, auto_spawn=True, turn_id=None,
                  cid=""):
-    """bridge_send before the wait: queue the message on a new turn (or answer a question)."""
+    """bridge_send before the wait: queue the message on a new turn (or answer a question). A call that will wait
+    takes its wait's lease at once (bridge/waiters.py): from here on its turn's waiter is known alive."""
+    watched = None
+    while True:
+        try:
+            prepared = _prepare_send(caller, content, session=session, timeout_ms=timeout_ms, wait=wait,
+                                     auto_spawn=auto_spawn, turn_id=turn_id, cid=cid, watched=watched)
+            break
+        except _Undecided as undecided:  # nothing was written: watch the lease outside any transaction, then again
+            watched = (undecided.turn_pk, _outlives_a_lease(undecided.turn_pk))
+    if wait and prepared.outcome is None:
+        prepared.lease = secrets.token_hex(8)
+        waiters.leases().hold(prepared.turn_pk, prepared.lease)
+    return prepared
+
+
+class _Undecided(Exception):
+    """The same text as the caller's last turn to this worker, whose waiter holds a lease: a live wait (this is a
+    deliberate second message) or one whose process died a moment ago (this is its re-send)."""
+
+    def __init__(self, turn_pk):
+        super().__init__(turn_pk)
+        self.turn_pk = turn_pk
+
+
+def _outlives_a_lease(turn_pk):
+    """Whether the turn's wait lease stays alive for a whole lease's length (a live waiter renews it every
+    RENEW_SECONDS; one that died lets it run out within LEASE_SECONDS)."""
+    until = time.monotonic() + waiters.LEASE_SECONDS + 0.5
+    while time.monotonic() < until:
+        if not waiters.leases().alive(turn_pk):
+            return False
+        time.sleep(0.25)
+    return True
+
+
+def _prepare_send(caller, content, *, session, timeout_ms, wait, auto_spawn, turn_id, cid, watched=None):
     require(caller, PRIMARY, "bridge_send")
     check_content(content)
     now = timezone.now()
@@ -105,9 +145,11 @@ def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True,
             raise BridgeFailure("worker_gone", f"worker {m.session_id} is gone ({m.stop_reason})")
         last = (Turn.objects.select_for_update().filter(member=m, owner_key=caller.world_key)
                 .order_by("-id").first())
-        if last is not None and last.resent(content, now):
+        if last is not None and (last.resent(content, now) or (last.orphaned(content, now) and
+                                                                not _waiter_alive(last.pk, watched))):
             # The caller's last message to this worker, re-sent after its wait dropped with the client (a
-            # 2026-07-28 client re-sends a call whose stream broke): the same turn, never a second paste.
+            # 2026-07-28 client re-sends a call whose stream broke), or died with its server process (a waiter
+            # registered on the turn holds no lease: bridge/waiters.py): the same turn, never a second paste.
             last.dropped_at = None
             last.save(update_fields=["dropped_at"])
             outcome = last.resume(deadline if wait else None, now)
@@ -118,6 +160,14 @@ def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True,
         audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
               detail=f"turn={t.turn_id} wait={wait} bytes={len(content.encode('utf-8'))}", correlation_id=cid)
     return Prepared(t.pk, t.turn_id, m.session_id, wait, deadline)
+
+
+def _waiter_alive(turn_pk, watched):
+    if watched is not None and watched[0] == turn_pk:
+        return watched[1]
+    if waiters.leases().alive(turn_pk):
+        raise _Undecided(turn_pk)
+    return False
 
 
 def take_outcome(turn_pk, final=False):

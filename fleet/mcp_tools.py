@@ -3,6 +3,7 @@ handler over the same fleet.services function its REST twin uses."""
 
 from functools import partial
 
+from mcp.context import FollowSpec, follow_recipe
 from mcp.registry import TaskHooks, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
 from yuzu.metrics import MCP_POLL
@@ -273,6 +274,15 @@ def _final(execution_id, receipt):
             "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
 
 
+@follow_recipe("fleet.execution")
+def _follow_execution(args):
+    """What a streamed execute_instruction reports: agents responded / targeted, then the receipt with the final
+    counts. A recipe (JSON in, spec out), so another server process can take the follow over (mcp.streaming.handover)."""
+    eid, receipt = args["execution_id"], args["receipt"]
+    return FollowSpec(group=events.execution_group(eid), snapshot=partial(_progress, eid),
+                      final=partial(_final, eid, receipt), meta={"yuzu.execution_id": eid})
+
+
 def _task_state(ctx, execution_id):
     """An execution as a task (mcp.tasks): running → working; succeeded / completed → completed (with the status
     get_execution_status returns); cancelled → cancelled. Read with the caller's own visibility."""
@@ -323,9 +333,7 @@ def execute_instruction(ctx, args):
     receipt = executions.start_execution(ctx.principal, cid=ctx.cid, plan=ctx.plan)
     ctx.note(f"command_id={receipt['command_id']} execution_id={receipt['execution_id']}")
     if receipt.get("status") != "no_agents_reached":
-        eid = receipt["execution_id"]
-        ctx.follow(events.execution_group(eid), snapshot=partial(_progress, eid), final=partial(_final, eid, receipt),
-                   meta={"yuzu.execution_id": eid})
+        ctx.follow_spec(_follow_execution({"execution_id": receipt["execution_id"], "receipt": receipt}))
     return receipt
 
 

@@ -25,6 +25,29 @@ class FollowSpec:
     final: Callable[[], JsonObject]  # sync: the structured result for the final frame
     meta: JsonObject
     message: str = ""
+    # (recipe name, JSON arguments): how another server process rebuilds this spec to take the follow over when
+    # this one dies (mcp.streaming.handover); None: the follow cannot outlive its process
+    resume: tuple[str, JsonObject] | None = None
+
+
+#: name -> builder of a FollowSpec from JSON arguments (registered by the tools whose follows may be adopted)
+FOLLOW_RECIPES: dict[str, Callable[[JsonObject], FollowSpec]] = {}
+
+
+def follow_recipe(name: str) -> Callable[[Callable[[JsonObject], FollowSpec]], Callable[[JsonObject], FollowSpec]]:
+    """Register a FollowSpec builder under ``name``; the spec it builds carries ``resume=(name, args)``, so a
+    streamed call's follow can be rebuilt from its record in another process (mcp.streaming.handover)."""
+
+    def register(build: Callable[[JsonObject], FollowSpec]) -> Callable[[JsonObject], FollowSpec]:
+        def built(args: JsonObject) -> FollowSpec:
+            spec = build(args)
+            spec.resume = (name, args)
+            return spec
+
+        FOLLOW_RECIPES[name] = built
+        return built
+
+    return register
 
 
 class CallExtras(TypedDict, total=False):
@@ -65,6 +88,10 @@ class ToolContext:
         changes; ``snapshot()`` → (progress, total, terminal); ``final()`` → the structured result sent
         last on a streamed POST. A no-op unless the caller sent a progressToken on a session, or on a modern
         (2026-07-28) request admitted to stream its response."""
+        self.follow_spec(FollowSpec(group=group, snapshot=snapshot, final=final, meta=meta or {}, message=message))
+
+    def follow_spec(self, spec: FollowSpec) -> None:
+        """``follow`` with a ready spec (one a ``follow_recipe`` built, which another process can rebuild)."""
         if self.progress_token is None or (self.session_id is None and "admitted" not in self.extra):
             return
-        self.following = FollowSpec(group=group, snapshot=snapshot, final=final, meta=meta or {}, message=message)
+        self.following = spec

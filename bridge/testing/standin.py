@@ -12,7 +12,9 @@ Run as ``python -m bridge.testing.standin`` inside a terminal. It
 
   ``reply:<text>``   -> bridge_reply(content=<text>)
   ``ask:<question>`` -> bridge_ask(content=<question>), then
-                        bridge_reply("answered:<answer>")
+                        bridge_reply("answered:<answer>") -- after <s> seconds
+                        when the answer reads ``wait:<s>:…``
+  ``slow:<s>:<msg>`` -> stay busy <s> seconds, then act on <msg>
   ``done``           -> end the turn without replying
   ``stall``          -> stay busy forever, reading nothing more
   ``exit``           -> exit the process (the pane dies)
@@ -297,6 +299,10 @@ def handle(message: str, client: BridgeClient, ui: UI, busy_seconds: float) -> b
     result = error = None
     with Busy(ui):
         time.sleep(busy_seconds)
+        slow = re.match(r"slow:(\d+(?:\.\d+)?):", command)
+        if slow:  # a slow turn (a primary waiting on it for that long), then the rest of the message
+            time.sleep(float(slow.group(1)))
+            command = command[slow.end():]
         if command == "stall":
             while True:  # busy forever; input is never read again
                 time.sleep(3600)
@@ -310,6 +316,9 @@ def handle(message: str, client: BridgeClient, ui: UI, busy_seconds: float) -> b
                 asked = client.call_tool("bridge_ask", {"content": question}, timeout=ASK_TIMEOUT)
                 if "answer" in asked:
                     content = f"answered:{asked['answer']}"
+                    slow = re.match(r"wait:(\d+(?:\.\d+)?):", asked["answer"])
+                    if slow:  # the answer asks for a slow reply (a primary waiting on it for that long)
+                        time.sleep(float(slow.group(1)))
                 else:
                     content = f"unanswered:{asked.get('outcome', 'unknown')}"
                 ui.say(f"asked {question!r} -> {json.dumps(asked)}")

@@ -10,6 +10,7 @@ that POST's frames) follows that call up to and including its result, then carri
 import asyncio
 import functools
 import json
+import logging
 import secrets
 from collections.abc import Mapping
 
@@ -20,6 +21,7 @@ from yuzu.rbac import Principal
 from .. import jsonrpc as rpc
 from ..pipeline import a4, hop
 from .admission import admit_get, release_get
+from .follower import adopt
 from .metrics import CLOSES, DROPPED, STREAMS_ACTIVE
 from .ring import Frame, ring_key, rings
 from .sessions import Session, store
@@ -35,6 +37,8 @@ from .stream import (
 )
 from .wake import channel_layer, wake_group
 from .watch import CredentialWatch, every_tick
+
+log = logging.getLogger("yuzu.mcp")
 
 _live: dict[str, "GetStream"] = {}  # ring key -> the session's current GetStream in this process
 _draining: set[str] = set()  # ring keys whose superseded stream is still closing
@@ -187,6 +191,15 @@ class GetStream:
         if not self.wrote_since_tick:
             await self.write(b": heartbeat\n\n")
         self.wrote_since_tick = False
+        if self.follow is not None:
+            # Still waiting for a resumed streamed POST's result: if the process that followed it died, follow it
+            # from here (mcp.streaming.handover). A look at the ring first: it may have come without a wake.
+            await self.on_wake()
+            if self.follow is not None and not self.closed:
+                try:
+                    await adopt(self.key, self.follow)
+                except Exception:  # the store is away: the next tick tries again
+                    log.warning("could not adopt the follow of %s", self.follow, exc_info=True)
 
     async def close(self, reason: str) -> None:
         if self.closed:

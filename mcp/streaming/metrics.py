@@ -20,6 +20,8 @@ PIN_DISPLACED = Counter("yuzu_mcp_progress_pin_displaced_for_admission_total",
                         "undelivered pinned finals released to admit a new streamed call")
 RECORDS_ACTIVE = Gauge("yuzu_mcp_progress_records_active", "progress records (followers) alive in this process")
 PROGRESS_SUPPRESSED = Counter("yuzu_mcp_progress_suppressed_total", "progress snapshots that did not advance")
+ADOPTIONS = Counter("yuzu_mcp_progress_follows_adopted_total",
+                    "streamed calls whose follow this process took over from a process that stopped renewing its lease")
 CANCELS = Counter("yuzu_mcp_cancel_notifications_total", "notifications/cancelled by outcome", ["outcome"])
 
 

@@ -90,6 +90,8 @@ def _release(ctx: ToolContext, key: str) -> None:
 class _WireFollower(Follower):
     """A follower whose frames go to the response only (a modern request has no ring to resume from)."""
 
+    adoptable = False  # nothing to resume from, so nothing for another process to adopt
+
     async def _emit(self, frame: JsonObject, pin: bool = False) -> None:
         if self.writer is not None:
             await self.writer(0, frame)

@@ -29,6 +29,7 @@ CLOSE_ADVICE: dict[str, tuple[int | None, str]] = {
     "internal_error": (None, "fetch results by execution_id"),
     "cancelled": (None, "fetch by execution_id if you still want it"),
     "cap_expired": (None, "the work continues; fetch by execution_id"),
+    "handed_over": (None, "another server process reports this call now: resume with GET and Last-Event-ID"),
 }
 
 
