@@ -134,9 +134,10 @@ def test_postgres_restart_and_outage_answer_honestly_and_half_write_nothing(pg, 
             r = mcp_tool(http, base, supervised, "execute_instruction", approval_id=tid, **args)
             took = time.monotonic() - t
             body = r.json()
-            answers.append((tid, r.status_code, body.get("error", {}).get("code"), took))
+            answers.append((tid, r.status_code, body.get("error", {}).get("code"), took, str(body)[:300]))
             assert took < BOUND_S, (tid, took)
             assert r.status_code != 500, body
+            assert not body.get("result", {}).get("isError"), body  # a tool failure would burn the ticket
             if "error" in body:
                 if body["error"]["code"] == -32603:
                     assert body["error"]["data"]["retry_after_ms"] > 0, body
@@ -211,5 +212,5 @@ def test_postgres_restart_and_outage_answer_honestly_and_half_write_nothing(pg, 
     until(lambda: pg.query("SELECT status FROM fleet_execution WHERE id = %s", eid)[0][0] == "succeeded", 60,
           "an execution after the outage")
     print(f"\nPostgreSQL restart + {OUTAGE_S:.0f} s outage: answers {dict(load.seen)}; recalls "
-          f"{Counter((s, code) for _, s, code, _ in answers)}; slowest request {load.slowest:.1f} s; "
+          f"{Counter((s, code) for _, s, code, *_ in answers)}; slowest request {load.slowest:.1f} s; "
           f"reads back {reads_back_s:.1f} s after the start")
