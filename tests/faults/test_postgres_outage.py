@@ -16,7 +16,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from .conftest import LONG, needs_postgres, needs_redis
+from .conftest import needs_postgres, needs_redis
 from .services import mcp_tool, until
 
 OUTAGE_S = float(os.environ.get("YUZU_FAULTS_PG_OUTAGE_S", "10"))
@@ -85,11 +85,6 @@ class Load:
             t.join(BOUND_S * 3)
 
 
-# Intermittent (about one run in three on a loaded 2-core machine): one of the six approved tickets ends
-# unconsumed after the recalls' 120 s window. Until that is understood it runs with the long scenarios
-# (`make faults`), not in every `make test`; docs/operations.md records it.
-@pytest.mark.skipif(not LONG, reason="intermittent: one ticket of six sometimes ends unconsumed (under investigation); "
-                                     "run it with `make faults` (YUZU_FAULTS_LONG=1)")
 @pytest.mark.timeout(600)
 def test_postgres_restart_and_outage_answer_honestly_and_half_write_nothing(pg, redis_server, cluster_on):
     c = cluster_on(database_url=pg.url, redis_url=redis_server.url)
