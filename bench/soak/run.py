@@ -1,15 +1,17 @@
 """Soak: mixed load for a while on PostgreSQL + Redis with two server processes, sampled over time (issue 22).
 
     .venv/bin/python bench/soak/run.py [--minutes 60] [--agents 1000] [--streams 500] [--mcp-clients 4]
-                                       [--exec-every 20] [--sample-every 30] [--json FILE]
+                                       [--exec-every 60] [--mcp-pause 0.2]
+                                       [--bridge-workers 2] [--bridge-every 2] [--drain 330] [--sample-every 30]
+                                       [--json FILE]
 
 Starts its own services (tests/faults/services.py: a private PostgreSQL 15 cluster and a private redis-server
 on free ports — never the shared ones), two daphne processes on two ports, one Celery worker (+ beat for the
 sweep), and `manage.py agent_swarm` agents split over the two servers. Then, until the time is up:
 
-- MCP clients: 2026-07-28 `tools/call` (list_agents, list_executions, query_responses) in a loop, alternating
-  servers; every latency and status recorded;
-- an execution (os.info) to every agent every --exec-every seconds, alternating servers (REST);
+- MCP clients: 2026-07-28 `tools/call` (list_agents, list_executions; a page of 50 rows each) in a loop with
+  --mcp-pause between calls, alternating servers; every latency and status recorded;
+- an execution (os.info) to every agent every --exec-every seconds after --warmup, alternating servers (REST);
 - --streams handshake-era sessions, each holding a GET stream open (re-opened when closed), alternating servers;
 - bridge turns (--bridge-workers > 0): a primary on daphne-1's /mcp/bridge/ spawns that many `standin` workers
   (bridge/testing/standin.py, real tmux panes on a private tmux socket, a `bridge_poller` process) whose
@@ -57,7 +59,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from bridge.terminal import TmuxBackend  # noqa: E402
-from bridge.testing.harness import DEFAULT_TIMING, Mcp  # noqa: E402
+from bridge.testing.harness import Mcp  # noqa: E402
 from tests.faults.services import (  # noqa: E402
     Cluster,
     mcp_initialize,
@@ -119,8 +121,11 @@ def pct(values, p):
     return values[min(len(values) - 1, int(p / 100 * len(values)))] * 1000
 
 
-def mcp_loop(stop, stats, bases, token, k):
-    tools = [("list_agents", {}), ("list_executions", {})]
+def mcp_loop(stop, stats, bases, token, k, pause):
+    # A page of 50 rows, as a client pages a large fleet: the whole fleet (1,000 agents) per call is ~450 KB
+    # of JSON, and four clients asking for it back to back saturated both daphnes on the 2-core machine so
+    # that agents' heartbeats were not processed (agents marked disconnected, executions stuck).
+    tools = [("list_agents", {"limit": 50}), ("list_executions", {"limit": 50})]
     with httpx.Client(trust_env=False, timeout=60) as http:
         i = k
         while not stop.is_set():
@@ -133,13 +138,18 @@ def mcp_loop(stop, stats, bases, token, k):
                 stats.record(time.monotonic() - t, r.status_code, name)
             except httpx.HTTPError as exc:
                 stats.error(name, exc)
-            time.sleep(0.05)
+            stop.wait(pause)
 
 
-def exec_loop(stop, stats, bases, token, every):
+def exec_loop(stop, stats, bases, token, every, first):
+    """The first execution after ``first`` s (the warm-up: 1,000 agents registering and 500 streams opening
+    are a backlog of their own; an execution into it was re-sent 4× per agent and took 200 s), then one every
+    ``every`` s."""
     with httpx.Client(trust_env=False, timeout=120, headers={"Authorization": f"Bearer {token}"}) as http:
         i = 0
-        while not stop.wait(every):
+        wait = first
+        while not stop.wait(wait):
+            wait = every
             base = bases[i % len(bases)]
             i += 1
             t = time.monotonic()
@@ -273,9 +283,10 @@ def main():
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--streams", type=int, default=500)
     ap.add_argument("--mcp-clients", type=int, default=4)
-    ap.add_argument("--exec-every", type=float, default=20)
+    ap.add_argument("--mcp-pause", type=float, default=0.2, help="pause of each MCP client between calls (s)")
+    ap.add_argument("--exec-every", type=float, default=60)
     ap.add_argument("--sample-every", type=float, default=30)
-    ap.add_argument("--warmup", type=float, default=60, help="seconds after which the memory baseline is taken")
+    ap.add_argument("--warmup", type=float, default=60, help="seconds after which the memory baseline is taken and the first execution started")
     ap.add_argument("--bridge-workers", type=int, default=2, help="standin workers driven with bridge turns (0: none)")
     ap.add_argument("--bridge-every", type=float, default=2, help="pause between bridge turns (s)")
     ap.add_argument("--drain", type=float, default=330,
@@ -297,7 +308,7 @@ def main():
         # the bridge: primaries on daphne-1, workers told daphne-2 (their turns' rendezvous crosses processes)
         c = Cluster(tmp, database_url=pg.url, redis_url=rd.url, YUZU_LOG_LEVEL="WARNING",
                     YUZU_BRIDGE_URL=f"http://127.0.0.1:{ports[1]}/mcp/bridge/", YUZU_BRIDGE_TMUX_SOCKET=tmux_socket,
-                    YUZU_BRIDGE_PAUSE_FILE=str(tmp / "poller.pause"), **DEFAULT_TIMING)
+                    YUZU_BRIDGE_PAUSE_FILE=str(tmp / "poller.pause"))  # the bridge's default timing
         try:
             c.prepare()
             rest = c.token("soak-rest", "Operator")
@@ -323,9 +334,9 @@ def main():
                   120 + a.agents / 5, f"{a.agents} agents to connect", interval=1)
             print(f"{a.agents} agents connected", flush=True)
             stats = Stats()
-            threads += [threading.Thread(target=mcp_loop, args=(stop, stats, bases, mcp, k), daemon=True)
+            threads += [threading.Thread(target=mcp_loop, args=(stop, stats, bases, mcp, k, a.mcp_pause), daemon=True)
                         for k in range(a.mcp_clients)]
-            threads.append(threading.Thread(target=exec_loop, args=(stop, stats, bases, rest, a.exec_every), daemon=True))
+            threads.append(threading.Thread(target=exec_loop, args=(stop, stats, bases, rest, a.exec_every, a.warmup), daemon=True))
             if a.bridge_workers:
                 threads.append(threading.Thread(target=bridge_loop, daemon=True, args=(
                     stop, stats, bases[0] + "/mcp/bridge/", primary, a.bridge_workers, a.bridge_every, sessions)))
