@@ -31,7 +31,7 @@ faults: test-deps
 	YUZU_FAULTS_LONG=1 $(PY) -m pytest -m faults tests/faults -s --timeout 3600 $(PYTEST_ARGS)
 
 # The soak (bench/soak/run.py, docs/operations.md): an hour of mixed load on two server processes, sampled.
-SOAK_ARGS ?= --minutes 60 --agents 1000 --streams 500
+SOAK_ARGS ?= --minutes 60 --agents 1000 --streams 500 --exec-every 60 --sample-every 60 --warmup 180
 soak: deps
 	$(PY) bench/soak/run.py $(SOAK_ARGS) --json var/soak-last.json
 
