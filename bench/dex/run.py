@@ -122,25 +122,25 @@ def main():
         print(f"idle: {idle:.3f} cores", flush=True)
 
         def start_swarm(dex):
-            procs = []
+            """Into ``swarms`` as each starts, so that a connect timeout still stops the ones already running."""
             for k, start in enumerate(range(0, a.count, a.chunk)):
                 n = min(a.chunk, a.count - start)
-                procs.append(spawn(f"swarm-{'dex' if dex else 'plain'}-{k}", [
+                swarms.append(spawn(f"swarm-{'dex' if dex else 'plain'}-{k}", [
                     sys.executable, "manage.py", "agent_swarm", "--count", str(n), "--server",
                     f"ws://127.0.0.1:{port}", "--token", token, "--state-dir", str(TMP / "swarm"),
                     "--prefix", f"dex-{k}", *(["--dex"] if dex else [])]))
                 wait(lambda s=start + n: Agent.objects.filter(connected=True).count() >= s, 120 + n / 10,
                      f"{start + n} agents to connect")
-            return procs
 
-        swarms = start_swarm(False)
+        start_swarm(False)
         time.sleep(35)  # the connect burst's inventory writes settle; a first full heartbeat round
         plain = measure(daphne.pid, a.window)
         print(f"{a.count} agents, heartbeats only: {plain:.3f} cores", flush=True)
         for p in swarms:
             stop(p)
+        swarms.clear()
         time.sleep(5)
-        swarms = start_swarm(True)
+        start_swarm(True)
         since = timezone.now()
         wait(lambda: DeviceFacts.objects.filter(updated_at__gte=since).count() >= 0.95 * a.count, 120,
              "the DEX facts of 95 % of the agents")
