@@ -59,8 +59,8 @@ GROUP_BY = ("status", "agent_id", "exit_code", "output")
 
 #: Callables ``(plugin, action, targets)`` installed by other apps in their AppConfig.ready (operations: plugin
 #: kill switches): each raises a YuzuError to refuse the whole dispatch, or returns the targets it holds back
-#: ({agent_id: why}), which the dispatch leaves out. Run when a command is validated (without targets), when its
-#: targets are known and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
+#: ({agent_id: why}), which the dispatch leaves out. Run when a command's targets are known (its plan) and again
+#: when it is launched, whatever path it came by (tools, bundles, policies, schedules).
 DISPATCH_GATES: list[Callable[[str, str, Sequence[str]], dict[str, str]]] = []
 
 
@@ -103,7 +103,6 @@ def _command(plugin, action, params):
         if _nbytes(value) > MAX_NAME_BYTES:
             raise invalid(f"{field} exceeds {MAX_NAME_BYTES} bytes")
         names.append(value.lower())
-    dispatch_gate(names[0], names[1])
     if params is None:
         params = {}
     if not isinstance(params, dict):

@@ -256,8 +256,9 @@ def _recall_atomically(ctx: ToolContext, name: object,
     """A gated recall (``approval_id``): the ticket's consumption and the handler's writes in one transaction
     (issue 22). When the store fails under the handler (PostgreSQL restarting, a failover) both roll back: the
     ticket stays approved and unconsumed for the retry, and no execution exists without its consumed ticket
-    or the reverse, nor either without the call's ``approved`` audit row (written in the same transaction). A refusal commits what it wrote (its audit row, a lazy expiry) as before; the rows of a
-    rolled-back call's refusal are written again after the rollback."""
+    or the reverse, nor either without the call's ``approved`` audit row (written in the same transaction). A
+    refusal commits what it wrote (its audit row, a lazy expiry) as before; the rows of a rolled-back call's
+    refusal are written again after the rollback."""
     refusal: rpc.RpcError | None = None
     with kept_rows() as rows:
         try:

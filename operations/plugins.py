@@ -362,18 +362,12 @@ def _scopes(plugin):
     return scopes
 
 
-def action_allowed(plugin, action):
-    """The fleet-wide part of the dispatch gate: (allowed, reason). A store error propagates: the gate refuses."""
-    row = _off(_scopes(plugin).get(None, {}), plugin, action)
-    return (True, "") if row is None else (False, _why(row))
-
-
-def held_targets(plugin, action, targets):
+def _held(scopes, plugin, action, targets):
     """{agent_id: why} for the targets a group's switch holds back (the group's agents and its subgroups')."""
-    if not targets:
-        return {}
     held = {}
-    for gid, rows in _scopes(plugin).items():
+    if not targets:
+        return held
+    for gid, rows in scopes.items():
         row = gid is not None and _off(rows, plugin, action)
         if row:
             for agent_id in agents_in_groups([gid]).filter(pk__in=targets).values_list("agent_id", flat=True):
@@ -392,13 +386,14 @@ def dispatch_gate(plugin, action, targets=()):
     """fleet.executions' hook: refuse a dispatch to a plugin or action switched off fleet-wide, or one whose every
     target a group's switch holds back; otherwise return the targets held back ({agent_id: why}), which are left
     out of the dispatch."""
-    try:
-        allowed, why = action_allowed(plugin, action)
-        held = held_targets(plugin, action, targets) if allowed else {}
+    try:  # one query for the plugin's switches, whatever their scope
+        scopes = _scopes(plugin)
+        off = _off(scopes.get(None, {}), plugin, action)
+        held = {} if off else _held(scopes, plugin, action, targets)
     except DatabaseError:  # fail closed, and say what it is: a store fault (503 / -32603, retry), not a switch
         raise store_fault() from None
-    if not allowed:
-        _refuse(plugin, action, why)
+    if off:
+        _refuse(plugin, action, _why(off))
     if targets and len(held) == len(set(targets)):
         _refuse(plugin, action, next(iter(held.values())) + (f" (all {len(held)} targets)" if len(held) > 1 else ""))
     return held

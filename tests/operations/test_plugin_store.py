@@ -113,8 +113,9 @@ def test_kill_switch_refuses_dispatch_and_the_action_row_wins(agent, mcp):
     assert error["data"]["reason"] == "kill_switched"
     assert not Execution.objects.exists()
     admin.tool("set_plugin_kill_switch", {"plugin": "os", "action": "info", "enabled": True})
-    assert plugins.action_allowed("os", "info") == (True, "")
-    assert plugins.action_allowed("os", "other")[0] is False
+    assert plugins.dispatch_gate("os", "info") == {}
+    with pytest.raises(YuzuError, match="kill_switched: os.other"):
+        plugins.dispatch_gate("os", "other")
     _, error = admin.tool("execute_bundle", {"agent_id": "a1", "steps": [{"plugin": "os", "action": "other"}]})
     assert "kill_switched" in error["message"]
     reserved, _ = admin.tool("set_plugin_kill_switch", {"plugin": "__all_plugins__", "enabled": False})
