@@ -129,7 +129,8 @@ def main():
                     sys.executable, "manage.py", "agent_swarm", "--count", str(n), "--server",
                     f"ws://127.0.0.1:{port}", "--token", token, "--state-dir", str(TMP / "swarm"),
                     "--prefix", f"dex-{k}", *(["--dex"] if dex else [])]))
-                wait(lambda s=start + n: Agent.objects.filter(connected=True).count() >= s, 120 + n / 10,
+                # a fresh agent enrols before it registers: allow ~2 agents/s for a loaded machine
+                wait(lambda s=start + n: Agent.objects.filter(connected=True).count() >= s, 120 + n / 2,
                      f"{start + n} agents to connect")
 
         start_swarm(False)

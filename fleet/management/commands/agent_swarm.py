@@ -47,8 +47,13 @@ class SwarmTelemetry:
 
 
 class SimulatedAgent(AgentClient):
-    def __init__(self, *args, loss=None, record=None, **kwargs):
-        super().__init__(*args, **kwargs)
+    """Never reads the host: no daily software scan (thousands of one machine's packages and licences per
+    agent would make a swarm's connect burst measure inventory ingestion) and no DEX readings (``--dex``
+    sends generated ones)."""
+
+    def __init__(self, server, token, state_dir, config, *, loss=None, record=None, **kwargs):
+        super().__init__(server, token, state_dir, {**config, "inventory_disable": True, "dex_disable": True},
+                         **kwargs)
         self.loss, self.record = loss, record
         self.ignored = set()  # "in": command ids whose first delivery was dropped
         self.muted = set()  # "out": command ids whose answers are being dropped until they arrive again
@@ -84,7 +89,7 @@ async def swarm(count, server, token, state_dir, prefix, lossy=0, record=None, d
         hostname = f"{prefix}-{i:05d}"
         loss = {0: "in", 1: "out"}.get(i % lossy) if lossy else None
         agent = SimulatedAgent(server, token, Path(state_dir) / hostname,
-                               config={"tags": {"environment": "simulated"}, "dex_disable": True},
+                               config={"tags": {"environment": "simulated"}},
                                plugins=plugins, hostname=hostname, attributes={"simulated": True, "swarm_index": i},
                                inventory=lambda: synthetic_inventory(i, hostname), pool=pool, loss=loss, record=record)
         if dex:
