@@ -7,7 +7,7 @@ socket with 4400 and a reason (what was stored before stays stored). A refused i
 (Agent.objects), inventory, run through ``database_sync_to_async``; answers go to the process's batcher
 (fleet.responses). Commands and pushes reach the socket only through the channel layer group
 ``agent_group(agent_id)``, so any server process can address any agent. The process's registered
-connections are in fleet.liveness, which touches them once per heartbeat interval."""
+connections are in fleet.liveness, which touches them every third of a heartbeat interval."""
 
 import asyncio
 import json

@@ -1,4 +1,4 @@
-"""The agent connections of this server process, and its touch: once per heartbeat interval, one UPDATE
+"""The agent connections of this server process, and its touch: every third of a heartbeat interval, one UPDATE
 (AgentQuerySet.touch) refreshes ``last_seen`` of every agent whose open connection this process holds, so
 the sweep (fleet.tasks) tells an agent whose frames are not yet read from one that is gone
 (docs/fleet.md, "Liveness").
@@ -34,7 +34,7 @@ from channels.db import database_sync_to_async
 from django.db import connection
 from django.utils import timezone
 
-from .models import SILENT_INTERVALS, Agent, heartbeat_interval
+from .models import SILENT_INTERVALS, Agent, heartbeat_interval, touch_interval
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -71,7 +71,7 @@ _touch_hop = database_sync_to_async(_touch, thread_sensitive=False,
 
 class Connections:
     """The registered agent connections of this server process (per event loop, like the response
-    batcher) and the task that touches them once per heartbeat interval while there are any."""
+    batcher) and the task that touches them every touch_interval() while there are any."""
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -115,7 +115,7 @@ class Connections:
     async def run(self) -> None:
         try:
             while self.open:
-                await asyncio.sleep(heartbeat_interval())
+                await asyncio.sleep(touch_interval())
                 try:
                     await self.touch()
                 except Exception:  # the database is away: the next interval tries again

@@ -31,6 +31,13 @@ def heartbeat_interval():
 SILENT_INTERVALS = 3  # heartbeat intervals without a sign of life after which an agent is not connected
 
 
+def touch_interval():
+    """Seconds between a server process's touches of its agent connections (AgentQuerySet.touch): a third
+    of the heartbeat interval, so a late touch or two never lets the sweep mark a live agent disconnected,
+    and re-sends waiting for evidence of loss do not wait long for it."""
+    return heartbeat_interval() / 3
+
+
 class AgentQuerySet(models.QuerySet):
     """How agents connect and go away, as their sockets (fleet.consumers), their server process
     (fleet.liveness) and the sweep (fleet.tasks) change it. Each is one conditional UPDATE: the newest
@@ -53,7 +60,7 @@ class AgentQuerySet(models.QuerySet):
         self.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
 
     def touch(self, alive, caught_up, now=None):
-        """A server process's touch, once per heartbeat interval: ``alive`` are the agents whose open
+        """A server process's touch, once per touch_interval(): ``alive`` are the agents whose open
         connections it holds and that are not silent; ``caught_up`` those of them whose connection it has
         read and handled everything from (and relayed everything to) and that have been idle a moment since.
         One UPDATE: their ``last_seen`` (connected agents only, so a closed one keeps its close time) and the

@@ -29,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Min, Q
 from django.utils import timezone
 
-from .models import Agent, AgentExecStatus, AgentState, Execution, heartbeat_interval
+from .models import Agent, AgentExecStatus, AgentState, Execution, touch_interval
 from .push import send_to_agents
 from .responses import expire_overdue
 
@@ -142,8 +142,8 @@ def _claim_unacknowledged(execution_id):
 def _next_check(execution_id):
     """Seconds until a re-send may next be due, or None if none can be: every agent sent the command has
     acknowledged it or used up its sends, or the execution is over or expired. Agents past their window
-    without evidence of loss are looked at again a heartbeat interval later: evidence comes with a
-    reconnect or with their server process's touch, once per interval."""
+    without evidence of loss are looked at again a touch interval later: evidence comes with a reconnect
+    or with their server process's touch."""
     now = timezone.now()
     targeted = _running(execution_id, now)
     if targeted is None:
@@ -156,7 +156,7 @@ def _next_check(execution_id):
         return None
     at, active = min(due), _last_activity(statuses)
     if at <= now and not _lost(statuses, now, targeted).exists():
-        at = now + timedelta(seconds=heartbeat_interval())
+        at = now + timedelta(seconds=touch_interval())
     if active is not None:
         at = max(at, active + timedelta(seconds=quiet_period(targeted)))
     return max((at - now).total_seconds(), 0.2)
