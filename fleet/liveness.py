@@ -15,7 +15,7 @@ What the touch leaves out, so that the sweep still catches it after SILENT_INTER
   SILENT_INTERVALS intervals. Its peer sends nothing — a hung agent program whose socket is still open.
   Marked disconnected as before (new executions leave it out), the socket is left open: a heartbeat marks
   the agent connected again. A peer that stops answering WebSocket pings is closed by daphne itself
-  (``--ping-interval`` 20 s, ``--ping-timeout`` 30 s), which marks it disconnected at once.
+  (``--ping-interval`` 20 s, ``--ping-timeout`` 30 s); its close marks it disconnected.
 - connections that are closing or superseded by a newer connection of their agent.
 
 A consumer handles one message at a time (a frame from its agent or a channel-layer message for it), so
