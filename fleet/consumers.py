@@ -6,12 +6,14 @@ socket with 4400 and a reason (what was stored before stays stored). A refused i
 4401. Each message costs one database hop: enrolment and register (fleet.identity), the connection state
 (Agent.objects), inventory, run through ``database_sync_to_async``; answers go to the process's batcher
 (fleet.responses). Commands and pushes reach the socket only through the channel layer group
-``agent_group(agent_id)``, so any server process can address any agent."""
+``agent_group(agent_id)``, so any server process can address any agent. The process's registered
+connections are in fleet.liveness, which touches them every third of a heartbeat interval."""
 
 import asyncio
 import json
 import logging
 import re
+import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -30,6 +32,7 @@ from yuzu.metrics import (
 
 from . import events, identity
 from .identity import Refused, Superseded
+from .liveness import connections
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
 from .responses import RECEIVED, record_forgotten, responses, running_commands
@@ -207,6 +210,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.held = []  # group messages that arrive while the credential is being checked
         self.asked = set()  # command ids of result.query frames sent on this connection, not answered yet
         self.hello_timer = None
+        self.handling = False  # these three are read by this process's touch (fleet.liveness)
+        self.heard = self.idle_since = time.monotonic()
         client = self.scope.get("client") or ()
         self.source = str(client[0]) if client else "unknown"
         if any(name.lower() == b"origin" for name, _ in self.scope.get("headers", ())):
@@ -231,13 +236,21 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def dispatch(self, message):
         """AsyncConsumer.dispatch without its per-message hop to the database thread to close stale
         connections: every database call of this consumer goes through database_sync_to_async, which
-        does that itself, and the hop (one per frame and per command relayed) serialises with them."""
+        does that itself, and the hop (one per frame and per command relayed) serialises with them. Notes
+        whether a message is being handled, and when the last frame was taken, for the touch."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        self.handling = True
+        if message["type"] == "websocket.receive":
+            self.heard = time.monotonic()
+        try:
+            await handler(message)
+        finally:
+            self.handling, self.idle_since = False, time.monotonic()
 
     async def disconnect(self, code):
+        connections.discard(self)
         if self.hello_timer is not None:
             self.hello_timer.cancel()
         if self.group:
@@ -331,6 +344,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.group, self.held = None, []
             raise
         self.agent_id = agent_id
+        connections.add(self)
         await self.channel_layer.group_send(group, {"type": "agent.superseded", "channel": self.channel_name,
                                                     "opened_at": self.opened_at.timestamp()})
         await self.send_json({"type": "registered", "agent_id": agent_id, "heartbeat_interval": heartbeat_interval(),

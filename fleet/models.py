@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from yuzu.errors import RESULT_POLL_RETRY_MS
@@ -28,10 +28,25 @@ def heartbeat_interval():
     return int(getattr(settings, "YUZU_AGENT_HEARTBEAT_S", 30))
 
 
+SILENT_INTERVALS = 3  # heartbeat intervals without a sign of life after which an agent is not connected
+
+
+def touch_interval():
+    """Seconds between a server process's touches of its agent connections (AgentQuerySet.touch): a third
+    of the heartbeat interval, so a late touch or two never lets the sweep mark a live agent disconnected,
+    and re-sends waiting for evidence of loss do not wait long for it."""
+    return heartbeat_interval() / 3
+
+
 class AgentQuerySet(models.QuerySet):
-    """How agents connect and go away, as their sockets (fleet.consumers) and the sweep (fleet.tasks) change it.
-    Each is one conditional UPDATE: the newest connection of an agent wins, whatever order the server
-    processes finish their work in."""
+    """How agents connect and go away, as their sockets (fleet.consumers), their server process
+    (fleet.liveness) and the sweep (fleet.tasks) change it. Each is one conditional UPDATE: the newest
+    connection of an agent wins, whatever order the server processes finish their work in.
+
+    ``last_seen`` is when the server last knew the agent alive: its register, a heartbeat processed, its
+    close, or its server process's touch (``touch``) while the socket is open and not silent. So an agent
+    whose frames are not yet read (its server is behind) stays connected, and the sweep only finds agents
+    whose process stopped touching them (it died) or whose socket is silent."""
 
     def connect(self, agent_id, opened_at, **fields):
         """Mark the agent connected as of the connection opened at ``opened_at`` and store what it reports
@@ -44,15 +59,28 @@ class AgentQuerySet(models.QuerySet):
         """A heartbeat: the agent is alive, so connected."""
         self.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
 
+    def touch(self, alive, caught_up, now=None):
+        """A server process's touch, once per touch_interval(): ``alive`` are the agents whose open
+        connections it holds and that are not silent; ``caught_up`` those of them whose connection it has
+        read and handled everything from (and relayed everything to) and that have been idle a moment since.
+        One UPDATE: their ``last_seen`` (connected agents only, so a closed one keeps its close time) and the
+        caught-up ones' ``caught_up_at``, the evidence fleet.tasks re-sends on."""
+        now = now or timezone.now()
+        fields = {"last_seen": now}
+        if caught_up:
+            fields["caught_up_at"] = Case(When(pk__in=caught_up, then=Value(now)), default=F("caught_up_at"))
+        return self.filter(pk__in=alive, connected=True).update(**fields)
+
     def disconnected(self, agent_id, opened_at):
         """The connection opened at ``opened_at`` closed: the agent is disconnected unless a newer
         connection of it has registered since."""
         self.filter(pk=agent_id, connected_since=opened_at).update(connected=False, last_seen=timezone.now())
 
     def mark_silent_disconnected(self, now=None):
-        """Agents silent for three heartbeat intervals are not connected, whatever the flag says (their
-        server process died without closing their sockets). Run by the sweep; returns how many."""
-        cutoff = (now or timezone.now()) - timedelta(seconds=3 * heartbeat_interval())
+        """Agents with no sign of life for SILENT_INTERVALS heartbeat intervals are not connected, whatever
+        the flag says: their server process died without closing their sockets (it stopped touching them),
+        or their socket is open but silent. Run by the sweep; returns how many."""
+        cutoff = (now or timezone.now()) - timedelta(seconds=SILENT_INTERVALS * heartbeat_interval())
         return self.filter(connected=True, last_seen__lt=cutoff).update(connected=False)
 
 
@@ -73,6 +101,10 @@ class Agent(models.Model):
     # When the agent's current connection was opened: the newest connection to register wins, so a
     # register that completes late on an older, abandoned connection cannot take the agent over.
     connected_since = models.DateTimeField(null=True, blank=True, editable=False)
+    # When the agent's server process last found its connection caught up: every frame it had sent read
+    # and handled (so any acknowledgement stored), every command for it relayed, and idle since
+    # (AgentQuerySet.touch). An unacknowledged command sent well before that may be lost (fleet.tasks).
+    caught_up_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = AgentQuerySet.as_manager()
 

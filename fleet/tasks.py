@@ -4,10 +4,16 @@ sending, so a re-run never sends to an agent twice within its window; answers ar
 consumers receive them (fleet.responses), not here, so a worker restart loses none.
 
 Delivery is at-least-once (docs/fleet.md, "Delivery guarantees"): an agent acknowledges a command with
-its first frame about it; one that has not within the window of the send is sent it again, the window
-doubling with each send, up to MAX_SENDS sends; the agent runs a command_id once, so a re-send never
-runs it twice. Re-sends must not add to the load of a server that is merely slow: the window grows
-with the number of agents targeted, re-sends wait until the execution has gone quiet (no send, and no
+its first frame about it; one that has not within the window of the send is sent it again if there is
+evidence the command may be lost, the window doubling with each send, up to MAX_SENDS sends; the agent
+runs a command_id once, so a re-send never runs it twice. The evidence (``_lost``): the agent has a new
+connection opened since the send (the command went to one that closed), or its server process found
+its connection caught up well after the send (every frame the agent sent read and handled, every
+command for it relayed — fleet.liveness) with still no acknowledgement. Without it the command is held:
+an agent whose acknowledgement is not yet read because its *server* is behind is not sent it again (each
+re-send was a send plus a duplicate answer added to that backlog), and the expiry sweep's TIMEOUT is the
+bound. Re-sends must not add to the load of a server that is merely slow either: the window grows with
+the number of agents targeted, re-sends wait until the execution has gone quiet (no send, and no
 acknowledgement or answer stored, for a while), and go out at most BATCH at a time, one round per quiet
 period."""
 
@@ -23,7 +29,7 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Min, Q
 from django.utils import timezone
 
-from .models import Agent, AgentExecStatus, AgentState, Execution
+from .models import Agent, AgentExecStatus, AgentState, Execution, touch_interval
 from .push import send_to_agents
 from .responses import expire_overdue
 
@@ -99,10 +105,22 @@ def _claim(execution_id):
         return [agent_id for (agent_id,) in cursor.fetchall()]
 
 
+def _lost(statuses, now, targeted):
+    """The rows of ``statuses`` due a re-send: still ``dispatched`` (sent, not acknowledged) past the window
+    of their last send, with sends left, their agent connected, and evidence the command may be lost — the
+    agent's connection was opened after the send, or its server process found that connection caught up
+    (AgentQuerySet.touch) a window or more after the send."""
+    due = Q()
+    for attempts in range(1, MAX_SENDS):
+        window = timedelta(seconds=ack_window(attempts, targeted))
+        due |= Q(attempts=attempts, last_sent_at__lte=now - window) & (
+            Q(agent__connected_since__gt=F("last_sent_at")) | Q(agent__caught_up_at__gte=F("last_sent_at") + window))
+    return statuses.filter(due, status=AgentState.DISPATCHED, agent__connected=True)
+
+
 def _claim_unacknowledged(execution_id):
-    """Claim a re-send of up to BATCH agents still ``dispatched`` (sent, not acknowledged) past their
-    window, with sends left, while the execution runs, has not expired and its agents have gone quiet.
-    Counts them in the execution's ``resent``."""
+    """Claim a re-send of up to BATCH agents due one (``_lost``) while the execution runs, has not expired
+    and its agents have gone quiet. Counts them in the execution's ``resent``."""
     now = timezone.now()
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
     with transaction.atomic():
@@ -112,10 +130,7 @@ def _claim_unacknowledged(execution_id):
         active = _last_activity(statuses)
         if active is not None and now - active < timedelta(seconds=quiet_period(targeted)):
             return []
-        due = Q()
-        for attempts in range(1, MAX_SENDS):
-            due |= Q(attempts=attempts, last_sent_at__lte=now - timedelta(seconds=ack_window(attempts, targeted)))
-        rows = list(statuses.select_for_update(skip_locked=True).filter(due, status=AgentState.DISPATCHED)
+        rows = list(_lost(statuses, now, targeted).select_for_update(skip_locked=True, of=("self",))
                     .order_by("id").values_list("id", "agent_id")[:BATCH])
         if rows:
             AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status=AgentState.DISPATCHED).update(
@@ -126,7 +141,9 @@ def _claim_unacknowledged(execution_id):
 
 def _next_check(execution_id):
     """Seconds until a re-send may next be due, or None if none can be: every agent sent the command has
-    acknowledged it or used up its sends, or the execution is over or expired."""
+    acknowledged it or used up its sends, or the execution is over or expired. Agents past their window
+    without evidence of loss are looked at again a touch interval later: evidence comes with a reconnect
+    or with their server process's touch."""
     now = timezone.now()
     targeted = _running(execution_id, now)
     if targeted is None:
@@ -138,6 +155,8 @@ def _next_check(execution_id):
     if not due:
         return None
     at, active = min(due), _last_activity(statuses)
+    if at <= now and not _lost(statuses, now, targeted).exists():
+        at = now + timedelta(seconds=touch_interval())
     if active is not None:
         at = max(at, active + timedelta(seconds=quiet_period(targeted)))
     return max((at - now).total_seconds(), 0.2)

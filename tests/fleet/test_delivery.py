@@ -1,6 +1,7 @@
 """Command delivery against the real agent consumer (Channels' WebsocketCommunicator over the project's
 channel layer): the register race that lost commands under a connect burst, acknowledgements, bounded
-re-sends, and counters that stay exact through duplicates (docs/fleet.md, "Delivery guarantees")."""
+re-sends on evidence of loss only, and counters that stay exact through duplicates (docs/fleet.md,
+"Delivery guarantees")."""
 
 import asyncio
 import time
@@ -15,7 +16,7 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 from prometheus_client import REGISTRY
 
-from fleet import consumers, identity, tasks
+from fleet import consumers, identity, liveness, tasks
 from fleet.executions import start_execution
 from fleet.models import Agent, AgentExecStatus, Execution, Response
 from fleet.responses import record_responses
@@ -108,12 +109,17 @@ def reply(cid, status, output="", exit_code=None):
 
 
 @pytest.fixture
-def quick_resends(monkeypatch):
+def quick_resends(monkeypatch, settings):
+    """Short windows, and a touch (fleet.liveness) every second: the evidence re-sends wait for."""
     monkeypatch.setattr(tasks, "ACK_WINDOW_S", 0.3)
     monkeypatch.setattr(tasks, "ACK_QUIET_S", 0.1)
+    monkeypatch.setattr(liveness, "CAUGHT_UP_IDLE_S", 0.2)
+    settings.YUZU_AGENT_HEARTBEAT_S = 1
 
 
 def test_a_command_lost_on_its_way_is_sent_again_until_acknowledged(principal, quick_resends, mint):
+    """The agent's connection is idle and caught up well after the send (its server process's touch), and
+    still no acknowledgement: the command was lost on its way, so it is sent again."""
     token = mint_device_token()
     op = principal("olive", "Operator")
     resends, acks = sample("yuzu_fleet_command_sends_total", attempt="resend"), \
@@ -152,7 +158,9 @@ def test_a_command_lost_on_its_way_is_sent_again_until_acknowledged(principal, q
     assert rest.get(f"/api/v1/executions/{eid}").json()["data"]["resent"] == 1
 
 
-def test_re_sends_are_bounded_and_a_silent_agent_still_ends_in_timeout(principal, quick_resends, monkeypatch):
+def test_re_sends_are_bounded_and_an_agent_that_never_acknowledges_still_ends_in_timeout(principal, quick_resends,
+                                                                                         monkeypatch):
+    """An agent heard from (heartbeats), its connection caught up, that never acknowledges: MAX_SENDS sends."""
     monkeypatch.setattr(tasks, "MAX_SENDS", 3)
     token = mint_device_token()
     op = principal("olive", "Operator")
@@ -160,7 +168,10 @@ def test_re_sends_are_bounded_and_a_silent_agent_still_ends_in_timeout(principal
     async def scenario():
         comm, agent_id, _, _ = await enrolled_agent(token)
         out = await db(start_execution)(op, plugin="os", action="info", agent_ids=[agent_id])
-        sends = [await comm.receive_json_from(timeout=5) for _ in range(3)]  # at 0, 0.3 and 0.9 s
+        sends = []
+        for _ in range(3):  # the first at once, then each after its window and a touch that found the agent caught up
+            sends.append(await comm.receive_json_from(timeout=5))
+            await comm.send_json_to({"type": "heartbeat"})
         assert {s["command_id"] for s in sends} == {out["command_id"]}
         assert await comm.receive_nothing(timeout=2)  # three sends in all, then silence
         await comm.disconnect()
@@ -174,6 +185,71 @@ def test_re_sends_are_bounded_and_a_silent_agent_still_ends_in_timeout(principal
     assert sweep_overdue() == 1
     row.refresh_from_db()
     assert (row.status, row.acknowledged_at) == ("timeout", None)  # a TIMEOUT is not an acknowledgement
+
+
+def test_an_agent_whose_acknowledgement_is_not_yet_read_is_not_sent_the_command_again(principal, quick_resends,
+                                                                                    monkeypatch):
+    """The soak's finding: when the server is behind, acknowledgements are merely not yet read, and each
+    re-send (up to 4 per agent) added a send and a duplicate answer to that backlog. Here the agent's
+    connection is busy — a heartbeat's database hop is stuck — so the command, and anything the agent
+    sends, waits behind it: past three windows and touches the command is held (the connection is alive
+    but never caught up, and it has not changed); once the backlog clears it arrives once."""
+    token = mint_device_token()
+    op = principal("olive", "Operator")
+    real_heartbeat, gate = consumers.AgentConsumer.on_heartbeat, []
+
+    async def stuck_heartbeat(self, msg):
+        await gate[0].wait()
+        await real_heartbeat(self, msg)
+
+    monkeypatch.setattr(consumers.AgentConsumer, "on_heartbeat", stuck_heartbeat)
+
+    async def scenario():
+        gate.append(asyncio.Event())
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "heartbeat"})  # the server is behind from here on
+        out = await db(start_execution)(op, plugin="os", action="info", agent_ids=[agent_id])
+        await asyncio.sleep(3)  # windows of 0.3, 0.6 and 1.2 s; a touch every second
+        row = await db(AgentExecStatus.objects.get)(execution_id=out["execution_id"])
+        assert (row.status, row.attempts) == ("dispatched", 1)
+        gate[0].set()
+        command = await comm.receive_json_from(timeout=5)
+        assert command["command_id"] == out["command_id"]
+        await comm.send_json_to(reply(command["command_id"], "SUCCESS", "ok", 0))
+        await until(lambda: Execution.objects.get(pk=out["execution_id"]).status == "succeeded")
+        assert await comm.receive_nothing(timeout=1.5)  # no copy was queued behind it
+        await comm.disconnect()
+        return out["execution_id"]
+
+    eid = async_to_sync(scenario)()
+    assert Execution.objects.get(pk=eid).resent == 0
+    assert AgentExecStatus.objects.get(execution_id=eid).attempts == 1
+
+
+def test_an_agent_that_reconnected_since_the_send_is_sent_the_command_again(principal, quick_resends, monkeypatch):
+    """The command reached a connection that dropped before the agent read it; the agent's new connection
+    (opened after the send) is the evidence, so it is sent again there (a caught-up connection is not needed:
+    none ever is here)."""
+    monkeypatch.setattr(liveness, "CAUGHT_UP_IDLE_S", 3600)
+    token = mint_device_token()
+    op = principal("olive", "Operator")
+
+    async def scenario():
+        old, agent_id, credential, _ = await enrolled_agent(token)
+        out = await db(start_execution)(op, plugin="os", action="info", agent_ids=[agent_id])
+        assert (await old.receive_json_from(timeout=5))["command_id"] == out["command_id"]  # never read
+        await old.disconnect()
+        new = await connect()
+        assert (await send(new, register_msg(agent_id, credential)))["type"] == "registered"
+        again = await new.receive_json_from(timeout=5)
+        assert again["command_id"] == out["command_id"]
+        await new.send_json_to(reply(again["command_id"], "SUCCESS", "ok", 0))
+        await until(lambda: Execution.objects.get(pk=out["execution_id"]).status == "succeeded")
+        await new.disconnect()
+        return out["execution_id"]
+
+    eid = async_to_sync(scenario)()
+    assert Execution.objects.get(pk=eid).resent == 1
 
 
 def test_received_acknowledges_without_a_response_and_duplicates_never_count_twice(principal):
