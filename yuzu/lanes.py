@@ -17,15 +17,22 @@ import asyncio
 import os
 from typing import Any
 
-from asgiref.sync import SyncToAsync, ThreadSensitiveContext
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.base import BaseHandler
+from django.http import HttpRequest, HttpResponseBase
 
 DEFAULT_SIZE = int(os.environ.get("YUZU_HTTP_THREADS", "8"))
 
 
 class LaneHandler(ASGIHandler):
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        super().__init__()
+        # The middleware chain built for sync use, as under WSGI (not ASGIHandler's async one): run on the lane
+        # in one hop (get_response_async below). Built async, every sync-only middleware (ours, OTP's) makes
+        # asgiref hop back to the event loop and out to the thread again for the view — three thread hops per
+        # request instead of one.
+        BaseHandler.__init__(self)
+        self.load_middleware(is_async=False)
         self.size = max(1, size)
         self._free: asyncio.Queue[ThreadSensitiveContext] | None = None
 
@@ -43,3 +50,8 @@ class LaneHandler(ASGIHandler):
         finally:
             SyncToAsync.thread_sensitive_context.reset(token)
             self._free.put_nowait(lane)
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        """The whole sync chain — middleware, URL resolution, the view — in one hop to the request's lane."""
+        response: HttpResponseBase = await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        return response
