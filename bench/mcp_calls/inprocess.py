@@ -98,6 +98,27 @@ async def main_async(a, tokens, n_agents):
     for fn in cells.values():  # warm-up
         for _ in range(50):
             await fn()
+    if a.profile_thread:  # cProfile inside the worker thread: mcp.server.handle, or Django's sync get_response
+        import mcp.transport
+        from yuzu.lanes import LaneHandler
+
+        prof = cProfile.Profile()
+
+        def profiled(fn):
+            def run(*args, **kwargs):
+                prof.enable()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    prof.disable()
+            return run
+
+        mcp.transport.handle = profiled(mcp.transport.handle)
+        LaneHandler.get_response = profiled(LaneHandler.get_response)
+        for _ in range(a.calls):
+            await cells[a.profile_thread]()
+        pstats.Stats(prof).sort_stats(a.sort).print_stats(a.top)
+        return
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -133,6 +154,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--agents", type=int, default=50)
     ap.add_argument("--profile", choices=["mcp", "rest"])
+    ap.add_argument("--profile-thread", choices=["mcp", "rest"])
     ap.add_argument("--only", choices=["mcp", "rest"], help="measure one route only")
     ap.add_argument("--callgrind", action="store_true", help="toggle callgrind's instrumentation around each route")
     ap.add_argument("--sort", default="tottime")
