@@ -102,7 +102,7 @@ async def main_async(a, tokens, n_agents):
         import mcp.transport
         from yuzu.lanes import LaneHandler
 
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)  # CPU of that thread: not the time it waited for the GIL
 
         def profiled(fn):
             def run(*args, **kwargs):
@@ -136,6 +136,20 @@ async def main_async(a, tokens, n_agents):
             subprocess.run(ctl[:1] + ["-i", "off"] + ctl[1:], check=True, capture_output=True)
             subprocess.run(ctl[:1] + ["-d", name] + ctl[1:], check=True, capture_output=True)
         return
+    if a.gc_stats:
+        import gc
+        for name, fn in cells.items():
+            before = [d["collections"] for d in gc.get_stats()]
+            t0 = time.process_time()
+            for _ in range(a.calls):
+                await fn()
+            dt = time.process_time() - t0
+            after = [d["collections"] for d in gc.get_stats()]
+            gc_t0 = time.process_time()
+            gc.collect()
+            print(name, "collections per gen:", [x - y for x, y in zip(after, before)], f"cpu {dt*1000/a.calls:.3f} ms/call",
+                  f"one full collect {1000*(time.process_time()-gc_t0):.1f} ms", "objects", len(gc.get_objects()))
+        return
     results = {k: [] for k in cells}
     for _ in range(a.rounds):
         for name, fn in cells.items():
@@ -155,6 +169,7 @@ def main():
     ap.add_argument("--agents", type=int, default=50)
     ap.add_argument("--profile", choices=["mcp", "rest"])
     ap.add_argument("--profile-thread", choices=["mcp", "rest"])
+    ap.add_argument("--gc-stats", action="store_true")
     ap.add_argument("--only", choices=["mcp", "rest"], help="measure one route only")
     ap.add_argument("--callgrind", action="store_true", help="toggle callgrind's instrumentation around each route")
     ap.add_argument("--sort", default="tottime")
