@@ -1,10 +1,14 @@
 """In-process CPU per request of the two measured routes, without HTTP sockets: the whole ASGI application
 (``yuzu.asgi.application``: BodyLimit, Channels' router, McpConsumer / Django's handler and its middleware)
 driven by hand on one event loop, one request at a time, with ``time.process_time()`` (every thread of the
-process) around each batch. Load-independent enough for A/B of one change on a busy machine: run it in each
-tree, several rounds, and compare the medians.
+process) around each batch. On a busy machine that CPU time still moves with the load (caches, clock, thread
+hand-offs): for A/B of one change, count instructions under callgrind instead (load-independent, though it
+leaves out the cost of waking threads) and run both trees.
 
-    .venv/bin/python bench/mcp_calls/inprocess.py [--calls 300] [--rounds 5] [--profile mcp|rest]
+    .venv/bin/python bench/mcp_calls/inprocess.py [--calls 300] [--rounds 5] [--only mcp|rest]
+    .venv/bin/python bench/mcp_calls/inprocess.py --profile-thread mcp|rest   # cProfile of the worker thread
+    valgrind --tool=callgrind --instr-atstart=no .venv/bin/python bench/mcp_calls/inprocess.py --callgrind \
+        --calls 200    # instructions of the calls only (one dump per route): load-independent
 
 A fresh SQLite file under a temp dir, the same set-up as run.py (50 agents, an operator-tier token).
 """
@@ -65,7 +69,7 @@ async def request(app, method, path, headers, body=b""):
 
 
 async def main_async(a, tokens, n_agents):
-    from yuzu.asgi import application
+    from yuzu.asgi import application  # deferred: Django is set up only once main() has the database ready
 
     token = tokens[0]
     auth = {"authorization": f"Bearer {token}", "accept": "application/json, text/event-stream",
@@ -99,7 +103,7 @@ async def main_async(a, tokens, n_agents):
         for _ in range(50):
             await fn()
     if a.profile_thread:  # cProfile inside the worker thread: mcp.server.handle, or Django's sync get_response
-        import mcp.transport
+        import mcp.transport  # deferred: (as above) after Django's set-up
         from yuzu.lanes import LaneHandler
 
         prof = cProfile.Profile(time.thread_time)  # CPU of that thread: not the time it waited for the GIL
@@ -136,20 +140,6 @@ async def main_async(a, tokens, n_agents):
             subprocess.run(ctl[:1] + ["-i", "off"] + ctl[1:], check=True, capture_output=True)
             subprocess.run(ctl[:1] + ["-d", name] + ctl[1:], check=True, capture_output=True)
         return
-    if a.gc_stats:
-        import gc
-        for name, fn in cells.items():
-            before = [d["collections"] for d in gc.get_stats()]
-            t0 = time.process_time()
-            for _ in range(a.calls):
-                await fn()
-            dt = time.process_time() - t0
-            after = [d["collections"] for d in gc.get_stats()]
-            gc_t0 = time.process_time()
-            gc.collect()
-            print(name, "collections per gen:", [x - y for x, y in zip(after, before)], f"cpu {dt*1000/a.calls:.3f} ms/call",
-                  f"one full collect {1000*(time.process_time()-gc_t0):.1f} ms", "objects", len(gc.get_objects()))
-        return
     results = {k: [] for k in cells}
     for _ in range(a.rounds):
         for name, fn in cells.items():
@@ -169,7 +159,6 @@ def main():
     ap.add_argument("--agents", type=int, default=50)
     ap.add_argument("--profile", choices=["mcp", "rest"])
     ap.add_argument("--profile-thread", choices=["mcp", "rest"])
-    ap.add_argument("--gc-stats", action="store_true")
     ap.add_argument("--only", choices=["mcp", "rest"], help="measure one route only")
     ap.add_argument("--callgrind", action="store_true", help="toggle callgrind's instrumentation around each route")
     ap.add_argument("--sort", default="tottime")
