@@ -22,6 +22,7 @@ from asgiref.typing import (
     ASGISendCallable,
     HTTPDisconnectEvent,
     HTTPRequestEvent,
+    HTTPScope,
 )
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
@@ -82,7 +83,8 @@ class McpConsumer(AsyncHttpConsumer):
         try:
             first = await receive()
             if first["type"] == "http.request" and not first.get("more_body"):
-                self.scope, self.base_send = scope, send  # what Channels' __call__ sets (this names no layer)
+                # what Channels' __call__ sets (this consumer names no channel layer)
+                self.scope, self.base_send = cast(HTTPScope, scope), send
                 try:
                     await self.http_request(first)
                 except StopConsumer:
