@@ -10,7 +10,8 @@ leaves out the cost of waking threads) and run both trees.
     valgrind --tool=callgrind --instr-atstart=no .venv/bin/python bench/mcp_calls/inprocess.py --callgrind \
         --calls 200    # instructions of the calls only (one dump per route): load-independent
 
-A fresh SQLite file under a temp dir, the same set-up as run.py (50 agents, an operator-tier token).
+A fresh SQLite file under a temp dir (or --postgres URL), the same set-up as run.py (50 agents, an operator-tier
+token).
 """
 
 import argparse
@@ -158,6 +159,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--agents", type=int, default=50)
     ap.add_argument("--profile", choices=["mcp", "rest"])
+    ap.add_argument("--postgres", metavar="URL", help="this (scratch) PostgreSQL database instead of a SQLite file")
     ap.add_argument("--profile-thread", choices=["mcp", "rest"])
     ap.add_argument("--only", choices=["mcp", "rest"], help="measure one route only")
     ap.add_argument("--callgrind", action="store_true", help="toggle callgrind's instrumentation around each route")
@@ -167,8 +169,11 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="yuzu-inproc-"))
     os.environ.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(tmp), YUZU_LOG_LEVEL="WARNING",
                       YUZU_SQLITE_PATH=str(tmp / "bench.sqlite3"))
-    os.environ.pop("YUZU_DATABASE_URL", None)
-    os.environ.pop("YUZU_REDIS_URL", None)
+    os.environ.pop("YUZU_REDIS_URL", None)  # sessions in memory: one process
+    if a.postgres:
+        os.environ["YUZU_DATABASE_URL"] = a.postgres
+    else:
+        os.environ.pop("YUZU_DATABASE_URL", None)
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True)
     out = subprocess.run([sys.executable, "-c", SETUP, str(a.agents), "1"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
