@@ -2,8 +2,8 @@
 management groups. Callers have passed the capability's generic gate; per-object checks live here."""
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.core.exceptions import EmptyResultSet, ValidationError
+from django.db import connection, transaction
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -33,11 +33,41 @@ def visible_agents(principal, securable="Infrastructure", operation="Read"):
     return agents_in_groups(scope)
 
 
-def list_agents(principal, *, connected=None, limit=1000):
-    qs = visible_agents(principal)
+# (connected, limit) → the SQL and parameters of the fleet-wide list (a reader with a global grant). The same text
+# every call, so the ORM compiles it once per shape, not on every call (that compile was a quarter of the
+# call's CPU). At most 3 × 1000 entries: the tool's schema bounds limit.
+_FLEET_LIST_SQL: dict[tuple[bool | None, int], tuple[str, tuple]] = {}
+
+
+def _list_sql(qs, connected, limit):
     if connected is not None:
         qs = qs.filter(connected=connected)
-    return [agent_view(row) for row in qs.order_by("agent_id").values(*AGENT_FIELDS)[:limit]]
+    return qs.order_by("agent_id").values_list(*AGENT_FIELDS)[:limit].query.sql_with_params()
+
+
+def list_agents(principal, *, connected=None, limit=1000):
+    """The agents ``principal`` may see (management-group confinement: visible_agents), as the API shows them."""
+    scope = rbac.group_scope(principal, "Infrastructure", "Read")
+    try:
+        if scope is None:
+            key = (connected, limit)
+            if key not in _FLEET_LIST_SQL:
+                _FLEET_LIST_SQL[key] = _list_sql(Agent.objects.all(), connected, limit)
+            sql, params = _FLEET_LIST_SQL[key]
+        else:
+            sql, params = _list_sql(agents_in_groups(scope), connected, limit)
+    except EmptyResultSet:  # confined to no group
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    # The driver's own values: bools, and datetimes (naive UTC on SQLite, as Django's converter would make aware).
+    tz = connection.timezone
+    return [{"agent_id": agent_id, "hostname": hostname, "os": os, "arch": arch, "agent_version": version,
+             "connected": bool(conn), "last_seen": None if seen is None else
+             (seen if seen.tzinfo is not None else seen.replace(tzinfo=tz)).isoformat(),
+             "quarantined": bool(quarantined)}
+            for agent_id, hostname, os, arch, version, conn, seen, quarantined in rows]
 
 
 def get_agent(principal, agent_id, *, securable="Infrastructure"):

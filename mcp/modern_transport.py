@@ -34,6 +34,7 @@ from .streaming.stream import Connection
 inflight = Budget()
 INFLIGHT_GLOBAL = 1 << 30  # no process-wide cap of its own: the ASGI server's limits apply
 INFLIGHT_RETRY_MS = 1000
+handle_in_thread = hop(handle)  # built once: asgiref inspects the function on every wrapper it builds
 
 
 def credential_key(headers: Mapping[str, str]) -> str | None:
@@ -81,7 +82,7 @@ async def _serve(conn: Connection, msg: JsonObject, cat_name: str) -> Reply | No
     mode = "modern" if streamed(conn.headers, msg, cat_name) else None
     req = Request(http_method="POST", headers=conn.headers, cookies=parse_cookie(conn.headers.get("cookie", "")),
                   catalogue=cat_name, msg=msg, progress_mode=mode)
-    outcome = await hop(handle)(req)
+    outcome = await handle_in_thread(req)
     if isinstance(outcome, Listen):
         meta = {"io.modelcontextprotocol/subscriptionId": outcome.request_id}
         wanted = (msg.get("params") or {}).get("notifications")

@@ -22,6 +22,7 @@ from asgiref.typing import (
     ASGISendCallable,
     HTTPDisconnectEvent,
     HTTPRequestEvent,
+    HTTPScope,
 )
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from channels.consumer import _ChannelScope
 
 log = logging.getLogger("yuzu.mcp")
+handle_in_thread = hop(handle)  # built once: asgiref inspects the function on every wrapper it builds
 
 
 class McpConsumer(AsyncHttpConsumer):
@@ -71,11 +73,25 @@ class McpConsumer(AsyncHttpConsumer):
 
     async def __call__(self, scope: "_ChannelScope", receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         """Channels' own dispatch loop, fed from one inbox: the ASGI input, and what a stream adds to it (ASGI
-        events and channel-layer messages alike: dicts keyed by "type")."""
+        events and channel-layer messages alike: dicts keyed by "type"). The usual request — its whole body in its
+        first message, answered with one reply — is served without the loop and its tasks; one that opens a
+        stream enters the loop once it has."""
         self._inbox: asyncio.Queue[Message] = asyncio.Queue()
         self._feeders: list[asyncio.Future[None]] = []
-        self.listen(cast(Callable[[], Awaitable[Message]], receive))
+        self._peer = cast(Callable[[], Awaitable[Message]], receive)
+        self._peer_heard = False
         try:
+            first = await receive()
+            if first["type"] == "http.request" and not first.get("more_body"):
+                # what Channels' __call__ sets (this consumer names no channel layer)
+                self.scope, self.base_send = cast(HTTPScope, scope), send
+                try:
+                    await self.http_request(first)
+                except StopConsumer:
+                    return
+            else:
+                self.post(cast(Message, first))
+            self.hear_peer()
             await super().__call__(scope, cast(ASGIReceiveCallable, self._inbox.get), send)
         except asyncio.CancelledError:
             # daphne cancels every application instance when it stops (Server.kill_all_applications, on
@@ -87,6 +103,12 @@ class McpConsumer(AsyncHttpConsumer):
             for task in self._feeders:
                 task.cancel()
             self._feeders.clear()  # no consumer ↔ task cycle: a finished consumer is freed at once, not by the GC
+
+    def hear_peer(self) -> None:
+        """Feed what the client sends next (more body, its disconnect) into the inbox, once."""
+        if not self._peer_heard:
+            self._peer_heard = True
+            self.listen(self._peer)
 
     def listen(self, source: Callable[[], Awaitable[Message]]) -> None:
         async def feed() -> None:
@@ -101,6 +123,7 @@ class McpConsumer(AsyncHttpConsumer):
     async def until_disconnect(self) -> None:
         """Returns when the peer goes away. Only while the request's handler holds the dispatch loop (an async
         tool awaited for a modern request, mcp.modern_transport): then nothing else reads the inbox."""
+        self.hear_peer()
         while (await self._inbox.get())["type"] != "http.disconnect":
             pass
 
@@ -200,7 +223,7 @@ class McpConsumer(AsyncHttpConsumer):
         cookies = parse_cookie(self.headers.get("cookie", ""))
         req = Request(http_method=method, headers=self.headers, cookies=cookies, catalogue=self.catalogue, msg=msg,
                       progress_mode=self.progress_mode(msg))
-        return await self.respond(await hop(handle)(req))
+        return await self.respond(await handle_in_thread(req))
 
     def progress_mode(self, msg: JsonObject | None) -> str | None:
         """The seed's opt-in table: a progressToken is the opt-in; an SSE-capable Accept (even ;q=0) picks

@@ -17,15 +17,24 @@ import asyncio
 import os
 from typing import Any
 
-from asgiref.sync import SyncToAsync, ThreadSensitiveContext
-from django.core.handlers.asgi import ASGIHandler
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.base import BaseHandler
+from django.http import HttpResponseBase
+from django.urls import set_script_prefix
 
 DEFAULT_SIZE = int(os.environ.get("YUZU_HTTP_THREADS", "8"))
 
 
 class LaneHandler(ASGIHandler):
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        super().__init__()
+        # The middleware chain built for sync use, as under WSGI (not ASGIHandler's async one), so that a request's
+        # sync work runs in one hop to its lane (handle below). Built async, every sync-only middleware (ours,
+        # OTP's) made asgiref hop back to the event loop and out to a thread again for the view.
+        BaseHandler.__init__(self)
+        self.load_middleware(is_async=False)
         self.size = max(1, size)
         self._free: asyncio.Queue[ThreadSensitiveContext] | None = None
 
@@ -43,3 +52,33 @@ class LaneHandler(ASGIHandler):
         finally:
             SyncToAsync.thread_sensitive_context.reset(token)
             self._free.put_nowait(lane)
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """Django's ``ASGIHandler.handle`` with one thread hop per request instead of five: request_started, the
+        middleware chain and the view, and the response's close (request_finished) all run in ``respond`` on the
+        lane; only the body's arrival and the sending stay on the event loop. (A streamed response is closed
+        after it was sent, as Django does.) What this leaves out of Django's: cancelling the view when the client
+        disconnects — a sync view runs to its end on its thread either way."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        try:
+            response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
+            await self.send_response(response, send)
+            if response.streaming:
+                await sync_to_async(response.close, thread_sensitive=True)()
+        finally:
+            body_file.close()
+
+    def respond(self, scope: Any, body_file: Any) -> HttpResponseBase:
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]  # (Django's own marker)
+        assert response is not None
+        if not response.streaming:
+            response.close()  # its content is built; request_finished: Django's connection hygiene, on this thread
+        return response
