@@ -114,8 +114,11 @@ def test_the_agent_guardian_reports_drift_once_and_recovery(tmp_path):
     assert [(f["rule_id"], f["event_type"], f["detail"]) for f in armed] == [
         ("r-reg", "guard.unhealthy", {"reason": "unsupported_on_platform"})]
     events = [(f["rule_id"], f["event_type"]) for f in sent[1:]]
-    assert events == [("r-hash", "drift.detected"), ("r-exists", "drift.detected"),
-                      ("r-exists", "remediation.failed"), ("r-exists", "guard.healthy"), ("r-hash", "guard.healthy")]
+    assert events[:3] == [("r-hash", "drift.detected"), ("r-exists", "drift.detected"),
+                          ("r-exists", "remediation.failed")]
+    # the two guards recover from the same write independently: either may report first (a loaded machine
+    # showed both orders)
+    assert sorted(events[3:]) == [("r-exists", "guard.healthy"), ("r-hash", "guard.healthy")]
     failed = next(f for f in sent if f["event_type"] == "remediation.failed")
     assert "guardian_enforce" in failed["detail"]["reason"]  # the operator never allowed enforcement
     assert all(f["type"] == "report" and f["kind"] == "guardian" and "agent_id" not in f for f in sent)
