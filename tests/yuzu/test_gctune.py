@@ -12,22 +12,26 @@ LIVE_TICKS = 3  # a stream's tick objects (sleep future, timer, message) outlive
 PER_TICK = 5_000  # one per stream
 
 
-def full_collections(thresholds: tuple[int, int, int], ticks: int = 150) -> int:
+def full_collections(thresholds: tuple[int, int, int], ticks: int = 400) -> int:
     """Full collections during ``ticks`` ticks of churn under ``thresholds``, beside 200,000 long-lived objects."""
-    heap: list[dict[str, int]] = [{} for _ in range(200_000)]  # the streams' own objects, alive throughout
-    living: deque[list[dict[str, int]]] = deque()
-    before = gc.get_threshold()
+    # Lists, not dicts: the GC traverses and promotes only tracked objects, and a dict of ints is untracked.
+    heap: list[list[int]] = [[] for _ in range(200_000)]  # the streams' own objects, alive throughout
+    living: deque[list[list[int]]] = deque()
+    before, enabled = gc.get_threshold(), gc.isenabled()
     gc.collect()
     full = gc.get_stats()[2]["collections"]
     gc.set_threshold(*thresholds)
+    gc.enable()  # automatic collection on, whatever the test process did with it: else "none" proves nothing
     try:
         for tick in range(ticks):
-            living.append([{"tick": tick} for _ in range(PER_TICK)])
+            living.append([[tick] for _ in range(PER_TICK)])
             if len(living) > LIVE_TICKS:
                 living.popleft()
         return gc.get_stats()[2]["collections"] - full
     finally:
         gc.set_threshold(*before)
+        if not enabled:
+            gc.disable()
         del heap, living
 
 
