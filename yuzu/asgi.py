@@ -26,6 +26,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
 from mcp.transport import BridgeConsumer, McpConsumer  # noqa: E402
 from yuzu.bodylimit import BodyLimit, install_daphne  # noqa: E402
+from yuzu.gctune import tune  # noqa: E402
 from yuzu.routing import path, re_path  # noqa: E402
 
 # Every HTTP request body is bounded while it arrives (yuzu/bodylimit.py), under daphne before Twisted holds it.
@@ -40,3 +41,7 @@ application = ProtocolTypeRouter({
     ])),
     "websocket": URLRouter(websocket_urlpatterns),
 })
+
+# Last: the start-up heap is frozen out of the cyclic GC's traversals, and young collections are rarer, so a
+# process holding thousands of streams does not stop for a second every few seconds (yuzu/gctune.py).
+tune()
