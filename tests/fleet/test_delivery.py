@@ -188,7 +188,7 @@ def test_re_sends_are_bounded_and_an_agent_that_never_acknowledges_still_ends_in
 
 
 def test_an_agent_whose_acknowledgement_is_not_yet_read_is_not_sent_the_command_again(principal, quick_resends,
-                                                                                    monkeypatch):
+                                                                                    held_heartbeats):
     """The soak's finding: when the server is behind, acknowledgements are merely not yet read, and each
     re-send (up to 4 per agent) added a send and a duplicate answer to that backlog. Here the agent's
     connection is busy — a heartbeat's database hop is stuck — so the command, and anything the agent
@@ -196,23 +196,15 @@ def test_an_agent_whose_acknowledgement_is_not_yet_read_is_not_sent_the_command_
     but never caught up, and it has not changed); once the backlog clears it arrives once."""
     token = mint_device_token()
     op = principal("olive", "Operator")
-    real_heartbeat, gate = consumers.AgentConsumer.on_heartbeat, []
-
-    async def stuck_heartbeat(self, msg):
-        await gate[0].wait()
-        await real_heartbeat(self, msg)
-
-    monkeypatch.setattr(consumers.AgentConsumer, "on_heartbeat", stuck_heartbeat)
 
     async def scenario():
-        gate.append(asyncio.Event())
         comm, agent_id, _, _ = await enrolled_agent(token)
         await comm.send_json_to({"type": "heartbeat"})  # the server is behind from here on
         out = await db(start_execution)(op, plugin="os", action="info", agent_ids=[agent_id])
         await asyncio.sleep(3)  # windows of 0.3, 0.6 and 1.2 s; a touch every second
         row = await db(AgentExecStatus.objects.get)(execution_id=out["execution_id"])
         assert (row.status, row.attempts) == ("dispatched", 1)
-        gate[0].set()
+        held_heartbeats.set()
         command = await comm.receive_json_from(timeout=5)
         assert command["command_id"] == out["command_id"]
         await comm.send_json_to(reply(command["command_id"], "SUCCESS", "ok", 0))
