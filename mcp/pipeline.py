@@ -8,9 +8,11 @@ checks in one hop, await the handler on the event loop, then audit in a second h
 """
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, ParamSpec, TypeVar, cast
 
 from channels.db import database_sync_to_async
@@ -54,10 +56,17 @@ Refusal = tuple[int, YuzuError, str]
 _approval_gate: ApprovalGate | None = None
 
 
+# The hops' threads, one pool per process whatever event loop awaits them (the size of asyncio's default
+# executor). A loop's default executor dies with its loop, and its threads with their database connections
+# open until the cyclic GC frees them: an event loop per call (async_to_sync in Celery tasks, in-process
+# tests) under the server's GC thresholds (yuzu/gctune.py) held 70 PostgreSQL connections open at once.
+_HOPS = ThreadPoolExecutor(max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="yuzu-hop")
+
+
 def hop(fn: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
     """One worker-thread hop with Django's connection hygiene; not pinned to a single thread, so
-    concurrent calls use concurrent database connections."""
-    return database_sync_to_async(fn, thread_sensitive=False)
+    concurrent calls use concurrent database connections (at most one per thread of _HOPS)."""
+    return database_sync_to_async(fn, thread_sensitive=False, executor=_HOPS)
 
 
 def set_approval_gate(gate: ApprovalGate | None) -> None:

@@ -135,3 +135,19 @@ def test_tool_catalogue_doc_is_current():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "mcp-tools.md"
     assert doc.read_text() == render(), "regenerate: python manage.py mcp_catalogue > docs/mcp-tools.md"
+
+
+def test_hops_run_on_one_pool_of_threads_whatever_event_loop_awaits_them():
+    """A call's hop (mcp.pipeline.hop) runs on the process's pool, not on its event loop's default executor:
+    an event loop per call (async_to_sync in Celery tasks, the in-process tests) otherwise left one thread
+    per loop dying with its database connection open until the cyclic GC found it — 70 PostgreSQL
+    connections at once, and "too many clients" for the next call."""
+    import threading
+
+    from asgiref.sync import async_to_sync
+
+    from mcp.pipeline import _HOPS, hop
+
+    threads = {async_to_sync(hop(threading.current_thread))() for _ in range(3 * _HOPS._max_workers)}
+    assert len(threads) <= _HOPS._max_workers
+    assert all(t.is_alive() and t.name.startswith("yuzu-hop") for t in threads)
