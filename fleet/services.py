@@ -7,6 +7,7 @@ from django.db import connection, transaction
 
 from yuzu import rbac
 from yuzu.audit import audit
+from yuzu.dbfuncs import IsoUtc
 from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
 from yuzu.plans import Plan
@@ -42,7 +43,9 @@ _FLEET_LIST_SQL: dict[tuple[bool | None, int], tuple[str, tuple]] = {}
 def _list_sql(qs, connected, limit):
     if connected is not None:
         qs = qs.filter(connected=connected)
-    return qs.order_by("agent_id").values_list(*AGENT_FIELDS)[:limit].query.sql_with_params()
+    fields = ["seen_iso" if f == "last_seen" else f for f in AGENT_FIELDS]
+    qs = qs.annotate(seen_iso=IsoUtc("last_seen")).order_by("agent_id").values_list(*fields)[:limit]
+    return qs.query.sql_with_params()
 
 
 def list_agents(principal, *, connected=None, limit=1000):
@@ -61,12 +64,9 @@ def list_agents(principal, *, connected=None, limit=1000):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    # The driver's own values: bools, and datetimes (naive UTC on SQLite, as Django's converter would make aware).
-    tz = connection.timezone
+    # The driver's own values: bools (0/1 on SQLite), and last_seen already as the API writes it (IsoUtc).
     return [{"agent_id": agent_id, "hostname": hostname, "os": os, "arch": arch, "agent_version": version,
-             "connected": bool(conn), "last_seen": None if seen is None else
-             (seen if seen.tzinfo is not None else seen.replace(tzinfo=tz)).isoformat(),
-             "quarantined": bool(quarantined)}
+             "connected": bool(conn), "last_seen": seen, "quarantined": bool(quarantined)}
             for agent_id, hostname, os, arch, version, conn, seen, quarantined in rows]
 
 

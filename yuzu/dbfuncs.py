@@ -1,0 +1,28 @@
+"""Database expressions the ORM lacks."""
+
+from typing import Any
+
+from django.db.models import CharField, Func
+
+
+class IsoUtc(Func):
+    """A timestamp column as ``datetime.isoformat()`` writes it for an aware UTC datetime
+    ("2026-03-04T05:06:07.891011+00:00"; no fraction when the microseconds are 0; NULL stays NULL), formatted by
+    the database. A list of rows otherwise has the driver parse every timestamp into a datetime only for Python
+    to format it back: a fifth of ``list_agents``' CPU on PostgreSQL (fleet/services.py)."""
+
+    output_field = CharField()
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        raise NotImplementedError(f"IsoUtc on {connection.vendor}")
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Django stores an aware datetime as naive UTC text: isoformat(" ") of it.
+        return super().as_sql(compiler, connection, template="replace(%(expressions)s, ' ', 'T') || '+00:00'",
+                              **extra)
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Only the fraction can read ".000000" (no other part has a dot).
+        return super().as_sql(compiler, connection, template=(
+            "replace(to_char(%(expressions)s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), '.000000', '')"
+            " || '+00:00'"), **extra)
