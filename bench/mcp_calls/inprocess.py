@@ -118,7 +118,7 @@ async def main_async(a, tokens, n_agents):
                     prof.disable()
             return run
 
-        mcp.transport.handle = profiled(mcp.transport.handle)
+        mcp.transport.handle_in_thread = mcp.transport.hop(profiled(mcp.transport.handle))  # (built at import)
         LaneHandler.get_response = profiled(LaneHandler.get_response)
         for _ in range(a.calls):
             await cells[a.profile_thread]()
