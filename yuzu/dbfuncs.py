@@ -13,8 +13,7 @@ class IsoUtc(Func):
 
     output_field = CharField()
 
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        raise NotImplementedError(f"IsoUtc on {connection.vendor}")
+    function = "iso_utc_is_only_for_sqlite_and_postgresql"  # any other database refuses the query
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         # Django stores an aware datetime as naive UTC text: isoformat(" ") of it.
