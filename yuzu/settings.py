@@ -143,6 +143,9 @@ if SQLITE_SYNCHRONOUS not in ("NORMAL", "FULL"):
 DATABASE_URL = os.environ.get("YUZU_DATABASE_URL", "")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # the same, with a kept connection's health check made without a round trip (yuzu/backends/postgresql)
+        DATABASES["default"]["ENGINE"] = "yuzu.backends.postgresql"
     if os.environ.get("YUZU_TEST_DATABASE_NAME"):
         DATABASES["default"]["TEST"] = {"NAME": os.environ["YUZU_TEST_DATABASE_NAME"]}
 else:
