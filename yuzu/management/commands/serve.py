@@ -3,8 +3,10 @@ agent. Ctrl-C (or SIGTERM) stops everything it started.
 
 With Redis (YUZU_REDIS_URL) it runs one daphne per core on one port: sessions, stream rings, the bridge's
 rendezvous and the channel layer are shared through Redis, so any process can answer any request. The parent
-opens the listening socket and every daphne adopts it (``--fd``), so the kernel hands each new connection to
-whichever process accepts first. In embedded mode that state lives in one process, so there is one daphne."""
+opens one listening socket per daphne on the port (``SO_REUSEPORT``) and each daphne adopts its own (``--fd``),
+so the kernel spreads new connections over the processes. (One socket adopted by all let whichever daphne woke
+first accept a whole burst: 16 keep-alive clients all on one process, the other idle.) In embedded mode that
+state lives in one process, so there is one daphne."""
 
 import os
 import signal
@@ -40,12 +42,12 @@ class Command(BaseCommand):
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         n = server_processes(processes)
         daphne = [py, "-m", "daphne", "--application-close-timeout", "35", "yuzu.asgi:application"]
-        listener = None
+        listeners: dict[str, socket.socket] = {}
         if n == 1:
             procs = {"daphne": daphne[:3] + ["-b", host.strip("[]") or "127.0.0.1", "-p", port] + daphne[3:]}
         else:
-            listener = listen(host.strip("[]") or "127.0.0.1", int(port))
-            procs = {f"daphne-{i + 1}": daphne[:3] + ["--fd", str(listener.fileno())] + daphne[3:] for i in range(n)}
+            listeners = {f"daphne-{i + 1}": s for i, s in enumerate(listen(host.strip("[]") or "127.0.0.1", int(port), n))}
+            procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
             if not no_beat:
@@ -62,10 +64,10 @@ class Command(BaseCommand):
         # celery beat writes its schedule under var/ and starts nothing else: it alone runs with a private
         # umask (the others keep the caller's, which bridge workers and agent commands inherit).
         running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1,
-                                          pass_fds=(listener.fileno(),) if listener and name.startswith("daphne") else ())
+                                          pass_fds=(listeners[name].fileno(),) if name in listeners else ())
                    for name, argv in procs.items()}
-        if listener is not None:
-            listener.close()  # the daphnes hold it now
+        for sock in listeners.values():
+            sock.close()  # its daphne holds it now
         stop = {"now": False}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -119,9 +121,17 @@ def server_processes(requested: int | None) -> int:
     return n
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The one listening socket every daphne adopts."""
+def listen(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` listening sockets on one port (``SO_REUSEPORT``), one for each daphne. A port someone already listens
+    on is refused first: a plain bind there fails, where a reuse-port bind could join another server's port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=2048)
-    sock.set_inheritable(True)
-    return sock
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    socks = [socket.create_server((host, port), family=family, backlog=2048, reuse_port=True) for _ in range(n)]
+    for sock in socks:
+        sock.set_inheritable(True)
+    return socks
