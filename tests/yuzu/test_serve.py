@@ -1,11 +1,13 @@
-"""How many server processes `manage.py serve` runs: one per core with Redis, one in embedded mode."""
+"""How many server processes `manage.py serve` runs (one per core with Redis, one in embedded mode), and the
+listening sockets it opens for them."""
 
 import os
+import socket
 
 import pytest
 from django.core.management.base import CommandError
 
-from yuzu.management.commands.serve import server_processes
+from yuzu.management.commands.serve import listen, server_processes
 
 
 def test_process_count(settings):
@@ -17,3 +19,22 @@ def test_process_count(settings):
     assert server_processes(None) == (os.cpu_count() or 1)
     settings.YUZU_SERVE_PROCESSES = 3
     assert server_processes(None) == 3 and server_processes(2) == 2
+
+
+def test_one_socket_per_daphne_on_one_port_and_a_port_in_use_is_refused():
+    socks = listen("127.0.0.1", 0, 1)  # a free port, then two more sockets on it
+    port = socks[0].getsockname()[1]
+    socks[0].close()
+    socks = listen("127.0.0.1", port, 2)
+    try:
+        assert [s.getsockname()[1] for s in socks] == [port, port] and socks[0].fileno() != socks[1].fileno()
+        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for s in socks)
+        # Listened on already — by our own reuse-port sockets here, as by another server's: refused, never joined.
+        with pytest.raises(CommandError, match=f"cannot listen on 127.0.0.1:{port}"):
+            listen("127.0.0.1", port, 2)
+    finally:
+        for s in socks:
+            s.close()
+    with socket.create_server(("127.0.0.1", 0)) as plain:  # a plain listener (another program)
+        with pytest.raises(CommandError, match="cannot listen"):
+            listen("127.0.0.1", plain.getsockname()[1], 2)
