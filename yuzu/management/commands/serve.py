@@ -6,7 +6,7 @@ rendezvous and the channel layer are shared through Redis, so any process can an
 opens one listening socket per daphne on the port (``SO_REUSEPORT``) and each daphne adopts its own (``--fd``),
 so the kernel spreads new connections over the processes. (One socket adopted by all let whichever daphne woke
 first accept a whole burst: 16 keep-alive clients all on one process, the other idle.) In embedded mode that
-state lives in one process, so there is one daphne."""
+state lives in one process, so there is one daphne — on a socket the parent opens the same way."""
 
 import os
 import signal
@@ -20,6 +20,12 @@ from types import FrameType
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+# Connections the kernel completes and queues for a daphne that has not accepted them yet. Twisted's default
+# (daphne -b/-p) is 50: thousands of agents reconnecting at once (a server restart, bench/fanout's swarms)
+# overflowed it while daphne was busy registering the ones before; the dropped handshakes then timed out on
+# the agents' side (15 s) and came back as retries. Capped by net.core.somaxconn (4096 on current kernels).
+BACKLOG = 2048
 
 
 class Command(BaseCommand):
@@ -42,12 +48,9 @@ class Command(BaseCommand):
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         n = server_processes(processes)
         daphne = [py, "-m", "daphne", "--application-close-timeout", "35", "yuzu.asgi:application"]
-        listeners: dict[str, socket.socket] = {}
-        if n == 1:
-            procs = {"daphne": daphne[:3] + ["-b", host.strip("[]") or "127.0.0.1", "-p", port] + daphne[3:]}
-        else:
-            listeners = {f"daphne-{i + 1}": s for i, s in enumerate(listen(host.strip("[]") or "127.0.0.1", int(port), n))}
-            procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
+        socks = listen(host.strip("[]") or "127.0.0.1", int(port), n)
+        listeners = {"daphne": socks[0]} if n == 1 else {f"daphne-{i + 1}": s for i, s in enumerate(socks)}
+        procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
             if not no_beat:
@@ -122,8 +125,9 @@ def server_processes(requested: int | None) -> int:
 
 
 def listen(host: str, port: int, n: int) -> list[socket.socket]:
-    """``n`` listening sockets on one port (``SO_REUSEPORT``), one for each daphne. A port someone already listens
-    on is refused first: a plain bind there fails, where a reuse-port bind could join another server's port."""
+    """``n`` listening sockets on one port (``SO_REUSEPORT``), one for each daphne, each with a BACKLOG-deep accept
+    queue. A port someone already listens on is refused first: a plain bind there fails, where a reuse-port bind
+    could join another server's port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -131,7 +135,7 @@ def listen(host: str, port: int, n: int) -> list[socket.socket]:
             probe.bind((host, port))
         except OSError as exc:
             raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    socks = [socket.create_server((host, port), family=family, backlog=2048, reuse_port=True) for _ in range(n)]
+    socks = [socket.create_server((host, port), family=family, backlog=BACKLOG, reuse_port=True) for _ in range(n)]
     for sock in socks:
         sock.set_inheritable(True)
     return socks
