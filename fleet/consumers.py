@@ -4,8 +4,8 @@ It only speaks the protocol: validate each frame, hand it to the model layer, se
 Every inbound message is validated before it touches the database; anything malformed closes the
 socket with 4400 and a reason (what was stored before stays stored). A refused identity closes with
 4401. Each message costs one database hop: enrolment and register (fleet.identity), the connection state
-(Agent.objects), inventory, run through ``database_sync_to_async``; answers go to the process's batcher
-(fleet.responses). Commands and pushes reach the socket only through the channel layer group
+(Agent.objects), inventory, run through ``database_sync_to_async``; answers and heartbeats go to the process's
+batchers (fleet.responses, fleet.identity.heartbeat: a hop per batch, fleet.batching). Commands and pushes reach the socket only through the channel layer group
 ``agent_group(agent_id)``, so any server process can address any agent. The process's registered
 connections are in fleet.liveness, which touches them every third of a heartbeat interval."""
 
@@ -375,7 +375,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                           self.agent_id, result)
 
     async def on_heartbeat(self, msg):
-        if not await database_sync_to_async(identity.heartbeat)(self.agent_id, self.cert_serial):
+        if not await identity.heartbeat.submit((self.agent_id, self.cert_serial)):
             await self.refuse(CLOSE_REFUSED, "certificate revoked")
             return
         if "dex" in msg:  # DEX facts (docs/dex.md): each value is validated, and dropped if bad, by the dex app
@@ -418,7 +418,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(AgentInventory.objects.store)(self.agent_id, plugin, data)
 
     async def on_response(self, msg):
-        await responses.record(self.agent_id, _response(msg))
+        await responses.submit((self.agent_id, _response(msg)))
 
     async def on_result_answer(self, msg):
         """The agent's answer to a result.query: ``kept`` (it sent the terminal frames it kept just before, as
@@ -447,8 +447,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_received(self, msg):
         """The agent has the command (an acknowledgement; fleet.responses)."""
-        await responses.record(self.agent_id, {"command_id": _text(msg, "command_id", MAX_ID_BYTES),
-                                               "status": RECEIVED})
+        await responses.submit((self.agent_id, {"command_id": _text(msg, "command_id", MAX_ID_BYTES),
+                                                "status": RECEIVED}))
 
     # --- channel-layer handlers --------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from yuzu.audit import audit
 from yuzu.metrics import AGENT_AUTH_FAILURES, CA_REISSUE_BLOCKED, CA_REVOKED_CERT
 from yuzu.models import hash_secret, new_hex_id
 
+from .batching import Batcher
 from .models import Agent, AgentInventory, DeviceToken, Tag
 
 AUDIT_WINDOW_S = 60  # refused enrolments/registers: at most one audit row per source address per window
@@ -141,14 +142,24 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
     return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem)), ca.authority().cert_pem
 
 
-def heartbeat(agent_id, serial):
-    """A heartbeat: the agent is seen; False when the certificate its connection proved has been revoked
-    since (the store is checked, not the CRL)."""
-    Agent.objects.seen(agent_id)
-    if serial is not None and not ca.still_active(serial):
-        CA_REVOKED_CERT.labels("heartbeat").inc()
-        return False
-    return True
+def heartbeats(beats):
+    """Heartbeats ``[(agent_id, proved serial or None), …]`` from a server process's connections, in one go: the
+    agents are seen (one UPDATE), and each one's result is False when the certificate its connection proved has
+    been revoked since (the store is checked, not the CRL: one query)."""
+    Agent.objects.seen({agent_id for agent_id, _ in beats})
+    active = ca.active_serials({serial for _, serial in beats if serial is not None})
+    results = [serial is None or serial in active for _, serial in beats]
+    if revoked := results.count(False):
+        CA_REVOKED_CERT.labels("heartbeat").inc(revoked)
+    return results
+
+
+async def _heartbeats(beats):
+    return await database_sync_to_async(heartbeats)(beats)
+
+
+heartbeat = Batcher(_heartbeats, "heartbeats")
+"""``await heartbeat.submit((agent_id, serial))``: a connection's heartbeat, batched with the process's others."""
 
 
 # --- refused enrolments and registers: audited, but not one row each ---------------------------

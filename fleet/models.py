@@ -55,9 +55,9 @@ class AgentQuerySet(models.QuerySet):
         return bool(self.filter(Q(connected_since__isnull=True) | Q(connected_since__lte=opened_at), pk=agent_id)
                     .update(connected=True, connected_since=opened_at, last_seen=timezone.now(), **fields))
 
-    def seen(self, agent_id):
-        """A heartbeat: the agent is alive, so connected."""
-        self.filter(pk=agent_id).update(connected=True, last_seen=timezone.now())
+    def seen(self, agent_ids):
+        """Heartbeats: these agents are alive, so connected."""
+        self.filter(pk__in=agent_ids).update(connected=True, last_seen=timezone.now())
 
     def touch(self, alive, caught_up, now=None):
         """A server process's touch, once per touch_interval(): ``alive`` are the agents whose open

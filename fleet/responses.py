@@ -2,14 +2,13 @@
 timeouts move each target's AgentExecStatus along its AgentState, keep the one Response row of each
 (execution, agent) and the execution's counters, and publish one event per execution that changed
 (fleet.events). The agent consumers of a server process hand their frames to ``responses`` (a
-ResponseBatcher), which stores them in batches; ``expire_overdue`` is the sweep's (fleet.tasks).
+fleet.batching.Batcher), which stores them in batches; ``expire_overdue`` is the sweep's (fleet.tasks).
 
 Invariants: a target reaches a terminal state once, ever, so a duplicate answer (an agent answering a
 re-sent command with its kept result) is never counted twice; the per-agent rows are locked in id order
 and the counters updated in execution-id order, so concurrent writers (other server processes, the
 sweep) cannot deadlock; the rows are the truth and events are hints."""
 
-import asyncio
 import logging
 from datetime import timedelta
 
@@ -21,13 +20,13 @@ from django.utils import timezone
 from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
 
 from . import events
+from .batching import Batcher
 from .models import AgentExecStatus, AgentState, Execution, Response
 
 log = logging.getLogger("yuzu.fleet")
 
 SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
 RECEIVED = "RECEIVED"  # a frame's status for a `received` frame: an acknowledgement, not an answer
-MAX_BATCH = 1000
 FORGOTTEN = ("the agent no longer knew the command when asked after it reconnected (it restarted or forgot it); "
              "it was not run again")
 
@@ -207,56 +206,16 @@ def record_forgotten(agent_id, command_ids):
 
 # --- frames batched across the agent connections of this process ---------------------------------
 
-class ResponseBatcher:
-    """Stores the response frames of every agent connection of this server process, a batch per
-    database hop: while one batch is being written, the frames that arrive meanwhile queue up and go
-    together in the next (``record_responses``: one transaction, a handful of queries and one event per
-    execution, whatever the batch size). A lone frame is written at once. The events are published from
-    the event loop, so the database thread never waits on the channel layer.
-
-    ``record`` returns once the frame is stored, so each connection keeps its order (its next message
-    is handled after its previous frame is in the database). A batch that fails is retried frame by
-    frame, so one bad frame fails only its own connection."""
-
-    def __init__(self):
-        self.loop, self.queue, self.task = None, [], None
-
-    async def record(self, agent_id, frame):
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop:  # a new event loop (tests): nothing queued on the old one survives it
-            self.loop, self.queue, self.task = loop, [], None
-        done = loop.create_future()
-        self.queue.append((agent_id, frame, done))
-        if self.task is None:
-            self.task = loop.create_task(self.drain())
-        await done
-
-    async def drain(self):
-        try:
-            while self.queue:
-                batch, self.queue = self.queue[:MAX_BATCH], self.queue[MAX_BATCH:]
-                try:
-                    changed = await database_sync_to_async(record_responses)([(a, f) for a, f, _ in batch],
-                                                                             publish=False)
-                except Exception:
-                    log.warning("storing a batch of %d responses failed; retrying one by one", len(batch),
-                                exc_info=True)
-                    for agent_id, frame, done in batch:
-                        try:
-                            await database_sync_to_async(record_response)(agent_id, frame)
-                        except Exception as exc:
-                            _settle(done, exc)
-                else:
-                    await events.apublish(*changed)
-                for *_, done in batch:
-                    _settle(done)
-        finally:
-            self.task = None
+async def _store(frames):
+    """A batch of the process's frames in one database hop (``record_responses``: one transaction, a handful of
+    queries and one event per execution, whatever the batch size); the events are published from the event
+    loop, so the database thread never waits on the channel layer."""
+    changed = await database_sync_to_async(record_responses)(frames, publish=False)
+    await events.apublish(*changed)
+    return [None] * len(frames)
 
 
-def _settle(future, exc=None):
-    if not future.done():
-        future.set_exception(exc) if exc is not None else future.set_result(None)
-
-
-responses = ResponseBatcher()
+responses = Batcher(_store, "response frames")
+"""What the agent consumers of this process hand their frames to: ``await responses.submit((agent_id, frame))``
+returns once the frame is stored, so each connection keeps its order (its next message is handled after its
+previous frame is in the database)."""

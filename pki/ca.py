@@ -214,8 +214,11 @@ def verify_agent_proof(agent_id, cert_pem, proof_b64, nonce):
     return row
 
 
-def still_active(serial_hex):
-    return IssuedCert.objects.filter(pk=serial_hex, status=IssuedCert.ACTIVE).exists()
+def active_serials(serials):
+    """Those of ``serials`` whose certificate is still active (not revoked)."""
+    if not serials:
+        return set()
+    return set(IssuedCert.objects.filter(pk__in=serials, status=IssuedCert.ACTIVE).values_list("pk", flat=True))
 
 
 # --- the CRL -------------------------------------------------------------------------------------
