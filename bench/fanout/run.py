@@ -3,7 +3,7 @@
     .venv/bin/python bench/fanout/run.py [--counts 100 1000 5000] [--reps 3] [--json FILE] [--keep]
 
 For each N it starts `manage.py agent_swarm --count N` (N real WebSockets through the normal enrol and
-register protocol) against a real daphne, waits until all N are connected, then `--reps` times (after one
+register protocol) against the server as `make run` starts it (`manage.py serve`), waits until all N are connected, then `--reps` times (after one
 warm-up run that is not counted): POST /api/v1/executions {plugin: os, action: info, scope: the N
 agents} and waits for the execution row to turn terminal. "Time to terminal" is the row's completed_at
 minus the wall clock just before the POST (same machine, same clock); the bench reads the row every
@@ -13,9 +13,10 @@ Reference, measured in the same run: the 100-agent time (growth), and a bare cha
 of N messages (N group_send + N receive on the configured layer, in this process): the messaging floor
 with no database, no WebSocket and no agent.
 
-Embedded by default: a fresh SQLite file under a temp dir, the in-process channel layer (yuzu.channel_layer), dispatch run
-by Celery eagerly inside daphne. With YUZU_REDIS_URL: the Redis layer and a separate Celery worker
-(started here). With YUZU_DATABASE_URL: that database, which must be a scratch one (agents are added).
+Embedded by default: a fresh SQLite file under a temp dir, one daphne, the in-process channel layer
+(yuzu.channel_layer), dispatch run by Celery eagerly inside daphne. With YUZU_REDIS_URL: one daphne per core
+(--processes to choose), the Redis layer, serve's Celery worker and beat. With YUZU_DATABASE_URL: that
+database, which must be a scratch one (agents are added).
 Every wait is bounded.
 """
 
@@ -58,6 +59,7 @@ from django.db.models import Count, Max, Min  # noqa: E402
 
 from fleet.management.commands.mint_device_token import mint_device_token  # noqa: E402
 from fleet.models import Agent, AgentExecStatus, AgentInventory, AgentState, Execution, Response  # noqa: E402
+from pki.models import IssuedCert  # noqa: E402
 from yuzu.models import ApiToken  # noqa: E402
 from yuzu.rbac import assign_role, seed_builtin_roles  # noqa: E402
 
@@ -120,8 +122,12 @@ def connected(prefix):
     return Agent.objects.filter(hostname__startswith=prefix + "-", connected=True).count()
 
 
-def reported(prefix):
-    return AgentInventory.objects.filter(agent__hostname__startswith=prefix + "-", plugin="os").count()
+def settled(prefix):
+    """Agents that have sent their inventory and been issued their certificate: what each does right after it
+    registers, written on the server's database thread (certificates are signed there too)."""
+    agents = Agent.objects.filter(hostname__startswith=prefix + "-")
+    return min(AgentInventory.objects.filter(agent__in=agents, plugin="os").count(),
+               IssuedCert.objects.filter(agent_id__in=agents.values("agent_id"), status=IssuedCert.ACTIVE).count())
 
 
 def run_once(client, prefix, n, timeout):
@@ -188,6 +194,8 @@ def main():
     ap.add_argument("--counts", type=int, nargs="+", default=[100, 1000, 5000])
     ap.add_argument("--reps", type=int, default=3, help="measured executions per count (after one warm-up)")
     ap.add_argument("--chunk", type=int, default=1000, help="agents per agent_swarm process (started one by one)")
+    ap.add_argument("--processes", type=int, help="server (daphne) processes; default: serve's (one per core with "
+                                                   "Redis, 1 embedded)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
@@ -198,9 +206,10 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, need), hard))  # inherited by daphne and the swarm
     redis = bool(settings.REDIS_URL)
     database = "PostgreSQL" if settings.DATABASE_IS_POSTGRES else "SQLite (temp file, WAL)"
-    mode = ("Redis channel layer + a separate Celery worker" if redis
-            else "embedded: in-process channel layer (yuzu.channel_layer), Celery eager inside daphne")
-    daphne = worker = None
+    mode = ("`manage.py serve`: Redis channel layer, daphnes " + (f"x {a.processes}" if a.processes else "x cores")
+            + ", its Celery worker" if redis else
+            "embedded `manage.py serve`: one daphne, in-process channel layer, Celery eager inside daphne")
+    server = None
     swarms = []
     results, floors, batched_floors, failures = {}, {}, {}, {}
     try:
@@ -211,19 +220,20 @@ def main():
         user = get_user_model().objects.get_or_create(username="bench-fanout")[0]
         assign_role(user, "Operator")
         _, token = ApiToken.mint(user, "bench-fanout")
-        device_token = mint_device_token("bench fanout", max_uses=sum(a.counts) + 10, via="bench/fanout")
+        # twice the agents: one whose enrol reply is lost under load (a timeout) enrols again
+        device_token = mint_device_token("bench fanout", max_uses=2 * sum(a.counts), via="bench/fanout")
 
         port = free_port()
-        daphne, daphne_log = spawn("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                              "yuzu.asgi:application"])
-        wait(lambda: _healthy(port), 30, "daphne", daphne, daphne_log)
         if redis:
             from yuzu.celery import app
 
             app.control.purge()
-            worker, worker_log = spawn("celery-worker", [sys.executable, "-m", "celery", "-A", "yuzu", "worker",
-                                                         "-l", "warning", "--concurrency", "2", "--without-gossip",
-                                                         "--without-mingle"])
+        # The server as `make run` starts it: its daphnes (one, or with Redis one per core unless --processes
+        # says), its Celery worker and beat (Redis) or its sweeper (embedded).
+        ENV["YUZU_BIND"] = f"127.0.0.1:{port}"
+        server, server_log = spawn("serve", [sys.executable, "manage.py", "serve", "--no-agent"]
+                                   + (["--processes", str(a.processes)] if a.processes else []))
+        wait(lambda: _healthy(port), 60, "serve", server, server_log)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                               timeout=120, trust_env=False)
         for n in a.counts:
@@ -241,10 +251,11 @@ def main():
                 swarms.append(swarm)
                 wait(lambda: connected(prefix) >= start + count, 300 + count / 5,  # a loaded machine registers slowly
                      f"{start + count} of {n} agents to connect", swarm, swarm_log)
-                # Let each burst settle before the next: every agent reports its inventory after it
-                # registered, and the server writes those one by one on its database thread.
-                wait(lambda: reported(prefix) >= start + count, 120 + count / 10,
-                     f"the inventory of {start + count} agents", swarm, swarm_log)
+                # Let each burst settle before the next: every agent reports its inventory and asks for its
+                # certificate after it registered, and the server handles those one by one on its database
+                # thread (unsettled, the first measured runs of 5,000 met a 74 s backlog of certificates).
+                wait(lambda: settled(prefix) >= start + count, 120 + count / 10,
+                     f"the inventory and certificates of {start + count} agents", swarm, swarm_log)
             print(f"{n} agents connected in {time.monotonic() - t:.1f} s ({len(swarms)} swarm processes)", flush=True)
             time.sleep(2)
             runs = []
@@ -267,7 +278,7 @@ def main():
                 stop(swarm)
             swarms = []
             # The next count waits for this one's sockets to be closed. daphne gives each connection's
-            # disconnect handler 10 s (its application-close timeout) and kills the slow ones, whose
+            # disconnect handler 35 s (serve's application-close timeout) and kills the slow ones, whose
             # agents then stay marked connected until the sweep notices the missing heartbeats: after a
             # few thousand disconnects at once that is most of them, so do not insist on the flag.
             deadline = time.monotonic() + 30 + n / 100
@@ -275,13 +286,12 @@ def main():
                 time.sleep(1)
             if connected(prefix):
                 print(f"{n}: {connected(prefix)} agents still marked connected after their swarms stopped "
-                      "(disconnect handlers killed by daphne's 10 s close timeout)", flush=True)
+                      "(disconnect handlers killed by daphne's close timeout)", flush=True)
         client.close()
     finally:
         for swarm in swarms:
             stop(swarm)
-        stop(worker)
-        stop(daphne)
+        stop(server, timeout=90)  # serve stops its children (thousands of sockets to close) before it exits
         if not a.keep:
             shutil.rmtree(TMP, ignore_errors=True)
 
