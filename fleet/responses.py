@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
+from yuzu.dbfuncs import executemany
 from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
 
 from . import events
@@ -152,15 +153,14 @@ def _store_responses(final, exs, now, at):
 
 def _executemany(model, columns, rows):
     """``UPDATE <table> SET <column> = %s, … WHERE id = %s`` once per row of parameters, as one prepared
-    statement (per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more in Python).
+    statement (yuzu.dbfuncs.executemany; per-row ORM UPDATEs, or bulk_update's CASE expressions, cost far more).
     ``first_response_at`` and ``acknowledged_at`` keep their value once set."""
     if not rows:
         return
     q = connection.ops.quote_name
     sets = ", ".join(f"{q(c)} = COALESCE({q(c)}, %s)" if c in ("first_response_at", "acknowledged_at") else f"{q(c)} = %s"
                      for c in columns)
-    with connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
+    executemany(f"UPDATE {q(model._meta.db_table)} SET {sets} WHERE {q('id')} = %s", rows)
 
 
 def expire_overdue(now=None, limit=5000):
