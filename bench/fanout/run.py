@@ -52,6 +52,7 @@ import django  # noqa: E402
 django.setup()
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 from channels.layers import get_channel_layer  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
@@ -130,8 +131,35 @@ def settled(prefix):
                IssuedCert.objects.filter(agent_id__in=agents.values("agent_id"), status=IssuedCert.ACTIVE).count())
 
 
-def run_once(client, prefix, n, timeout):
-    """POST one execution to the swarm `prefix`; returns its timings (seconds from just before the POST)."""
+def cpu_by_group(server, swarms):
+    """CPU seconds (user + system) used so far by each group of processes a fan-out runs on: the server's daphnes
+    and Celery worker (with its pool), the swarm agents, PostgreSQL, Redis and this bench (which polls)."""
+    groups = {"daphne": [], "celery": [], "agents": [psutil.Process(s.pid) for s in swarms], "postgres": [],
+              "redis": [], "bench": [psutil.Process()]}
+    for proc in psutil.Process(server.pid).children(recursive=True):
+        args = " ".join(proc.cmdline())
+        if "daphne" in args:
+            groups["daphne"].append(proc)
+        elif "celery" in args and " beat" not in args:
+            groups["celery"].append(proc)
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "redis-server"):
+            groups["postgres" if proc.info["name"] == "postgres" else "redis"].append(proc)
+
+    def seconds(proc):
+        try:
+            t = proc.cpu_times()
+            return t.user + t.system
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    return {group: sum(map(seconds, procs)) for group, procs in groups.items()}
+
+
+def run_once(client, prefix, n, timeout, cpu):
+    """POST one execution to the swarm `prefix`; returns its timings (seconds from just before the POST) and the
+    CPU seconds each group of processes used until it was seen terminal (``cpu()``: cpu_by_group)."""
+    cpu_before = cpu()
     t0 = time.time()
     r = client.post("/api/v1/executions", json={"plugin": "os", "action": "info", "scope": f'hostname LIKE "{prefix}-*"'})
     accepted = time.time() - t0
@@ -153,6 +181,7 @@ def run_once(client, prefix, n, timeout):
             return {"error": f"not terminal after {timeout:.0f} s; agents by state {states}; {lost} of the swarm "
                              f"are disconnected now; {resent} re-sends"}
         time.sleep(0.01)
+    cpu_used = {group: used - cpu_before[group] for group, used in cpu().items()}
     ex = Execution.objects.get(pk=eid)
     span = AgentExecStatus.objects.filter(execution_id=eid).aggregate(first=Min("first_response_at"),
                                                                        last=Max("completed_at"))
@@ -163,7 +192,7 @@ def run_once(client, prefix, n, timeout):
     first = span["first"].timestamp() - t0
     return {"accepted_s": accepted, "first_response_s": first, "terminal_s": terminal,
             "responses_per_s": n / terminal, "record_window_s": span["last"].timestamp() - span["first"].timestamp(),
-            "resent": ex.resent}
+            "resent": ex.resent, "cpu_s": cpu_used}
 
 
 async def layer_floor(n, batched=False):
@@ -260,7 +289,7 @@ def main():
             time.sleep(2)
             runs = []
             for i in range(a.reps + 1):  # the first is a warm-up
-                r = run_once(client, prefix, n, 60 + n / 25)
+                r = run_once(client, prefix, n, 60 + n / 25, lambda: cpu_by_group(server, swarms))
                 if "error" in r:
                     failures[n] = r["error"]
                     print(f"{n}: run {i} failed: {r['error']}", flush=True)
@@ -320,6 +349,12 @@ def main():
         print(f"{n:>6} {s['accepted_ms']:>11.1f} {s['first_response_ms']:>13.1f} {s['terminal_ms']:>11.1f} "
               f"{s['ratio_vs_ref']:>6.2f}× {s['per_agent_us']:>12.0f} {s['responses_per_s']:>11.0f} "
               f"{s['layer_floor_ms']:>14.1f} {s['ratio_vs_floor']:>7.1f}× {s['batched_floor_ms']:>16.1f} {s['resent']:>8}")
+    print(f"CPU seconds per run until terminal, median (the machine has {os.cpu_count()} cores):")
+    for n in results:
+        cpu = {group: statistics.median(r["cpu_s"][group] for r in results[n]) for group in results[n][0]["cpu_s"]}
+        summary[n]["cpu_s"] = cpu
+        print(f"{n:>6} " + ", ".join(f"{group} {used:.2f}" for group, used in cpu.items())
+              + f"; all {sum(cpu.values()):.2f} in {summary[n]['terminal_ms'] / 1000:.2f} s")
     for n, error in failures.items():
         print(f"{n:>6} did not finish: {error} (layer floor {floors[n] * 1000:.1f} ms)")
     print(f"(linear growth would be {', '.join(f'{n / ref:g}×' for n in results)})")
