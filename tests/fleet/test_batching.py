@@ -18,7 +18,6 @@ from fleet import identity
 from fleet.batching import Batcher
 from fleet.models import Agent
 from pki import ca
-from pki.models import IssuedCert
 from yuzu.metrics import CA_REVOKED_CERT
 
 
