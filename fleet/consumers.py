@@ -5,8 +5,9 @@ Every inbound message is validated before it touches the database; anything malf
 socket with 4400 and a reason (what was stored before stays stored). A refused identity closes with
 4401. Each message costs one database hop: enrolment and register (fleet.identity), the connection state
 (Agent.objects), inventory, run through ``database_sync_to_async``; answers and heartbeats go to the process's
-batchers (fleet.responses, fleet.identity.heartbeat: a hop per batch, fleet.batching). Commands and pushes reach the socket only through the channel layer group
-``agent_group(agent_id)``, so any server process can address any agent. The process's registered
+batchers (fleet.responses, fleet.identity.heartbeat: a hop per batch, fleet.batching). Commands and pushes
+reach the socket only through the channel layer group ``agent_group(agent_id)``, so any server process can
+address any agent. The process's registered
 connections are in fleet.liveness, which touches them every third of a heartbeat interval."""
 
 import asyncio
