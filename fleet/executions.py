@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
+from yuzu.dbfuncs import insert_many
 from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, YuzuError
 from yuzu.faults import store_fault
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
@@ -277,8 +278,7 @@ def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_s
                 completed_at=None if targets else now, agents_targeted=len(targets), bundle_id=bundle_id,
                 bundle_step=bundle_step, last_error_detail="" if targets else "no agents reached",
             )
-            AgentExecStatus.objects.bulk_create([AgentExecStatus(execution=ex, agent_id=a) for a in targets],
-                                                batch_size=1000)
+            insert_many(AgentExecStatus, ["execution_id", "agent_id"], [(ex.id, a) for a in targets])
             detail = (f"command_id={ex.command_id} execution_id={ex.id} plugin={plugin} action={action} "
                       f"agents={len(targets)}")
             audit(principal, "execution.start", "success", target_type="Execution", target_id=ex.id,

@@ -1,14 +1,16 @@
 """yuzu.dbfuncs on whichever database the suite runs (SQLite under `make test`, PostgreSQL in CI): IsoUtc writes a
 timestamp exactly as ``datetime.isoformat()`` does for an aware UTC datetime; executemany runs one statement per
-row of parameters, NULLs and timestamps included, in the caller's transaction, and fails as Django's errors do."""
+row of parameters, NULLs and timestamps included, in the caller's transaction, and fails as Django's errors do;
+insert_many stores rows as the ORM would, every field not given at its default."""
 
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from django.db import IntegrityError, transaction
+from django.forms.models import model_to_dict
 
 from fleet.models import Agent
-from yuzu.dbfuncs import IsoUtc, executemany
+from yuzu.dbfuncs import IsoUtc, executemany, insert_many
 
 pytestmark = pytest.mark.django_db
 
@@ -42,3 +44,19 @@ def test_executemany_runs_the_statement_for_every_row_in_the_callers_transaction
     with pytest.raises(IntegrityError), transaction.atomic():  # hostname is NOT NULL: Django's error, all undone
         executemany(update, [("three", None, "b3"), (None, None, "b1")])
     assert Agent.objects.get(pk="b3").hostname == "old"
+
+
+def test_insert_many_stores_what_the_orm_would_with_every_other_field_at_its_default():
+    by_orm = Agent.objects.create(agent_id="orm", hostname="h-orm")
+    insert_many(Agent, ["agent_id", "hostname"], [("d1", "h-1"), ("d2", "h-2")])
+    stored = {a.agent_id: a for a in Agent.objects.filter(agent_id__in=["d1", "d2"])}
+    assert {k: a.hostname for k, a in stored.items()} == {"d1": "h-1", "d2": "h-2"}
+
+    def rest(agent):  # everything but the given fields and the one clock-made default
+        return {k: v for k, v in model_to_dict(agent).items() if k not in ("agent_id", "hostname", "enrolled_at")}
+
+    assert rest(stored["d1"]) == rest(stored["d2"]) == rest(by_orm)
+    assert stored["d1"].enrolled_at is not None
+    with pytest.raises(IntegrityError), transaction.atomic():  # d1 exists: Django's error, nothing of it kept
+        insert_many(Agent, ["agent_id", "hostname"], [("d3", "h-3"), ("d1", "again")])
+    assert not Agent.objects.filter(agent_id="d3").exists()
