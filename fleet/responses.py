@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
-from yuzu.dbfuncs import executemany
+from yuzu.dbfuncs import executemany, insert_many
 from yuzu.metrics import FLEET_COMMAND_ACK_SECONDS
 
 from . import events
@@ -104,7 +104,7 @@ def _apply(items, acknowledge=True):
                        else None, at, *ack, st["id"]) for st in answered.values()])
         _executemany(AgentExecStatus, ["status", "acknowledged_at"],
                      [(AgentState.RUNNING.value, at, st["id"]) for st in final.values() if st["state"] is None])
-        _store_responses(answered, exs, now, at)
+        _store_responses(answered, exs, at)
         counts = {}  # execution id → [terminal, success]
         for (ex_id, _), st in answered.items():
             if st["state"] in Response.TERMINAL:
@@ -126,7 +126,7 @@ def _apply(items, acknowledge=True):
     return moved, list(Execution.objects.filter(pk__in={ex_id for ex_id, _ in answered}))
 
 
-def _store_responses(final, exs, now, at):
+def _store_responses(final, exs, at):
     """The one Response row of each (execution, agent): created, or updated in place."""
     plugin = {row["id"]: row["plugin"] for row in exs.values()}
     existing = {(e, a): pk for pk, e, a in Response.objects.filter(
@@ -136,16 +136,16 @@ def _store_responses(final, exs, now, at):
     for (ex_id, agent_id), st in final.items():
         pk = existing.get((ex_id, agent_id))
         if pk is None:
-            new.append(Response(execution_id=ex_id, agent_id=agent_id, instruction_id=st["command_id"],
-                                status=st["state"], output=st["output"] or "", exit_code=st["exit_code"],
-                                error_detail=st["error"], timestamp=now, plugin=plugin[ex_id]))
+            new.append((ex_id, agent_id, st["command_id"], st["state"].value, st["output"] or "", st["exit_code"],
+                        st["error"], at, plugin[ex_id]))
             continue
         fields = (st["command_id"], st["state"].value, st["exit_code"], st["error"], at, plugin[ex_id])
         if st["output"] is None:
             update.append((*fields, pk))
         else:
             update_output.append((*fields, st["output"], pk))
-    Response.objects.bulk_create(new, batch_size=500)
+    insert_many(Response, ["execution_id", "agent_id", "instruction_id", "status", "output", "exit_code",
+                           "error_detail", "timestamp", "plugin"], new)
     columns = ["instruction_id", "status", "exit_code", "error_detail", "timestamp", "plugin"]
     _executemany(Response, columns, update)
     _executemany(Response, columns + ["output"], update_output)
