@@ -3,9 +3,9 @@
     .venv/bin/python bench/fanout/run.py [--counts 100 1000 5000] [--reps 3] [--json FILE] [--keep]
 
 For each N it starts `manage.py agent_swarm --count N` (N real WebSockets through the normal enrol and
-register protocol) against the server as `make run` starts it (`manage.py serve`), waits until all N are connected, then `--reps` times (after one
-warm-up run that is not counted): POST /api/v1/executions {plugin: os, action: info, scope: the N
-agents} and waits for the execution row to turn terminal. "Time to terminal" is the row's completed_at
+register protocol) against the server as `make run` starts it (`manage.py serve`), waits until all N are
+connected, then `--reps` times (after one warm-up run that is not counted): POST /api/v1/executions {plugin:
+os, action: info, scope: the N agents} and waits for the execution row to turn terminal. "Time to terminal" is the row's completed_at
 minus the wall clock just before the POST (same machine, same clock); the bench reads the row every
 10 ms, which does not affect the figure.
 
@@ -235,8 +235,8 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, need), hard))  # inherited by daphne and the swarm
     redis = bool(settings.REDIS_URL)
     database = "PostgreSQL" if settings.DATABASE_IS_POSTGRES else "SQLite (temp file, WAL)"
-    mode = ("`manage.py serve`: Redis channel layer, daphnes " + (f"x {a.processes}" if a.processes else "x cores")
-            + ", its Celery worker" if redis else
+    daphnes = a.processes or "one per core"
+    mode = (f"`manage.py serve`: Redis channel layer, daphnes: {daphnes}, its Celery worker" if redis else
             "embedded `manage.py serve`: one daphne, in-process channel layer, Celery eager inside daphne")
     server = None
     swarms = []

@@ -9,6 +9,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.forms.models import model_to_dict
 
+from compliance.models import GuardianEvent
 from fleet.models import Agent
 from yuzu.dbfuncs import IsoUtc, executemany, insert_many
 
@@ -60,3 +61,12 @@ def test_insert_many_stores_what_the_orm_would_with_every_other_field_at_its_def
     with pytest.raises(IntegrityError), transaction.atomic():  # d1 exists: Django's error, nothing of it kept
         insert_many(Agent, ["agent_id", "hostname"], [("d3", "h-3"), ("d1", "again")])
     assert not Agent.objects.filter(agent_id="d3").exists()
+
+
+def test_insert_many_calls_a_callable_default_for_each_row_a_generated_primary_key_included():
+    Agent.objects.create(agent_id="g1", hostname="g1")
+    insert_many(GuardianEvent, ["agent_id", "event_type"], [("g1", "first"), ("g1", "second")])
+    events = list(GuardianEvent.objects.order_by("event_type"))
+    assert [e.event_type for e in events] == ["first", "second"]
+    assert len({e.event_id for e in events}) == 2 and all(len(e.event_id) == 32 for e in events)  # hex32 per row
+    assert all(e.detail_json == {} and e.timestamp is not None for e in events)
