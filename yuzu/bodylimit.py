@@ -13,6 +13,9 @@ One `Meter` per request holds these rules; two adapters run it:
   then queued to the application all at once — before the application even starts, so middleware alone
   would only count bytes already read and held. Under daphne the meter runs while Twisted receives the body:
   it answers at once, then reads and drops whatever the peer still sends, for at most `LINGER_SECONDS`.
+  The same adapter leaves the body unparsed (Twisted would parse form and multipart bodies for daphne, which
+  never reads them) and drops Twisted's own access line (daphne writes the access log): per-request work that
+  served nobody.
 """
 
 import io
@@ -159,7 +162,8 @@ class BodyLimit:
 
 
 def install_daphne() -> None:
-    """Make daphne's requests run the meter while Twisted receives their body (see the module doc)."""
+    """Make daphne's requests run the meter while Twisted receives their body (see the module doc), and leave
+    the body's parsing to the application."""
     if getattr(http_protocol.WebRequest, "bounded", False):
         return
 
@@ -174,6 +178,12 @@ def install_daphne() -> None:
         bounded = True
         meter: Meter | None = None
         refused = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # Twisted would parse every POST's Content-Type (through the email package, ~60 µs a request) and
+            # a form or multipart body into request.args, which daphne never reads (the application gets the
+            # body), and would answer a malformed multipart body with a bare 400 of its own.
+            super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
 
         def gotLength(self, length: int | None) -> None:
             channel = self.channel  # the request line is the channel's until the body is complete
@@ -217,3 +227,6 @@ def install_daphne() -> None:
             reactor.callLater(LINGER_SECONDS, cut, transport)  # type: ignore[arg-type]
 
     http_protocol.WebRequest = BoundedWebRequest
+    # Twisted formats its own access line for every request and hands it to Twisted's logging, which daphne
+    # routes nowhere (or, verbose, to the stdlib log beside its own access log): daphne writes the access log.
+    http_protocol.HTTPFactory.log = lambda factory, request: None

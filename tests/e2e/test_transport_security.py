@@ -194,6 +194,19 @@ def test_mcp_refuses_a_body_by_its_head_before_reading_it(daphne):
     assert metric_value(server, "yuzu_mcp_body_too_large_total", reason="too_large") == 1
 
 
+def test_a_form_body_reaches_the_application_unparsed(daphne):
+    """Twisted, under daphne, would parse a form or multipart POST into request.args (which nothing reads) and
+    answer a malformed multipart body with a bare 400 and a closed connection of its own. Left unparsed, the
+    body reaches the application, which answers in its own error format."""
+    server = daphne()
+    form = {"Content-Type": "multipart/form-data"}  # no boundary: not a multipart body Twisted could parse
+    r = httpx.post(server.base + "/api/v1/tokens", content=b"name=x", headers=form, timeout=15)
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["code"] == 401 and r.headers["x-correlation-id"].startswith("req-")
+    r = httpx.post(server.base + "/mcp/v1/", content=b"name=x", headers=form, timeout=15)
+    assert r.status_code == 415 and r.json()["error"]["message"] == "Content-Type must be application/json"
+
+
 def metric_value(server, name, **labels):
     want = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
     for line in httpx.get(server.base + "/metrics", timeout=10).text.splitlines():
