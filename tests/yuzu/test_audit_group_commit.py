@@ -51,6 +51,26 @@ def test_concurrent_rows_share_inserts_and_each_is_committed_when_its_caller_ret
     assert len(batches) < n, batches  # some rows shared an INSERT
 
 
+def test_a_bad_row_costs_no_other_row_of_its_batch_its_commit():
+    """A batch is one transaction: a row the database refuses (here a missing timestamp) rolls the batch back,
+    and the group commit then writes each of its rows by itself, so only the bad one is lost."""
+    def event(i):
+        return AuditEvent(principal=f"p{i}", action="batch.row", result="success", correlation_id=f"b{i}")
+
+    good, bad, later = event(1), event(2), event(3)
+    bad.timestamp = None
+    assert audit_mod._write([good, bad, later]) is False
+    assert not AuditEvent.objects.filter(action="batch.row").exists()
+
+    group = audit_mod.GroupCommit()
+    waiting = [audit_mod._Slot(good), audit_mod._Slot(bad)]  # callers queued while a write was under way
+    group.queue = list(waiting)
+    assert group.commit(later) is True
+    assert [s.ok for s in waiting] == [True, False]
+    assert sorted(AuditEvent.objects.filter(action="batch.row").values_list("correlation_id", flat=True)) == \
+        ["b1", "b3"]
+
+
 def test_inside_a_transaction_the_row_is_the_transactions():
     from django.db import transaction
 
