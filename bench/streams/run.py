@@ -69,7 +69,8 @@ print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swa
 """
 
 # daphne, with the session registry's global cap (mcp.streaming.sessions.GLOBAL_CAP, 1024) raised for the
-# 5,000 case: the bench needs one session per stream. The stream cap itself is YUZU_MCP_MAX_STREAMS.
+# 5,000 case: the bench needs one session per stream (and with Redis, the earlier levels' are still live).
+# The stream cap itself is YUZU_MCP_MAX_STREAMS.
 DAPHNE = ("import sys, mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
           "sys.argv = ['daphne'] + sys.argv[2:]; "
           "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()")
@@ -93,6 +94,7 @@ def pct(values, q):
 class Env:
     def __init__(self, var_dir):
         self.var_dir = var_dir
+        self.session_cap = 1024  # the daphnes' global session cap (GLOBAL_CAP), set for the run by main_async
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         self.env.update({"YUZU_VAR_DIR": str(var_dir), "DJANGO_SETTINGS_MODULE": "yuzu.settings",
                          "PYTHONUNBUFFERED": "1", "YUZU_LOG_LEVEL": "WARNING"})
@@ -109,7 +111,7 @@ class Server:
         self.port = free_port()
         self.log = open(env.var_dir / f"daphne-{name}.log", "w")
         self.proc = subprocess.Popen(
-            [PY, "-c", DAPHNE, str(cap + 16), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
+            [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
              "yuzu.asgi:application"], cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)},
             stdout=self.log, stderr=subprocess.STDOUT)
         self.ps = psutil.Process(self.proc.pid)
@@ -368,6 +370,10 @@ async def latency_part(env, tokens, device_token, agents, runs, load_streams):
                               f"ws://127.0.0.1:{server.port}", "--token", device_token,
                               "--state-dir", str(env.var_dir / "swarm")], cwd=ROOT, env=env.env, stdout=swarm_log,
                              stderr=subprocess.STDOUT)
+    # With Redis an execution is dispatched by a Celery worker (embedded: eagerly, inside daphne), as under `serve`.
+    worker = subprocess.Popen([PY, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"],
+                              cwd=ROOT, env=env.env, stdout=swarm_log, stderr=subprocess.STDOUT) \
+        if env.env.get("YUZU_REDIS_URL") else None
     held = []
     try:
         await wait_connected(server.url, tokens[0], agents)
@@ -382,8 +388,10 @@ async def latency_part(env, tokens, device_token, agents, runs, load_streams):
     finally:
         for s in held:
             s.close()
-        swarm.terminate()
-        swarm.wait(20)
+        for p in (swarm, worker):
+            if p is not None:
+                p.terminate()
+                p.wait(20)
         server.stop()
 
 
@@ -438,18 +446,27 @@ def report(machine, levels, latency):
 
 
 async def main_async(a, env):
-    streams_needed = max(a.levels + [a.load_streams])
-    setup = json.loads(env.run([PY, "-c", SETUP, str(streams_needed // 4 + 2)]))
-    tokens = setup["tokens"]
+    # Every level, and the latency part, gets tokens of its own: with Redis the sessions outlive the daphne that
+    # opened them (they are shared, by design), and a principal may hold 8 (PER_PRINCIPAL_CAP).
+    per_level = [(n + 3) // 4 for n in a.levels]
+    for_latency = 1 + (a.load_streams + 3) // 4
+    setup = json.loads(env.run([PY, "-c", SETUP, str(sum(per_level) + for_latency)]))
+    env.session_cap = sum(a.levels) + a.load_streams + 64  # every session the run opens may still be live in Redis
+    tokens = iter(setup["tokens"])
+
+    def take(k):
+        return [next(tokens) for _ in range(k)]
+
     levels = []
-    for n in a.levels:
+    for n, k in zip(a.levels, per_level, strict=True):
         print(f"GET streams: {n} …", file=sys.stderr, flush=True)
-        levels.append(await stream_level(env, tokens, n, a.hold, a.open_timeout))
+        levels.append(await stream_level(env, take(k), n, a.hold, a.open_timeout))
         print(json.dumps(levels[-1]), file=sys.stderr, flush=True)
     latency = None
     if a.runs:
         print("progress latency …", file=sys.stderr, flush=True)
-        latency = await latency_part(env, tokens, setup["device_token"], a.agents, a.runs, a.load_streams)
+        latency = await latency_part(env, take(for_latency), setup["device_token"], a.agents, a.runs,
+                                     a.load_streams)
         print(json.dumps(latency), file=sys.stderr, flush=True)
     return levels, latency
 
