@@ -58,14 +58,14 @@ def test_a_recall_whose_approved_row_cannot_be_written_consumes_nothing(mcp, tag
     alice = mcp("alice")
     tid = mint_ticket(alice)
     approve(approver, tid)
-    real = audit_module._insert_one
+    real = audit_module._insert
 
-    def store_gone(event):
-        if event.result == "approved":
+    def store_gone(events):
+        if any(e.result == "approved" for e in events):
             raise OperationalError("server closed the connection unexpectedly")
-        return real(event)
+        return real(events)
 
-    monkeypatch.setattr(audit_module, "_insert_one", store_gone)
+    monkeypatch.setattr(audit_module, "_insert", store_gone)
     err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
     assert err["code"] == -32603 and err["data"]["store"] == "database", err
     ticket = Approval.objects.get(pk=tid)
