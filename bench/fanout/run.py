@@ -5,9 +5,9 @@
 For each N it starts `manage.py agent_swarm --count N` (N real WebSockets through the normal enrol and
 register protocol) against the server as `make run` starts it (`manage.py serve`), waits until all N are
 connected, then `--reps` times (after one warm-up run that is not counted): POST /api/v1/executions {plugin:
-os, action: info, scope: the N agents} and waits for the execution row to turn terminal. "Time to terminal" is the row's completed_at
-minus the wall clock just before the POST (same machine, same clock); the bench reads the row every
-10 ms, which does not affect the figure.
+os, action: info, scope: the N agents} and waits for the execution row to turn terminal. "Time to terminal"
+is the row's completed_at minus the wall clock just before the POST (same machine, same clock); the bench
+reads the row every 10 ms, which does not affect the figure.
 
 Reference, measured in the same run: the 100-agent time (growth), and a bare channel-layer round trip
 of N messages (N group_send + N receive on the configured layer, in this process): the messaging floor

@@ -111,8 +111,8 @@ class Server:
         self.port = free_port()
         self.log = open(env.var_dir / f"daphne-{name}.log", "w")
         self.proc = subprocess.Popen(
-            [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull,
-             "yuzu.asgi:application"], cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)},
+            [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port),
+             "--access-log", os.devnull, "yuzu.asgi:application"], cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)},
             stdout=self.log, stderr=subprocess.STDOUT)
         self.ps = psutil.Process(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}/mcp/v1/"
@@ -372,8 +372,8 @@ async def latency_part(env, tokens, device_token, agents, runs, load_streams):
                              stderr=subprocess.STDOUT)
     # With Redis an execution is dispatched by a Celery worker (embedded: eagerly, inside daphne), as under `serve`.
     worker = subprocess.Popen([PY, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"],
-                              cwd=ROOT, env=env.env, stdout=swarm_log, stderr=subprocess.STDOUT) \
-        if env.env.get("YUZU_REDIS_URL") else None
+                              cwd=ROOT, env=env.env, stdout=open(env.var_dir / "celery.log", "w"),
+                              stderr=subprocess.STDOUT) if env.env.get("YUZU_REDIS_URL") else None
     held = []
     try:
         await wait_connected(server.url, tokens[0], agents)
