@@ -7,12 +7,13 @@ import time
 from django.http import HttpResponse
 from rest_framework.decorators import api_view, renderer_classes
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import BaseRenderer
 
 from mcp.schema import obj, string
 from yuzu import rbac
 from yuzu.api.contract import contract, payload, tool_input, tool_output
 from yuzu.api.envelope import cid_of, ok
+from yuzu.api.renderers import JSONRenderer
 from yuzu.api.views import principal_of
 from yuzu.errors import YuzuError
 from yuzu.metrics import (

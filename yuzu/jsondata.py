@@ -51,11 +51,11 @@ def loads(data: str | bytes) -> Any:
     return value
 
 
-def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+def dumps(value: Any, default: Callable[[Any], Any] | None = None, option: int = 0) -> bytes:
     """Compact UTF-8 JSON. orjson writes it about ten times faster than the json module (a 50-agent list_agents
     reply: ~35 µs against ~380 µs); what orjson refuses (integers beyond 64 bits, lone surrogates) goes through
-    the json module, so every value json could write still is."""
+    the json module, so every value json could write still is. ``option``: more orjson options."""
     try:
-        return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS)
+        return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS | option)
     except TypeError:  # orjson.JSONEncodeError is one
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default).encode()

@@ -251,7 +251,7 @@ OTP_TOTP_ISSUER = "yuzu"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["yuzu.api.auth.YuzuAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["yuzu.api.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["yuzu.api.parsers.StrictJSONParser"],
     "EXCEPTION_HANDLER": "yuzu.api.envelope.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

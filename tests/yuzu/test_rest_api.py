@@ -2,6 +2,9 @@
 
 import json
 import re
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from uuid import UUID
 
 import pytest
 from django.test import Client
@@ -258,3 +261,20 @@ def test_scope_tools_take_scope_and_keep_expression_as_an_alias(mint):
     rest = api(mint("val", "Viewer"))
     assert post(rest, "/api/v1/scope/validate", {"scope": "ostype == linux"}).json()["data"]["valid"] is True
     assert post(rest, "/api/v1/scope/validate", {"expression": "ostype =="}).json()["data"]["valid"] is False
+
+
+@pytest.mark.parametrize("data", [
+    {"at": datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC), "naive": datetime(2026, 1, 2), "day": date(2026, 1, 2),
+     "time": time(3, 4, 5, 6), "span": timedelta(seconds=3), "price": Decimal("1.50"), "id": UUID(int=7)},
+    {"js": "line\u2028para\u2029end", "text": "é ✓ \U0001f600", "int_key": {1: "x"}, "big": 2**70},
+    [None, True, 0.1, -0, ""], None, "plain",
+])
+def test_the_orjson_renderer_writes_what_drfs_json_renderer_wrote(data):
+    """REST replies are written by orjson (yuzu.api.renderers); their bytes are DRF's JSONRenderer's, datetimes,
+    decimals, JavaScript-unsafe separators and what orjson refuses (a big int) included."""
+    from rest_framework.renderers import JSONRenderer as DrfRenderer
+
+    from yuzu.api.renderers import JSONRenderer
+    assert JSONRenderer().render(data) == DrfRenderer().render(data)
+    assert JSONRenderer().render({"x": data}, "application/json; indent=2") == \
+        DrfRenderer().render({"x": data}, "application/json; indent=2")
