@@ -11,6 +11,9 @@ sync code at once; the others wait for a free lane on the event loop.
 
 Where an outer ``async_to_sync`` already pins sync code to its thread (in-process tests), asgiref runs it there,
 as before: the lane is not used.
+
+Two middleware chains: ``/api/`` requests take settings.API_MIDDLEWARE (without the admin pages' session, CSRF,
+user, OTP and messages middleware, which the REST face does not use), every other request settings.MIDDLEWARE.
 """
 
 import asyncio
@@ -18,6 +21,7 @@ import os
 from typing import Any
 
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
+from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
@@ -28,13 +32,27 @@ from django.urls import set_script_prefix
 DEFAULT_SIZE = int(os.environ.get("YUZU_HTTP_THREADS", "8"))
 
 
+class Chain(BaseHandler):
+    """Django's middleware chain of the list ``middleware``, built for sync use as under WSGI (not ASGIHandler's
+    async one), so that a request's sync work runs in one hop to its lane (LaneHandler.handle). Built async, every
+    sync-only middleware (ours, OTP's) made asgiref hop back to the event loop and out to a thread again for the
+    view."""
+
+    def __init__(self, middleware: list[str]) -> None:
+        super().__init__()
+        whole = settings.MIDDLEWARE
+        settings.MIDDLEWARE = middleware  # Django builds a chain from this setting only: read once, here
+        try:
+            self.load_middleware(is_async=False)
+        finally:
+            settings.MIDDLEWARE = whole
+
+
 class LaneHandler(ASGIHandler):
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
-        # The middleware chain built for sync use, as under WSGI (not ASGIHandler's async one), so that a request's
-        # sync work runs in one hop to its lane (handle below). Built async, every sync-only middleware (ours,
-        # OTP's) made asgiref hop back to the event loop and out to a thread again for the view.
-        BaseHandler.__init__(self)
-        self.load_middleware(is_async=False)
+        BaseHandler.__init__(self)  # (not ASGIHandler's: its async chain is not used)
+        self.pages = Chain(settings.MIDDLEWARE)
+        self.api = Chain(settings.API_MIDDLEWARE)
         self.size = max(1, size)
         self._free: asyncio.Queue[ThreadSensitiveContext] | None = None
 
@@ -76,7 +94,7 @@ class LaneHandler(ASGIHandler):
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:
-            response = self.get_response(request)
+            response = (self.api if request.path_info.startswith("/api/") else self.pages).get_response(request)
             response._handler_class = self.__class__  # type: ignore[attr-defined]  # (Django's own marker)
         assert response is not None
         if not response.streaming:

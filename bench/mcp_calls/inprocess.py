@@ -105,7 +105,7 @@ async def main_async(a, tokens, n_agents):
             await fn()
     if a.profile_thread:  # cProfile inside the worker thread: mcp.server.handle, or Django's sync get_response
         import mcp.transport  # deferred: (as above) after Django's set-up
-        from yuzu.lanes import LaneHandler
+        from yuzu.lanes import Chain
 
         prof = cProfile.Profile(time.thread_time)  # CPU of that thread: not the time it waited for the GIL
 
@@ -119,7 +119,7 @@ async def main_async(a, tokens, n_agents):
             return run
 
         mcp.transport.handle_in_thread = mcp.transport.hop(profiled(mcp.transport.handle))  # (built at import)
-        LaneHandler.get_response = profiled(LaneHandler.get_response)
+        Chain.get_response = profiled(Chain.get_response)
         for _ in range(a.calls):
             await cells[a.profile_thread]()
         pstats.Stats(prof).sort_stats(a.sort).print_stats(a.top)

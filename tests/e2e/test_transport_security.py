@@ -84,6 +84,41 @@ def test_a_cross_origin_page_cannot_use_the_admin_cookie(daphne, make_user, stre
     assert Tag.objects.get(agent_id="host-1", key="owner").value == "ops"
 
 
+def test_the_rest_face_keeps_the_admin_sessions_guards_on_its_own_middleware(daphne, make_user):
+    """Under daphne, /api/ requests skip the admin pages' session, CSRF, user, OTP and messages middleware
+    (settings.API_MIDDLEWARE, yuzu/lanes.py). What those guarded still holds there: the admin's session cookie
+    authenticates REST reads, a write without the CSRF token is refused, with it allowed; the security headers
+    are sent, and no cookie is set or refreshed. The admin's pages still run the whole list (the login form's
+    CSRF token and session come from it)."""
+    seed_builtin_roles()
+    admin = make_user("root", "Administrator", password=PASSWORD)
+    get_user_model().objects.filter(pk=admin.pk).update(is_staff=True)
+    device = TOTPDevice.objects.create(user=admin, name="phone", confirmed=True)
+    server = daphne()
+    with httpx.Client(base_url=server.base, timeout=15) as browser:
+        page = browser.get("/admin/login/?next=/admin/")
+        assert "csrftoken" in browser.cookies and page.headers["x-frame-options"] == "DENY"
+        csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+        r = browser.post("/admin/login/?next=/admin/", data={
+            "csrfmiddlewaretoken": csrf, "username": "root", "password": PASSWORD,
+            "otp_device": device.persistent_id, "otp_token": code(device), "next": "/admin/"})
+        assert r.status_code == 302 and "sessionid" in browser.cookies, r.text[-2000:]
+
+        r = browser.get("/api/v1/tokens")
+        assert r.status_code == 200 and r.json()["data"] == [], r.text
+        assert "set-cookie" not in r.headers
+        assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-correlation-id"].startswith("req-")
+
+        r = browser.post("/api/v1/tokens", json={"name": "from-a-forged-form"})
+        assert r.status_code == 403 and "CSRF" in r.json()["error"]["message"], r.text
+        r = browser.post("/api/v1/tokens", json={"name": "from-the-admin"},
+                         headers={"X-CSRFToken": browser.cookies["csrftoken"], "Referer": server.base + "/admin/"})
+        assert r.status_code == 201 and "set-cookie" not in r.headers, r.text
+    assert [t["name"] for t in httpx.get(server.base + "/api/v1/tokens", timeout=15, headers={
+        "authorization": f"Bearer {r.json()['data']['token']}"}).json()["data"]] == ["from-the-admin"]
+
+
 def test_the_removed_anonymous_switch_refuses_to_start(tmp_path):
     """YUZU_MCP_TEST_ANONYMOUS_USER used to turn unauthenticated calls into a Viewer. Set on a server now,
     daphne refuses to start instead of serving."""
