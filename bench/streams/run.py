@@ -112,8 +112,8 @@ class Server:
         self.log = open(env.var_dir / f"daphne-{name}.log", "w")
         self.proc = subprocess.Popen(
             [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port),
-             "--access-log", os.devnull, "yuzu.asgi:application"], cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)},
-            stdout=self.log, stderr=subprocess.STDOUT)
+             "--access-log", os.devnull, "yuzu.asgi:application"],
+            cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)}, stdout=self.log, stderr=subprocess.STDOUT)
         self.ps = psutil.Process(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}/mcp/v1/"
         deadline = time.time() + 60
