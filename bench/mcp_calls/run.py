@@ -1,7 +1,7 @@
 """Benchmark `tools/call list_agents` (50 agents) on yuzu's daphne against the official Python SDK's
 reference server (`MCPServer`, mcp 2.3.0) in the same run. See README.md beside this file.
 
-    .venv/bin/python bench/mcp_calls/run.py [--duration 8] [--agents 50] [--concurrency 1 16]
+    .venv/bin/python bench/mcp_calls/run.py [--duration 9] [--rounds 3] [--agents 50] [--concurrency 1 16]
 
 Ours runs the real path: bearer-token auth, session check, the tools/call pipeline (tier, schema, RBAC),
 the ORM query, and one audit row per call. The reference serves the same 50 rows from memory. Both get
@@ -96,7 +96,7 @@ async def open_session(client, url, token):
 
 
 class Cell:
-    """One measurement: a server at a concurrency level."""
+    """One measurement: a server at a concurrency level, over every slice (round) it was given."""
 
     served = 0  # every answered request of the run, warm-up included (for CPU per request)
 
@@ -105,13 +105,22 @@ class Cell:
         self.errors = 0
         self.issued = 0
         self.checked = None
+        self.elapsed = 0.0
+        self.served = 0  # this cell's share of Cell.served
+        self.cpu = 0.0  # the server's CPU seconds over its slices
+        self.services = 0.0  # PostgreSQL's and Redis's CPU seconds over its slices
+        self.generator = 0.0  # this process's CPU seconds over its slices (the load generator's own)
+        self.rounds = []  # req/s of each slice
 
-    def summary(self, elapsed):
+    def summary(self):
         lat = sorted(self.latencies)
         q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
-        return {"requests": len(lat), "errors": self.errors, "seconds": round(elapsed, 3),
-                "rps": len(lat) / elapsed if elapsed else 0.0, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
-                "agents_in_result": self.checked}
+        per_req = 1000 / max(1, self.served)
+        return {"requests": len(lat), "errors": self.errors, "seconds": round(self.elapsed, 3),
+                "rps": len(lat) / self.elapsed if self.elapsed else 0.0, "p50_ms": q[49] * 1000,
+                "p99_ms": q[98] * 1000, "agents_in_result": self.checked, "cpu_ms_per_req": self.cpu * per_req,
+                "services_ms_per_req": self.services * per_req, "generator_ms_per_req": self.generator * per_req,
+                "rounds_rps": self.rounds}
 
 
 async def worker(url, token, cell, deadline, max_requests, warmup_until, counter):
@@ -164,17 +173,19 @@ async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, co
                 cell.errors += 1
 
 
-async def measure(url, tokens, concurrency, duration, warmup, max_requests):
-    cell = Cell()
+async def measure(cell, url, tokens, concurrency, duration, warmup, max_requests):
+    """One slice: ``warmup`` seconds not counted, then ``duration`` seconds counted into ``cell``."""
     start = time.perf_counter()
     warmup_until = start + warmup
     deadline = warmup_until + duration
     counter = [0]
     work = rest_worker if url.endswith("/api/v1/agents") else worker
+    before = len(cell.latencies)
     await asyncio.gather(*(work(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
                            for i in range(concurrency)))
     elapsed = min(time.perf_counter(), deadline) - warmup_until
-    return cell.summary(elapsed)
+    cell.elapsed += elapsed
+    cell.rounds.append((len(cell.latencies) - before) / elapsed if elapsed > 0 else 0.0)
 
 
 def cpu_seconds(proc, only=None):
@@ -194,6 +205,18 @@ def cpu_seconds(proc, only=None):
     except psutil.NoSuchProcess:
         pass
     return total
+
+
+def service_cpu(names):
+    """User + system CPU seconds, by pid, of every process on the machine named in ``names`` (``postgres``,
+    ``redis-server``: the services our side is configured with): what they spend on our requests. The
+    reference uses neither; its rows show what the services spend meanwhile on nothing of ours."""
+    cpu = {}
+    for p in psutil.process_iter(["name", "cpu_times"]):
+        t = p.info["cpu_times"]
+        if p.info["name"] in names and t is not None:
+            cpu[p.pid] = t.user + t.system
+    return cpu
 
 
 def wait_ready(proc, probe, what, log, timeout=120):  # a loaded machine starts slowly
@@ -240,8 +263,9 @@ def machine():
 def main():
     ap = argparse.ArgumentParser(description="tools/call list_agents: yuzu vs the mcp 2.3.0 reference server")
     ap.add_argument("--agents", type=int, default=50)
-    ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per cell (after warm-up)")
-    ap.add_argument("--warmup", type=float, default=1.5, help="seconds per cell not counted")
+    ap.add_argument("--duration", type=float, default=9.0, help="measured seconds per cell (after warm-up)")
+    ap.add_argument("--rounds", type=int, default=3, help="slices per cell, the servers taking turns")
+    ap.add_argument("--warmup", type=float, default=1.0, help="seconds per slice not counted")
     ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--processes", type=int, help="server processes (serve --processes); default: serve's own")
@@ -259,6 +283,8 @@ def main():
         env["YUZU_SQLITE_PATH"] = str(tmp / "bench.sqlite3")
     database = "PostgreSQL (YUZU_DATABASE_URL)" if env.get("YUZU_DATABASE_URL") else "SQLite (temp file, WAL)"
     database += ", Redis (YUZU_REDIS_URL)" if env.get("YUZU_REDIS_URL") else ", in-process layer"
+    services = {"postgres"} if env.get("YUZU_DATABASE_URL") else set()
+    services |= {"redis-server"} if env.get("YUZU_REDIS_URL") else set()
     ours = ref = None
     load_before = f"{os.getloadavg()[0]:.2f}"
     try:
@@ -289,15 +315,27 @@ def main():
                    "daphne", log_ours)
         wait_ready(ref, lambda: httpx.get(ref_url, timeout=1).status_code < 500, "reference server", log_ref)
 
-        results = {}
+        # Each cell is measured in --rounds slices, the servers taking turns (the order rotating every round),
+        # so that a machine whose speed drifts within minutes (a shared VM) slows both sides alike.
+        names = ("yuzu", "reference", "yuzu-rest")
+        cells = {(name, c): Cell() for c in a.concurrency for name in names}
+        urls = {"yuzu": ours_url, "reference": ref_url, "yuzu-rest": rest_url}
         for c in a.concurrency:
-            for name, url in (("yuzu", ours_url), ("reference", ref_url), ("yuzu-rest", rest_url)):
-                proc, only = (ref, None) if name == "reference" else (ours, "daphne")
-                cpu0, n0 = cpu_seconds(proc, only), Cell.served
-                results[(name, c)] = r = asyncio.run(measure(url, tokens, c, a.duration, a.warmup, a.max_requests))
-                # server CPU per answered request, warm-up included on both counts: on a shared machine this
-                # ratio moves far less than req/s does
-                r["cpu_ms_per_req"] = (cpu_seconds(proc, only) - cpu0) * 1000 / max(1, Cell.served - n0)
+            for k in range(a.rounds):
+                for name in names[k % 3:] + names[:k % 3]:
+                    cell = cells[(name, c)]
+                    proc, only = (ref, None) if name == "reference" else (ours, "daphne")
+                    cpu0, svc0, n0 = cpu_seconds(proc, only), service_cpu(services), Cell.served
+                    gen0 = sum(psutil.Process().cpu_times()[:2])
+                    asyncio.run(measure(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup,
+                                        a.max_requests))
+                    # server CPU per answered request, warm-up included on both counts: on a shared machine
+                    # this ratio moves far less than req/s does
+                    cell.cpu += cpu_seconds(proc, only) - cpu0
+                    cell.services += sum(t - svc0.get(pid, 0.0) for pid, t in service_cpu(services).items())
+                    cell.served += Cell.served - n0
+                    cell.generator += sum(psutil.Process().cpu_times()[:2]) - gen0
+        results = {key: cell.summary() for key, cell in cells.items()}
     finally:
         stop(ours)
         stop(ref)
@@ -305,27 +343,36 @@ def main():
             shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"tools/call list_agents — {setup['total_agents']} agents in the database ({database}); "
-          f"{a.duration:g}s per cell after {a.warmup:g}s warm-up")
+          f"{a.duration:g}s per cell in {a.rounds} slice(s), the servers taking turns, each after {a.warmup:g}s "
+          "of warm-up")
     print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
     print(f"server: {' '.join(serve[1:])}")
     print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
-          f"{'agents':>6} {'CPU ms/req':>10}")
+          f"{'agents':>6} {'CPU ms/req':>10} {'+db+redis':>10}")
     for (name, c), r in results.items():
         print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
-              f"{r['errors']:>6} {r['agents_in_result']!s:>6} {r['cpu_ms_per_req']:>10.2f}")
-    print("\nratio ours/reference (req/s: higher is better for us; latency: lower is better for us)")
+              f"{r['errors']:>6} {r['agents_in_result']!s:>6} {r['cpu_ms_per_req']:>10.2f} "
+              f"{r['cpu_ms_per_req'] + r['services_ms_per_req']:>10.2f}")
+    print("the load generator's own CPU ms/req: " + ", ".join(
+        f"{name} {r['generator_ms_per_req']:.2f} ({c})" for (name, c), r in results.items()))
+    print("\nratio ours/reference (req/s: higher is better for us; latency and CPU: lower is better for us);"
+          "\nreq/s of each round's slices in brackets; CPU+: with PostgreSQL's and Redis's CPU on both sides")
     ratios = {}
     for c in a.concurrency:
         r = results[("reference", c)]
         for ours_name in ("yuzu", "yuzu-rest"):
             o = results[(ours_name, c)]
-            ratios[f"{ours_name}@{c}"] = x = {"rps": o["rps"] / r["rps"] if r["rps"] else None,
-                                              "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
-                                              "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
-                                              "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"]
-                                              if r["cpu_ms_per_req"] else None}
-            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f}   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}"
-                  f"   CPU/req x{x['cpu']:.2f}")
+            ratios[f"{ours_name}@{c}"] = x = {
+                "rps": o["rps"] / r["rps"] if r["rps"] else None,
+                "rps_rounds": [ours / ref if ref else None for ours, ref in zip(o["rounds_rps"], r["rounds_rps"], strict=True)],
+                "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
+                "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
+                "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"] if r["cpu_ms_per_req"] else None,
+                "cpu_services": (o["cpu_ms_per_req"] + o["services_ms_per_req"])
+                / (r["cpu_ms_per_req"] + r["services_ms_per_req"]) if r["cpu_ms_per_req"] else None}
+            spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
+            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   "
+                  f"p99 x{x['p99']:.2f}   CPU/req x{x['cpu']:.2f}   CPU+ x{x['cpu_services']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
