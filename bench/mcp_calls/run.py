@@ -98,15 +98,13 @@ async def open_session(client, url, token):
 class Cell:
     """One measurement: a server at a concurrency level, over every slice (round) it was given."""
 
-    served = 0  # every answered request of the run, warm-up included (for CPU per request)
-
     def __init__(self):
         self.latencies = []
         self.errors = 0
         self.issued = 0
         self.checked = None
         self.elapsed = 0.0
-        self.served = 0  # this cell's share of Cell.served
+        self.served = 0  # every answered request, warm-up included (for CPU per request)
         self.cpu = 0.0  # the server's CPU seconds over its slices
         self.services = 0.0  # PostgreSQL's and Redis's CPU seconds over its slices
         self.generator = 0.0  # this process's CPU seconds over its slices (the load generator's own)
@@ -135,7 +133,7 @@ async def worker(url, token, cell, deadline, max_requests, warmup_until, counter
                 t0 = time.perf_counter()
                 r = await client.post(url, content=body, headers=h)
                 dt = time.perf_counter() - t0
-                Cell.served += 1
+                cell.served += 1
                 ok = r.status_code == 200 and b'"result"' in r.content and b'"isError":true' not in r.content
                 if ok and cell.checked is None:
                     cell.checked = len(r.json()["result"]["structuredContent"]["agents"])
@@ -160,7 +158,7 @@ async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, co
             t0 = time.perf_counter()
             r = await client.get(url, headers=h)
             dt = time.perf_counter() - t0
-            Cell.served += 1
+            cell.served += 1
             ok = r.status_code == 200 and b'"agent_id"' in r.content
             if ok and cell.checked is None:
                 cell.checked = len(r.json()["data"])
@@ -272,6 +270,8 @@ def main():
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if not MCP_PY.exists():
         raise SystemExit(f"{MCP_PY} is missing: run `make test-deps` (it builds .venv-mcp with mcp==2.3.0)")
 
@@ -322,10 +322,10 @@ def main():
         urls = {"yuzu": ours_url, "reference": ref_url, "yuzu-rest": rest_url}
         for c in a.concurrency:
             for k in range(a.rounds):
-                for name in names[k % 3:] + names[:k % 3]:
+                for name in names[k % len(names):] + names[:k % len(names)]:
                     cell = cells[(name, c)]
                     proc, only = (ref, None) if name == "reference" else (ours, "daphne")
-                    cpu0, svc0, n0 = cpu_seconds(proc, only), service_cpu(services), Cell.served
+                    cpu0, svc0 = cpu_seconds(proc, only), service_cpu(services)
                     gen0 = sum(psutil.Process().cpu_times()[:2])
                     asyncio.run(measure(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup,
                                         a.max_requests))
@@ -333,7 +333,6 @@ def main():
                     # this ratio moves far less than req/s does
                     cell.cpu += cpu_seconds(proc, only) - cpu0
                     cell.services += sum(t - svc0.get(pid, 0.0) for pid, t in service_cpu(services).items())
-                    cell.served += Cell.served - n0
                     cell.generator += sum(psutil.Process().cpu_times()[:2]) - gen0
         results = {key: cell.summary() for key, cell in cells.items()}
     finally:
@@ -364,7 +363,8 @@ def main():
             o = results[(ours_name, c)]
             ratios[f"{ours_name}@{c}"] = x = {
                 "rps": o["rps"] / r["rps"] if r["rps"] else None,
-                "rps_rounds": [ours / ref if ref else None for ours, ref in zip(o["rounds_rps"], r["rounds_rps"], strict=True)],
+                "rps_rounds": [ours / ref if ref else None
+                               for ours, ref in zip(o["rounds_rps"], r["rounds_rps"], strict=True)],
                 "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
                 "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
                 "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"] if r["cpu_ms_per_req"] else None,
