@@ -1,6 +1,9 @@
 """Fleet service functions shared by the REST views and the MCP tools: agents, tags and
 management groups. Callers have passed the capability's generic gate; per-object checks live here."""
 
+from operator import itemgetter
+
+import orjson
 from django.contrib.auth import get_user_model
 from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import connection, transaction
@@ -61,9 +64,17 @@ def list_agents(principal, *, connected=None, limit=1000):
             sql, params = _list_sql(agents_in_groups(scope), connected, limit)
     except EmptyResultSet:  # confined to no group
         return []
+    if connection.vendor == "sqlite":
+        # One step for the whole list: Python's sqlite3 lets go of the GIL around every sqlite3_step, once per
+        # row, and in a busy process each of those hands the GIL to another thread and waits to get it back (the
+        # worker threads' CPU per call doubled at 16 connections). The same values as the driver's rows; SQLite
+        # keeps no promise about an aggregate's order, so the rows are put back in the query's own.
+        sql = f"WITH t(a, b, c, d, e, f, g, h) AS ({sql}) SELECT json_group_array(json_array(a, b, c, d, e, f, g, h)) FROM t"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
+    if connection.vendor == "sqlite":
+        rows = sorted(orjson.loads(rows[0][0]), key=itemgetter(0))
     # The driver's own values: bools (0/1 on SQLite), and last_seen already as the API writes it (IsoUtc).
     return [{"agent_id": agent_id, "hostname": hostname, "os": os, "arch": arch, "agent_version": version,
              "connected": bool(conn), "last_seen": seen, "quarantined": bool(quarantined)}

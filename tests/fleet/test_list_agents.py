@@ -59,3 +59,18 @@ def test_reader_without_infrastructure_grant_anywhere_sees_none(principal):
     fleet()
     nobody = principal("nobody", role=None)
     assert services.list_agents(nobody) == []
+
+
+def test_any_text_and_any_insertion_order_come_back_as_the_orm_reads_them(principal):
+    """On SQLite the list is read as one JSON array (fleet/services.py): every character survives it, and the rows
+    come back in the query's order whatever order they were written in, the limit taking the first of that order."""
+    names = ['quote " and \\ backslash', "tab\tnew\nline", "é ü 中文 🚀", "\u2028\u2029", "", "x" * 255]
+    ids = ["zeta", "Alpha", "beta", "émile", "0-first", "_under"]
+    for agent_id, hostname in zip(ids, names, strict=True):  # written in an order that is not the query's
+        Agent.objects.create(agent_id=agent_id, hostname=hostname, os="linux", arch="arm64", agent_version="2",
+                             connected=agent_id < "b", last_seen=SEEN if agent_id != "beta" else None)
+    p = principal("viewer", role="Viewer")
+    assert services.list_agents(p) == orm_view(Agent.objects.all())
+    assert {r["hostname"] for r in services.list_agents(p)} == set(names)
+    assert services.list_agents(p, limit=3) == orm_view(Agent.objects.all())[:3]
+    assert services.list_agents(p, connected=True, limit=2) == orm_view(Agent.objects.filter(connected=True))[:2]
