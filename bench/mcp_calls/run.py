@@ -5,8 +5,10 @@ reference server (`MCPServer`, mcp 2.3.0) in the same run. See README.md beside 
 
 Ours runs the real path: bearer-token auth, session check, the tools/call pipeline (tier, schema, RBAC),
 the ORM query, and one audit row per call. The reference serves the same 50 rows from memory. Both get
-byte-identical JSON-RPC bodies (only the id differs) over HTTP/1.1 keep-alive, one httpx client (one
-connection) per worker, each worker with its own session opened by an initialize handshake.
+byte-identical JSON-RPC bodies (only the id differs) over HTTP/1.1 keep-alive, one connection per worker,
+each worker with its own session opened by an initialize handshake. The load comes from wrk (C, one thread
+per connection; `--generator wrk`, the default) or from this process (asyncio + httpx, `--generator httpx`),
+which costs about as much CPU per request as the reference server itself.
 
 The database is a fresh SQLite file under a temp dir (migrate + a bootstrap-like set-up), or the
 database named by YUZU_DATABASE_URL when that is set. Every loop is bounded by time and by count.
@@ -17,6 +19,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -109,14 +112,31 @@ class Cell:
         self.services = 0.0  # PostgreSQL's and Redis's CPU seconds over its slices
         self.generator = 0.0  # this process's CPU seconds over its slices (the load generator's own)
         self.rounds = []  # req/s of each slice
+        self.histogram = {}  # wrk: latency in µs -> responses (each slice's quantiles, weighted by its responses)
+
+    def answered(self):
+        """Responses counted as answered: every measured response but the errors."""
+        return round(sum(self.histogram.values())) - self.errors if self.histogram else len(self.latencies)
+
+    def quantile(self, q):
+        """Seconds; from the latencies (httpx) or wrk's histogram."""
+        if not self.histogram:
+            lat = sorted(self.latencies)
+            return (statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99)[round(q * 100) - 1]
+        rank, seen = q * sum(self.histogram.values()), 0
+        for us in sorted(self.histogram):
+            seen += self.histogram[us]
+            if seen >= rank:
+                return us / 1e6
+        return 0.0
 
     def summary(self):
-        lat = sorted(self.latencies)
-        q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
+        n = self.answered()
         per_req = 1000 / max(1, self.served)
-        return {"requests": len(lat), "errors": self.errors, "seconds": round(self.elapsed, 3),
-                "rps": len(lat) / self.elapsed if self.elapsed else 0.0, "p50_ms": q[49] * 1000,
-                "p99_ms": q[98] * 1000, "agents_in_result": self.checked, "cpu_ms_per_req": self.cpu * per_req,
+        return {"requests": n, "errors": self.errors, "seconds": round(self.elapsed, 3),
+                "rps": n / self.elapsed if self.elapsed else 0.0, "p50_ms": self.quantile(0.50) * 1000,
+                "p99_ms": self.quantile(0.99) * 1000, "agents_in_result": self.checked,
+                "cpu_ms_per_req": self.cpu * per_req,
                 "services_ms_per_req": self.services * per_req, "generator_ms_per_req": self.generator * per_req,
                 "rounds_rps": self.rounds}
 
@@ -177,13 +197,114 @@ async def measure(cell, url, tokens, concurrency, duration, warmup, max_requests
     warmup_until = start + warmup
     deadline = warmup_until + duration
     counter = [0]
-    work = rest_worker if url.endswith("/api/v1/agents") else worker
+    work = rest_worker if is_rest(url) else worker
     before = len(cell.latencies)
     await asyncio.gather(*(work(url, tokens[i % len(tokens)], cell, deadline, max_requests, warmup_until, counter)
                            for i in range(concurrency)))
     elapsed = min(time.perf_counter(), deadline) - warmup_until
     cell.elapsed += elapsed
     cell.rounds.append((len(cell.latencies) - before) / elapsed if elapsed > 0 else 0.0)
+
+
+# wrk's script: one thread per connection, each with its own token and (MCP) session; every response is checked as
+# the httpx workers check it; done() prints the counts and the latency (µs) at every 0.1 % of the distribution.
+WRK_LUA = r"""
+local conns = {%(conns)s}
+local threads, n = {}, 0
+function setup(thread)
+  n = n + 1
+  thread:set("token", conns[n][1]); thread:set("sid", conns[n][2])
+  table.insert(threads, thread)
+end
+local mcp = %(mcp)s
+errors, counter = 0, 0
+function request()
+  local h = {["Accept"] = mcp and "%(accept)s" or "application/json", ["Authorization"] = "Bearer " .. token}
+  if not mcp then return wrk.format("GET", nil, h) end
+  counter = counter + 1
+  h["Content-Type"] = "application/json"; h["Mcp-Session-Id"] = sid; h["Mcp-Protocol-Version"] = "%(protocol)s"
+  return wrk.format("POST", nil, h, string.format('%(body)s', counter))
+end
+function response(status, headers, body)
+  local ok
+  if mcp then ok = body:find('"result"', 1, true) and not body:find('"isError":true', 1, true)
+  else ok = body:find('"agent_id"', 1, true) end
+  if status ~= 200 or not ok then errors = errors + 1 end
+end
+function done(summary, latency, requests)
+  local errs = summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout
+  for _, t in ipairs(threads) do errs = errs + t:get("errors") end
+  local q = {}
+  for i = 0, 999 do q[#q + 1] = latency:percentile(i / 10 + 0.05) end
+  io.write(string.format("WRK %%d %%d %%d %%s\n", summary.requests, summary.duration, errs, table.concat(q, ",")))
+end
+"""
+
+
+def run_wrk(url, conns, seconds, script):
+    """One wrk run of ``seconds`` (whole seconds: wrk takes no fraction); (requests, seconds, errors, histogram)."""
+    seconds = max(1, round(seconds))
+    script.write_text(WRK_LUA % {
+        "conns": ", ".join(f'{{"{token}", "{sid}"}}' for token, sid in conns), "mcp": "false" if is_rest(url) else "true",
+        "accept": ACCEPT, "protocol": PROTOCOL, "body": call_body(0).decode().replace(':0,', ':%d,', 1)})
+    c = str(len(conns))
+    out = subprocess.run(["wrk", "-t", c, "-c", c, "-d", f"{seconds}s", "--timeout", "30s", "-s", str(script), url],
+                         capture_output=True, text=True, timeout=seconds + 60)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("WRK ")), None)
+    if line is None:
+        raise SystemExit(f"wrk gave no result:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    _, requests, micros, errors, quantiles = line.split(" ")
+    histogram = {}  # each of the 1,000 quantiles stands for a thousandth of the run's responses
+    for us in quantiles.split(","):
+        histogram[int(float(us))] = histogram.get(int(float(us)), 0) + int(requests) / 1000
+    return int(requests), int(micros) / 1e6, int(errors), histogram
+
+
+async def wrk_connections(url, tokens, concurrency, cell):
+    """(token, session id) per connection, every session opened by an initialize handshake (no session for REST);
+    one checked request shows how many agents a result carries."""
+    conns = []
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        for i in range(concurrency):
+            token = tokens[i % len(tokens)]
+            conns.append((token, "" if is_rest(url) else await open_session(client, url, token)))
+        if cell.checked is None:
+            token, sid = conns[0]
+            if is_rest(url):
+                r = await client.get(url, headers={"authorization": f"Bearer {token}", "accept": "application/json"})
+                cell.checked = len(r.json()["data"])
+            else:
+                r = await client.post(url, content=call_body(1 << 30), headers=headers(token, sid))
+                cell.checked = len(r.json()["result"]["structuredContent"]["agents"])
+    return conns
+
+
+async def close_sessions(url, conns):
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        for token, sid in conns:
+            if sid:
+                await client.delete(url, headers=headers(token, sid))
+
+
+def measure_wrk(cell, url, tokens, concurrency, duration, warmup, script):
+    """One slice driven by wrk: ``warmup`` seconds (a run of its own, not counted), then ``duration`` seconds."""
+    conns = asyncio.run(wrk_connections(url, tokens, concurrency, cell))
+    try:
+        if warmup > 0:
+            cell.served += run_wrk(url, conns, warmup, script)[0]
+        requests, seconds, errors, histogram = run_wrk(url, conns, duration, script)
+    finally:
+        asyncio.run(close_sessions(url, conns))
+    cell.served += requests
+    cell.errors += errors
+    for us, count in histogram.items():
+        cell.histogram[us] = cell.histogram.get(us, 0) + count
+    cell.elapsed += seconds
+    cell.rounds.append((requests - errors) / seconds if seconds > 0 else 0.0)
+
+
+def is_rest(url):
+    return url.endswith("/api/v1/agents")
 
 
 def cpu_seconds(proc, only=None):
@@ -203,6 +324,12 @@ def cpu_seconds(proc, only=None):
     except psutil.NoSuchProcess:
         pass
     return total
+
+
+def generator_cpu():
+    """This process's CPU seconds and its finished children's (wrk's runs)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def service_cpu(names):
@@ -267,11 +394,15 @@ def main():
     ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--processes", type=int, help="server processes (serve --processes); default: serve's own")
+    ap.add_argument("--generator", choices=["wrk", "httpx"], default="wrk",
+                    help="the load: wrk (C, `apt-get install wrk`) or this process (asyncio + httpx)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.generator == "wrk" and not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed: `apt-get install wrk` (Debian), or run with --generator httpx")
     if not MCP_PY.exists():
         raise SystemExit(f"{MCP_PY} is missing: run `make test-deps` (it builds .venv-mcp with mcp==2.3.0)")
 
@@ -326,14 +457,17 @@ def main():
                     cell = cells[(name, c)]
                     proc, only = (ref, None) if name == "reference" else (ours, "daphne")
                     cpu0, svc0 = cpu_seconds(proc, only), service_cpu(services)
-                    gen0 = sum(psutil.Process().cpu_times()[:2])
-                    asyncio.run(measure(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup,
-                                        a.max_requests))
+                    gen0 = generator_cpu()
+                    if a.generator == "wrk":
+                        measure_wrk(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup, tmp / "wrk.lua")
+                    else:
+                        asyncio.run(measure(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup,
+                                            a.max_requests))
                     # server CPU per answered request, warm-up included on both counts: on a shared machine
                     # this ratio moves far less than req/s does
                     cell.cpu += cpu_seconds(proc, only) - cpu0
                     cell.services += sum(t - svc0.get(pid, 0.0) for pid, t in service_cpu(services).items())
-                    cell.generator += sum(psutil.Process().cpu_times()[:2]) - gen0
+                    cell.generator += generator_cpu() - gen0
         results = {key: cell.summary() for key, cell in cells.items()}
     finally:
         stop(ours)
@@ -343,7 +477,7 @@ def main():
 
     print(f"tools/call list_agents — {setup['total_agents']} agents in the database ({database}); "
           f"{a.duration:g}s per cell in {a.rounds} slice(s), the servers taking turns, each after {a.warmup:g}s "
-          "of warm-up")
+          f"of warm-up; load from {a.generator}")
     print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
     print(f"server: {' '.join(serve[1:])}")
     print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
@@ -377,7 +511,8 @@ def main():
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
                                             "ratios": ratios,
-                                            "server": serve[1:], "load": [load_before, os.getloadavg()[0]]}, indent=2))
+                                            "server": serve[1:], "generator": a.generator,
+                                            "load": [load_before, os.getloadavg()[0]]}, indent=2))
     bad = [k for k, r in results.items() if r["errors"] or not r["requests"]]
     if bad:
         print(f"\nerrors in: {bad}", file=sys.stderr)
