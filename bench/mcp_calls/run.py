@@ -388,7 +388,8 @@ def machine():
 def main():
     ap = argparse.ArgumentParser(description="tools/call list_agents: yuzu vs the mcp 2.3.0 reference server")
     ap.add_argument("--agents", type=int, default=50)
-    ap.add_argument("--duration", type=float, default=9.0, help="measured seconds per cell (after warm-up)")
+    ap.add_argument("--duration", type=float, default=9.0,
+                    help="measured seconds per cell (after warm-up; with wrk, each slice a whole number of seconds)")
     ap.add_argument("--rounds", type=int, default=3, help="slices per cell, the servers taking turns")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds per slice not counted")
     ap.add_argument("--max-requests", type=int, default=200_000, help="hard cap per cell")
