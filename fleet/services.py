@@ -64,7 +64,8 @@ def list_agents(principal, *, connected=None, limit=1000):
             sql, params = _list_sql(agents_in_groups(scope), connected, limit)
     except EmptyResultSet:  # confined to no group
         return []
-    if connection.vendor == "sqlite":
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:
         # One step for the whole list: Python's sqlite3 lets go of the GIL around every sqlite3_step, once per
         # row, and in a busy process each of those hands the GIL to another thread and waits to get it back (the
         # worker threads' CPU per call doubled at 16 connections). The same values as the driver's rows; SQLite
@@ -73,7 +74,7 @@ def list_agents(principal, *, connected=None, limit=1000):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    if connection.vendor == "sqlite":
+    if sqlite:
         rows = sorted(orjson.loads(rows[0][0]), key=itemgetter(0))
     # The driver's own values: bools (0/1 on SQLite), and last_seen already as the API writes it (IsoUtc).
     return [{"agent_id": agent_id, "hostname": hostname, "os": os, "arch": arch, "agent_version": version,

@@ -32,7 +32,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from run import SETUP, call_body  # noqa: E402  (the bench's own set-up and body, after sys.path)
+from run import SETUP, call_body, rest_headers  # noqa: E402  (the bench's own set-up and body, after sys.path)
 
 PROTOCOL = "2025-11-25"
 
@@ -84,7 +84,7 @@ async def main_async(a, tokens, n_agents):
     status, _, _ = await request(application, "POST", "/mcp/v1/", mcp_headers,
                                  json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode())
     assert status == 202, status
-    rest_headers = {"authorization": f"Bearer {token}", "accept": "application/json"}
+    rest = rest_headers(token)
     counter = [0]
 
     async def mcp_call():
@@ -95,7 +95,7 @@ async def main_async(a, tokens, n_agents):
         assert len(reply["result"]["structuredContent"]["agents"]) == n_agents
 
     async def rest_call():
-        status, _, body = await request(application, "GET", "/api/v1/agents", rest_headers)
+        status, _, body = await request(application, "GET", "/api/v1/agents", rest)
         assert status == 200, body[:300]
         assert len(json.loads(body)["data"]) == n_agents
 

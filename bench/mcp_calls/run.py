@@ -73,8 +73,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Every call's JSON-RPC body; only the id differs (wrk's script formats the same text).
+CALL_BODY = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"list_agents","arguments":{}}}'
+
+
 def call_body(n):
-    return (b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"list_agents","arguments":{}}}' % n)
+    return (CALL_BODY % n).encode()
+
+
+def rest_headers(token):
+    return {"authorization": f"Bearer {token}", "accept": "application/json"}
 
 
 def headers(token=None, sid=None):
@@ -172,7 +180,7 @@ async def rest_worker(url, token, cell, deadline, max_requests, warmup_until, co
     """GET /api/v1/agents: the REST face of the same capability (same service function, same checks but the
     MCP session and the audit row: a read through REST is not audited)."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    h = {"authorization": f"Bearer {token}", "accept": "application/json"}
+    h = rest_headers(token)
     async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
         while time.perf_counter() < deadline and cell.issued < max_requests:
             t0 = time.perf_counter()
@@ -246,7 +254,7 @@ def run_wrk(url, conns, seconds, script):
     seconds = max(1, round(seconds))
     script.write_text(WRK_LUA % {
         "conns": ", ".join(f'{{"{token}", "{sid}"}}' for token, sid in conns), "mcp": "false" if is_rest(url) else "true",
-        "accept": ACCEPT, "protocol": PROTOCOL, "body": call_body(0).decode().replace(':0,', ':%d,', 1)})
+        "accept": ACCEPT, "protocol": PROTOCOL, "body": CALL_BODY})
     c = str(len(conns))
     out = subprocess.run(["wrk", "-t", c, "-c", c, "-d", f"{seconds}s", "--timeout", "30s", "-s", str(script), url],
                          capture_output=True, text=True, timeout=seconds + 60)
@@ -271,7 +279,7 @@ async def wrk_connections(url, tokens, concurrency, cell):
         if cell.checked is None:
             token, sid = conns[0]
             if is_rest(url):
-                r = await client.get(url, headers={"authorization": f"Bearer {token}", "accept": "application/json"})
+                r = await client.get(url, headers=rest_headers(token))
                 cell.checked = len(r.json()["data"])
             else:
                 r = await client.post(url, content=call_body(1 << 30), headers=headers(token, sid))
