@@ -6,14 +6,13 @@ import logging
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 
-from .dbfuncs import executemany
 from .jsondata import JsonObject
 from .models import AuditEvent
 
@@ -58,28 +57,34 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
 
 
 _COLUMNS = ("timestamp", "principal", "action", "target_type", "target_id", "detail", "result", "correlation_id")
-_insert_sql: dict[str, str] = {}  # per database vendor
+_insert_sql: dict[tuple[str, int], str] = {}  # per database vendor and number of rows
+#: rows per INSERT statement: far more than a batch holds (one per concurrent caller), far fewer than SQLite's
+#: 32,766 bound parameters
+_STATEMENT_ROWS = 500
+
+
+def _insert_statement(rows: int) -> str:
+    sql = _insert_sql.get((connection.vendor, rows))
+    if sql is None:
+        q = connection.ops.quote_name
+        values = f"({', '.join(['%s'] * len(_COLUMNS))})"
+        sql = _insert_sql[(connection.vendor, rows)] = (
+            f"INSERT INTO {q(AuditEvent._meta.db_table)} ({', '.join(map(q, _COLUMNS))}) "
+            f"VALUES {', '.join([values] * rows)}")
+    return sql
 
 
 def _insert(events: list[AuditEvent]) -> None:
     """The INSERT ``e.save()`` would run for each event, without compiling it through the ORM on every call (a
-    third of a tools/call's Python time went there), and for a batch one prepared statement bound on the server
-    (``executemany``) rather than ``bulk_create``'s SQL text quoted in Python. Append-only as ever: this only
-    ever inserts."""
-    sql = _insert_sql.get(connection.vendor)
-    if sql is None:
-        q = connection.ops.quote_name
-        sql = _insert_sql[connection.vendor] = (
-            f"INSERT INTO {q(AuditEvent._meta.db_table)} ({', '.join(map(q, _COLUMNS))}) "
-            f"VALUES ({', '.join(['%s'] * len(_COLUMNS))})")
-    rows = [(connection.ops.adapt_datetimefield_value(e.timestamp), e.principal, e.action, e.target_type,
-             e.target_id, e.detail, e.result, e.correlation_id) for e in events]
-    if len(rows) == 1:  # one statement, committed by itself: no BEGIN/COMMIT round trips around it
-        with connection.cursor() as cursor:
-            cursor.execute(sql, rows[0])
-        return
-    with transaction.atomic():
-        executemany(sql, rows)
+    third of a tools/call's Python time went there). A batch is one statement committed by itself — all its rows
+    or none, in one round trip, where BEGIN, the rows and COMMIT took three. Append-only as ever: this only ever
+    inserts."""
+    with transaction.atomic() if len(events) > _STATEMENT_ROWS else nullcontext(), connection.cursor() as cursor:
+        for start in range(0, len(events), _STATEMENT_ROWS):
+            chunk = events[start:start + _STATEMENT_ROWS]
+            cursor.execute(_insert_statement(len(chunk)), [v for e in chunk for v in (
+                connection.ops.adapt_datetimefield_value(e.timestamp), e.principal, e.action, e.target_type,
+                e.target_id, e.detail, e.result, e.correlation_id)])
 
 
 _kept: ContextVar[list[AuditEvent] | None] = ContextVar("yuzu_audit_kept", default=None)

@@ -71,6 +71,50 @@ def test_a_bad_row_costs_no_other_row_of_its_batch_its_commit():
         ["b1", "b3"]
 
 
+def _statements(fn):
+    """Run ``fn``; every statement it sent, with whether a transaction was open around it."""
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql, params, connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        result = fn()
+    return result, seen
+
+
+def _events(n, action="batch.stmt"):
+    return [AuditEvent(principal=f"p{i}", action=action, result="success", correlation_id=f"s{i}") for i in range(n)]
+
+
+def test_a_batch_is_one_insert_committed_by_itself():
+    """One statement for the whole batch and no transaction around it: one round trip, where BEGIN, the rows and
+    COMMIT took three — the batch is still all or nothing, as one statement is."""
+    ok, seen = _statements(lambda: audit_mod._write(_events(3)))
+    assert ok is True
+    assert len(seen) == 1, seen
+    sql, params, in_transaction = seen[0]
+    assert sql.startswith("INSERT") and len(params) == 3 * len(audit_mod._COLUMNS) and not in_transaction
+    assert sorted(AuditEvent.objects.filter(action="batch.stmt").values_list("correlation_id", flat=True)) == \
+        ["s0", "s1", "s2"]
+
+
+def test_a_batch_longer_than_one_statement_is_one_transaction(monkeypatch):
+    monkeypatch.setattr(audit_mod, "_STATEMENT_ROWS", 2)
+    ok, seen = _statements(lambda: audit_mod._write(_events(5)))
+    assert ok is True
+    inserts = [(params, in_transaction) for sql, params, in_transaction in seen if sql.startswith("INSERT")]
+    assert [len(params) // len(audit_mod._COLUMNS) for params, _ in inserts] == [2, 2, 1]
+    assert all(in_transaction for _, in_transaction in inserts)
+    assert AuditEvent.objects.filter(action="batch.stmt").count() == 5
+
+    rows = _events(5, action="batch.late")
+    rows[4].timestamp = None  # refused in the last statement: the first two statements' rows go with it
+    assert audit_mod._write(rows) is False
+    assert not AuditEvent.objects.filter(action="batch.late").exists()
+
+
 def test_inside_a_transaction_the_row_is_the_transactions():
     from django.db import transaction
 
