@@ -405,6 +405,9 @@ def main():
     ap.add_argument("--processes", type=int, help="server processes (serve --processes); default: serve's own")
     ap.add_argument("--generator", choices=["wrk", "httpx"], default="wrk",
                     help="the load: wrk (C, `apt-get install wrk`) or this process (asyncio + httpx)")
+    ap.add_argument("--base", metavar="REV",
+                    help="also serve the tree at git revision REV (a worktree; same database, same tokens) and take "
+                         "turns with it: this tree's tools/call against REV's in one run, for an A/B of a change")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, database)")
     a = ap.parse_args()
@@ -425,7 +428,8 @@ def main():
     database += ", Redis (YUZU_REDIS_URL)" if env.get("YUZU_REDIS_URL") else ", in-process layer"
     services = {"postgres"} if env.get("YUZU_DATABASE_URL") else set()
     services |= {"redis-server"} if env.get("YUZU_REDIS_URL") else set()
-    ours = ref = None
+    ours = ref = base = None
+    base_tree = tmp / "base-tree"
     load_before = f"{os.getloadavg()[0]:.2f}"
     try:
         subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
@@ -451,20 +455,32 @@ def main():
         ref = subprocess.Popen([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(p_ref), "--agents",
                                 str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
                                stderr=subprocess.STDOUT)
+        if a.base:  # the same serve from REV's tree, with no second celery beat writing the same schedule file
+            subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), a.base], cwd=ROOT, check=True,
+                           capture_output=True)
+            p_base = free_port()
+            base = subprocess.Popen([sys.executable, "manage.py", "serve", "--no-agent", "--no-beat"] + serve[4:],
+                                    cwd=base_tree, env={**env, "YUZU_BIND": f"127.0.0.1:{p_base}"},
+                                    stdout=open(tmp / "base.log", "w"), stderr=subprocess.STDOUT)
+            wait_ready(base, lambda: httpx.get(f"http://127.0.0.1:{p_base}/healthz", timeout=1).status_code == 200,
+                       f"daphne ({a.base})", tmp / "base.log")
         wait_ready(ours, lambda: httpx.get(f"http://127.0.0.1:{p_ours}/healthz", timeout=1).status_code == 200,
                    "daphne", log_ours)
         wait_ready(ref, lambda: httpx.get(ref_url, timeout=1).status_code < 500, "reference server", log_ref)
 
         # Each cell is measured in --rounds slices, the servers taking turns (the order rotating every round),
         # so that a machine whose speed drifts within minutes (a shared VM) slows both sides alike.
-        names = ("yuzu", "reference", "yuzu-rest")
+        names = ("yuzu", "reference", "yuzu-rest") + (("base",) if a.base else ())
         cells = {(name, c): Cell() for c in a.concurrency for name in names}
         urls = {"yuzu": ours_url, "reference": ref_url, "yuzu-rest": rest_url}
+        if a.base:
+            urls["base"] = f"http://127.0.0.1:{p_base}/mcp/v1/"
+        procs = {"reference": (ref, None), "base": (base, "daphne")}
         for c in a.concurrency:
             for k in range(a.rounds):
                 for name in names[k % len(names):] + names[:k % len(names)]:
                     cell = cells[(name, c)]
-                    proc, only = (ref, None) if name == "reference" else (ours, "daphne")
+                    proc, only = procs.get(name, (ours, "daphne"))
                     cpu0, svc0 = cpu_seconds(proc, only), service_cpu(services)
                     gen0 = generator_cpu()
                     if a.generator == "wrk":
@@ -481,6 +497,9 @@ def main():
     finally:
         stop(ours)
         stop(ref)
+        stop(base)
+        if base_tree.exists():
+            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, capture_output=True)
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -488,7 +507,7 @@ def main():
           f"{a.duration:g}s per cell in {a.rounds} slice(s), the servers taking turns, each after {a.warmup:g}s "
           f"of warm-up; load from {a.generator}")
     print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
-    print(f"server: {' '.join(serve[1:])}")
+    print(f"server: {' '.join(serve[1:])}" + (f"; base: the same at {a.base} (without celery beat)" if a.base else ""))
     print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
           f"{'agents':>6} {'CPU ms/req':>10} {'+db+redis':>10}")
     for (name, c), r in results.items():
@@ -516,6 +535,18 @@ def main():
             spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
             print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   "
                   f"p99 x{x['p99']:.2f}   CPU/req x{x['cpu']:.2f}   CPU+ x{x['cpu_services']:.2f}")
+    for c in a.concurrency if a.base else ():
+        o, b = results[("yuzu", c)], results[("base", c)]
+        ratios[f"yuzu-vs-base@{c}"] = x = {
+            "rps": o["rps"] / b["rps"] if b["rps"] else None,
+            "rps_rounds": [ours / base if base else None for ours, base in zip(o["rounds_rps"], b["rounds_rps"], strict=True)],
+            "p50": o["p50_ms"] / b["p50_ms"] if b["p50_ms"] else None,
+            "cpu": o["cpu_ms_per_req"] / b["cpu_ms_per_req"] if b["cpu_ms_per_req"] else None,
+            "cpu_services": (o["cpu_ms_per_req"] + o["services_ms_per_req"])
+            / (b["cpu_ms_per_req"] + b["services_ms_per_req"]) if b["cpu_ms_per_req"] else None}
+        spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
+        print(f"  yuzu vs base ({a.base}) {c:>2} conn: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   "
+              f"CPU/req x{x['cpu']:.2f}   CPU+ x{x['cpu_services']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
                                             "results": {f"{n}@{c}": r for (n, c), r in results.items()},
