@@ -393,6 +393,19 @@ def machine():
     return f"{cpu}, {os.cpu_count()} CPUs{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
+def ratio(o, r):
+    """Cell ``o`` against cell ``r``: each figure's ratio (None where ``r`` has none)."""
+    def div(a, b):
+        return a / b if b else None
+
+    return {"rps": div(o["rps"], r["rps"]),
+            "rps_rounds": [div(ours, ref) for ours, ref in zip(o["rounds_rps"], r["rounds_rps"], strict=True)],
+            "p50": div(o["p50_ms"], r["p50_ms"]), "p99": div(o["p99_ms"], r["p99_ms"]),
+            "cpu": div(o["cpu_ms_per_req"], r["cpu_ms_per_req"]),
+            "cpu_services": div(o["cpu_ms_per_req"] + o["services_ms_per_req"],
+                                r["cpu_ms_per_req"] + r["services_ms_per_req"])}
+
+
 def main():
     ap = argparse.ArgumentParser(description="tools/call list_agents: yuzu vs the mcp 2.3.0 reference server")
     ap.add_argument("--agents", type=int, default=50)
@@ -519,33 +532,14 @@ def main():
     print("\nratio ours/reference (req/s: higher is better for us; latency and CPU: lower is better for us);"
           "\nreq/s of each round's slices in brackets; CPU+: with PostgreSQL's and Redis's CPU on both sides")
     ratios = {}
-    for c in a.concurrency:
-        r = results[("reference", c)]
-        for ours_name in ("yuzu", "yuzu-rest"):
-            o = results[(ours_name, c)]
-            ratios[f"{ours_name}@{c}"] = x = {
-                "rps": o["rps"] / r["rps"] if r["rps"] else None,
-                "rps_rounds": [ours / ref if ref else None
-                               for ours, ref in zip(o["rounds_rps"], r["rounds_rps"], strict=True)],
-                "p50": o["p50_ms"] / r["p50_ms"] if r["p50_ms"] else None,
-                "p99": o["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None,
-                "cpu": o["cpu_ms_per_req"] / r["cpu_ms_per_req"] if r["cpu_ms_per_req"] else None,
-                "cpu_services": (o["cpu_ms_per_req"] + o["services_ms_per_req"])
-                / (r["cpu_ms_per_req"] + r["services_ms_per_req"]) if r["cpu_ms_per_req"] else None}
-            spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
-            print(f"  {ours_name:<9} {c:>2} conn: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   "
-                  f"p99 x{x['p99']:.2f}   CPU/req x{x['cpu']:.2f}   CPU+ x{x['cpu_services']:.2f}")
-    for c in a.concurrency if a.base else ():
-        o, b = results[("yuzu", c)], results[("base", c)]
-        ratios[f"yuzu-vs-base@{c}"] = x = {
-            "rps": o["rps"] / b["rps"] if b["rps"] else None,
-            "rps_rounds": [ours / base if base else None for ours, base in zip(o["rounds_rps"], b["rounds_rps"], strict=True)],
-            "p50": o["p50_ms"] / b["p50_ms"] if b["p50_ms"] else None,
-            "cpu": o["cpu_ms_per_req"] / b["cpu_ms_per_req"] if b["cpu_ms_per_req"] else None,
-            "cpu_services": (o["cpu_ms_per_req"] + o["services_ms_per_req"])
-            / (b["cpu_ms_per_req"] + b["services_ms_per_req"]) if b["cpu_ms_per_req"] else None}
+    comparisons = [(f"{name}@{c}", f"  {name:<9} {c:>2} conn", results[(name, c)], results[("reference", c)])
+                   for c in a.concurrency for name in ("yuzu", "yuzu-rest")]
+    comparisons += [(f"yuzu-vs-base@{c}", f"  yuzu vs base ({a.base}) {c:>2} conn", results[("yuzu", c)],
+                     results[("base", c)]) for c in (a.concurrency if a.base else ())]
+    for key, label, o, r in comparisons:
+        ratios[key] = x = ratio(o, r)
         spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
-        print(f"  yuzu vs base ({a.base}) {c:>2} conn: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   "
+        print(f"{label}: req/s x{x['rps']:.2f} [{spread}]   p50 x{x['p50']:.2f}   p99 x{x['p99']:.2f}   "
               f"CPU/req x{x['cpu']:.2f}   CPU+ x{x['cpu_services']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"machine": machine(), "database": database, "agents": setup["total_agents"],
