@@ -58,9 +58,9 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
 
 _COLUMNS = ("timestamp", "principal", "action", "target_type", "target_id", "detail", "result", "correlation_id")
 _insert_sql: dict[tuple[str, int], str] = {}  # per database vendor and number of rows
-#: rows per INSERT statement: far more than a batch holds (one per concurrent caller), far fewer than SQLite's
-#: 32,766 bound parameters
-_STATEMENT_ROWS = 500
+#: rows per INSERT statement: more than a batch holds (one per concurrent caller), and 8 × 100 bound parameters
+#: stay within the 999 of a SQLite older than 3.32
+_STATEMENT_ROWS = 100
 
 
 def _insert_statement(rows: int) -> str:
