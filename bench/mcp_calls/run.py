@@ -460,8 +460,8 @@ def main():
         log_ours, log_ref = tmp / "daphne.log", tmp / "reference.log"
         # the server as `make run` starts it: `manage.py serve` (one daphne per core with Redis, one embedded,
         # plus the background workers), without the local agent
-        serve = [sys.executable, "manage.py", "serve", "--no-agent"] + (
-            ["--processes", str(a.processes)] if a.processes else [])
+        processes = ["--processes", str(a.processes)] if a.processes else []
+        serve = [sys.executable, "manage.py", "serve", "--no-agent"] + processes
         ours = subprocess.Popen(serve, cwd=ROOT, env={**env, "YUZU_BIND": f"127.0.0.1:{p_ours}"},
                                 stdout=open(log_ours, "w"), stderr=subprocess.STDOUT)
         ref_env = {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_"))}
@@ -472,7 +472,7 @@ def main():
             subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), a.base], cwd=ROOT, check=True,
                            capture_output=True)
             p_base = free_port()
-            base = subprocess.Popen([sys.executable, "manage.py", "serve", "--no-agent", "--no-beat"] + serve[4:],
+            base = subprocess.Popen(serve + ["--no-beat"],
                                     cwd=base_tree, env={**env, "YUZU_BIND": f"127.0.0.1:{p_base}"},
                                     stdout=open(tmp / "base.log", "w"), stderr=subprocess.STDOUT)
             wait_ready(base, lambda: httpx.get(f"http://127.0.0.1:{p_base}/healthz", timeout=1).status_code == 200,
