@@ -426,6 +426,9 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.base and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
+                                 capture_output=True).returncode:
+        ap.error(f"--base {a.base}: not a commit of this repository")
     if a.generator == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed: `apt-get install wrk` (Debian), or run with --generator httpx")
     if not MCP_PY.exists():
