@@ -56,6 +56,10 @@ def dumps(value: Any, default: Callable[[Any], Any] | None = None, option: int =
     reply: ~35 µs against ~380 µs); what orjson refuses (integers beyond 64 bits, lone surrogates) goes through
     the json module, so every value json could write still is. ``option``: more orjson options."""
     try:
-        return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS | option)
+        return orjson.dumps(value, default=default, option=option)
     except TypeError:  # orjson.JSONEncodeError is one
+        pass
+    try:  # a key that is no str: OPT_NON_STR_KEYS writes it, but costs every dict half again, so only now
+        return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS | option)
+    except TypeError:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default).encode()

@@ -267,6 +267,7 @@ def test_scope_tools_take_scope_and_keep_expression_as_an_alias(mint):
     {"at": datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC), "naive": datetime(2026, 1, 2), "day": date(2026, 1, 2),
      "time": time(3, 4, 5, 6), "span": timedelta(seconds=3), "price": Decimal("1.50"), "id": UUID(int=7)},
     {"js": "line\u2028para\u2029end", "text": "é ✓ \U0001f600", "int_key": {1: "x"}, "big": 2**70},
+    {"int_key": {1: "x", None: [2]}, "at": datetime(2026, 1, 2, tzinfo=UTC)},  # keys no str: orjson's second try
     [None, True, 0.1, -0, ""], None, "plain",
 ])
 def test_the_orjson_renderer_writes_what_drfs_json_renderer_wrote(data):
