@@ -203,11 +203,11 @@ def _rbac_allows(principal: rbac.Principal, tool: Tool, args: JsonObject) -> boo
 
 
 def tool_result(structured: JsonObject, is_error: bool = False) -> JsonObject:
-    text = jsondata.dumps(structured, default=str).decode()
-    result: JsonObject = {"content": [{"type": "text", "text": text}], "structuredContent": structured}
+    encoded = jsondata.dumps(structured, default=str)
+    fields: JsonObject = {"content": [{"type": "text", "text": encoded.decode()}], "structuredContent": structured}
     if is_error:
-        result["isError"] = True
-    return result
+        fields["isError"] = True
+    return rpc.Result(fields, "structuredContent", encoded)
 
 
 def finish(ctx: ToolContext, tool: Tool, outcome: JsonObject | ToolFailure | YuzuError) -> JsonObject:

@@ -1,6 +1,8 @@
 """The tools/call pipeline: check order, schema validation, the A4 error envelope and the audit row every
 call writes. The tier × RBAC × group policy of every tool is tests/yuzu/test_authorization_matrix.py."""
 
+import json
+
 import pytest
 from django.test import override_settings
 
@@ -75,8 +77,25 @@ def test_success_result_has_text_and_structured_content_and_audit(mint):
     result = c.call("list_agents").json()["result"]
     assert result["structuredContent"]["count"] == 1
     assert result["content"][0]["type"] == "text" and '"a1"' in result["content"][0]["text"]
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]  # one encoding on the wire
     row = AuditEvent.objects.get(action="mcp.list_agents")
     assert (row.result, row.target_type, row.target_id, row.principal) == ("success", "mcp_tool", "list_agents", "op")
+
+
+def test_a_tool_results_structured_content_is_written_from_its_one_encoding():
+    """tool_result encodes structuredContent once, for the text block; the reply writes those same bytes rather than
+    encode it again — unless the value was replaced since, when the new value is what goes out."""
+    from mcp import jsonrpc as rpc
+    from mcp.pipeline import tool_result
+
+    result = tool_result({"count": 1, "agents": [{"id": "a1"}]})
+    assert result == {"content": [{"type": "text", "text": '{"count":1,"agents":[{"id":"a1"}]}'}],
+                      "structuredContent": {"count": 1, "agents": [{"id": "a1"}]}}
+    stale = rpc.Result({"structuredContent": {"n": 1}}, "structuredContent", b'{"n":2}')  # bytes ≠ value: shows which
+    assert json.loads(rpc.dumps(rpc.result_response(7, stale))) == {"jsonrpc": "2.0", "id": 7,
+                                                                   "result": {"structuredContent": {"n": 2}}}
+    stale["structuredContent"] = {"n": 3}
+    assert json.loads(rpc.dumps(rpc.result_response(7, stale)))["result"] == {"structuredContent": {"n": 3}}
 
 
 def test_handler_not_found_is_32602_envelope(mint):
