@@ -116,7 +116,7 @@ class Result(dict[str, Any]):
 
 
 def dumps(obj: object) -> bytes:
-    result = obj.get("result") if isinstance(obj, dict) else None
-    if isinstance(result, Result) and result.get(result.key) is result.value:
+    if isinstance(obj, dict) and isinstance(result := obj.get("result"), Result) and \
+            result.get(result.key) is result.value:
         obj = {**obj, "result": {**result, result.key: orjson.Fragment(result.encoded)}}
     return jsondata.dumps(obj)
