@@ -1,0 +1,155 @@
+"""Instructions per call through a real daphne, counted by callgrind: Twisted's HTTP, daphne, the ASGI application
+and the worker thread, one request at a time on one keep-alive connection. Unlike req/s and CPU time, the count
+does not move with what else the machine is doing (±0.3 % between runs here), so it can tell a change of 2 % on
+a VM whose speed drifts by half within the hour. It leaves out what waking threads and processes costs, and the
+database's and Redis's own work: it says whether a change makes our process do less, and run.py whether that
+shows under load.
+
+    .venv/bin/python bench/mcp_calls/instructions.py                  # this tree: tools/call and REST GET
+    .venv/bin/python bench/mcp_calls/instructions.py --base main      # and REV's tree, with the ratio
+    YUZU_DATABASE_URL=postgres://… YUZU_REDIS_URL=redis://… .venv/bin/python bench/mcp_calls/instructions.py
+
+Needs valgrind (callgrind and callgrind_control). A fresh SQLite file per tree (or the database and Redis the
+environment names, shared by both trees), run.py's set-up (50 agents, an operator-tier token). Each route gets
+50 calls of warm-up, then --calls counted ones; the event loop's thread (daphne's main thread) and the others
+(the worker threads) are counted apart. About a minute per tree.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+from run import PROTOCOL, SETUP, call_body, free_port, headers, rest_headers  # noqa: E402  (after sys.path)
+
+
+def count(tree: Path, env: dict[str, str], calls: int, tmp: Path) -> dict[str, dict[str, float]]:
+    """{route: {"total", "loop", "workers"}}: instructions per call of the daphne serving ``tree``."""
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=tree, env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", SETUP, "50", "1"], cwd=tree, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    token = json.loads(out.strip().splitlines()[-1])["tokens"][0]
+    port = free_port()
+    dumps = tmp / "callgrind"
+    dumps.mkdir()
+    log = tmp / "daphne.log"
+    daphne = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+         f"--callgrind-out-file={dumps}/cg.%p", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "yuzu.asgi:application"], cwd=tree, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(timeout=120) as client:
+            for _ in range(600):  # a Python under valgrind takes a minute to start
+                if daphne.poll() is not None:
+                    raise SystemExit(f"daphne under valgrind exited: see {log}")
+                try:
+                    client.get(url + "/healthz")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.5)
+            r = client.post(url + "/mcp/v1/", headers=headers(token), json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}})
+            mcp = headers(token, r.headers["mcp-session-id"])
+            client.post(url + "/mcp/v1/", headers=mcp, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            n = iter(range(1, 10**9))
+
+            def tools_call():
+                r = client.post(url + "/mcp/v1/", headers=mcp, content=call_body(next(n)))
+                assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
+
+            def rest_get():
+                r = client.get(url + "/api/v1/agents", headers=rest_headers(token))
+                assert r.status_code == 200, r.text[:300]
+
+            control = ["callgrind_control", str(daphne.pid)]  # valgrind runs python in its own pid
+            for route, call in (("tools/call", tools_call), ("rest", rest_get)):
+                for _ in range(50):
+                    call()
+                subprocess.run(control[:1] + ["-i", "on"] + control[1:], check=True, capture_output=True)
+                for _ in range(calls):
+                    call()
+                subprocess.run(control[:1] + ["-i", "off"] + control[1:], check=True, capture_output=True)
+                subprocess.run(control[:1] + ["-d", route.replace("/", "-")] + control[1:], check=True,
+                               capture_output=True)
+    finally:
+        daphne.terminate()
+        daphne.wait(120)
+    results: dict[str, dict[str, float]] = {}
+    for path in dumps.iterdir():  # cg.<pid>.<dump>-<thread>: one file per thread per dump
+        head = dict(line.rstrip("\n").split(": ", 1) for line in open(path) if line.startswith(("desc: Trigger", "totals")))
+        trigger = head.get("desc", "").removeprefix("Trigger: dump ")
+        if trigger not in ("tools-call", "rest"):
+            continue
+        route = results.setdefault(trigger.replace("-", "/"), {"total": 0.0, "loop": 0.0, "workers": 0.0})
+        per_call = int(head.get("totals", 0)) / calls
+        route["total"] += per_call
+        route["loop" if path.name.endswith("-01") else "workers"] += per_call
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="instructions per call through a real daphne (callgrind)")
+    ap.add_argument("--calls", type=int, default=200, help="counted calls per route")
+    ap.add_argument("--base", metavar="REV", help="also count the tree at git revision REV (a worktree)")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    for tool in ("valgrind", "callgrind_control"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not installed: `apt-get install valgrind`")
+    if a.base and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
+                                 capture_output=True).returncode:
+        ap.error(f"--base {a.base}: not a commit of this repository")
+    tmp = Path(tempfile.mkdtemp(prefix="yuzu-instr-"))
+    trees = {"yuzu": ROOT}
+    try:
+        if a.base:
+            trees["base"] = tmp / "base-tree"
+            subprocess.run(["git", "worktree", "add", "--detach", str(trees["base"]), a.base], cwd=ROOT, check=True,
+                           capture_output=True)
+        results = {}
+        for name, tree in trees.items():
+            work = tmp / name
+            work.mkdir(mode=0o700)  # private, as serve expects its var dir
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+            env.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(work), YUZU_LOG_LEVEL="WARNING")
+            if not env.get("YUZU_DATABASE_URL"):
+                env["YUZU_SQLITE_PATH"] = str(work / "bench.sqlite3")
+            results[name] = count(tree, env, a.calls, work)
+    finally:
+        if a.base:
+            subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])], cwd=ROOT, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    database = "PostgreSQL" if os.environ.get("YUZU_DATABASE_URL") else "SQLite"
+    database += " + Redis" if os.environ.get("YUZU_REDIS_URL") else ""
+    print(f"instructions per call (callgrind), {a.calls} calls per route through daphne, {database}"
+          + (f"; base: {a.base}" if a.base else ""))
+    print(f"{'tree':<6} {'route':<11} {'total':>11} {'event loop':>11} {'workers':>11}")
+    for name, routes in results.items():
+        for route, r in sorted(routes.items(), reverse=True):
+            print(f"{name:<6} {route:<11} {r['total']:>11,.0f} {r['loop']:>11,.0f} {r['workers']:>11,.0f}")
+    if a.base:
+        for route in sorted(results["yuzu"], reverse=True):
+            ours, base = results["yuzu"][route], results["base"][route]
+            print(f"yuzu vs base ({a.base}) {route}: total x{ours['total'] / base['total']:.3f}   "
+                  f"event loop x{ours['loop'] / base['loop']:.3f}   workers x{ours['workers'] / base['workers']:.3f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"calls": a.calls, "database": database, "base": a.base,
+                                            "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
