@@ -486,12 +486,16 @@ def main():
 
         # Each cell is measured in --rounds slices, the servers taking turns (the order rotating every round),
         # so that a machine whose speed drifts within minutes (a shared VM) slows both sides alike.
-        names = ("yuzu", "reference", "yuzu-rest") + (("base",) if a.base else ())
+        # With --base, REV's tree serves the REST cell too: a daphne that has just served REST answers the next
+        # tools/call slice slower (the same tree against itself read 0.91x when only one side served REST, 0.99x
+        # with neither), so both trees serve the same mix.
+        names = ("yuzu", "reference", "yuzu-rest") + (("base", "base-rest") if a.base else ())
         cells = {(name, c): Cell() for c in a.concurrency for name in names}
         urls = {"yuzu": ours_url, "reference": ref_url, "yuzu-rest": rest_url}
         if a.base:
             urls["base"] = f"http://127.0.0.1:{p_base}/mcp/v1/"
-        procs = {"reference": (ref, None), "base": (base, "daphne")}
+            urls["base-rest"] = f"http://127.0.0.1:{p_base}/api/v1/agents"
+        procs = {"reference": (ref, None), "base": (base, "daphne"), "base-rest": (base, "daphne")}
         for c in a.concurrency:
             for k in range(a.rounds):
                 for name in names[k % len(names):] + names[:k % len(names)]:
@@ -537,8 +541,9 @@ def main():
     ratios = {}
     comparisons = [(f"{name}@{c}", f"  {name:<9} {c:>2} conn", results[(name, c)], results[("reference", c)])
                    for c in a.concurrency for name in ("yuzu", "yuzu-rest")]
-    comparisons += [(f"yuzu-vs-base@{c}", f"  yuzu vs base ({a.base}) {c:>2} conn", results[("yuzu", c)],
-                     results[("base", c)]) for c in (a.concurrency if a.base else ())]
+    comparisons += [(f"{ours}-vs-base@{c}", f"  {ours} vs base ({a.base}) {c:>2} conn", results[(ours, c)],
+                     results[(base_name, c)]) for c in (a.concurrency if a.base else ())
+                    for ours, base_name in (("yuzu", "base"), ("yuzu-rest", "base-rest"))]
     for key, label, o, r in comparisons:
         ratios[key] = x = ratio(o, r)
         spread = " ".join(f"{v:.2f}" for v in x["rps_rounds"] if v is not None)
