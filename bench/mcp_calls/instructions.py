@@ -31,7 +31,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-from run import PROTOCOL, SETUP, call_body, free_port, headers, rest_headers  # noqa: E402  (after sys.path)
+from run import (  # noqa: E402  (after sys.path)
+    PROTOCOL,
+    SETUP,
+    add_worktree,
+    call_body,
+    check_base,
+    free_port,
+    headers,
+    remove_worktree,
+    rest_headers,
+    server_env,
+)
 
 
 def count(tree: Path, env: dict[str, str], calls: int, tmp: Path) -> dict[str, dict[str, float]]:
@@ -109,28 +120,21 @@ def main() -> None:
     for tool in ("valgrind", "callgrind_control"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not installed: `apt-get install valgrind`")
-    if a.base and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
-                                 capture_output=True).returncode:
-        ap.error(f"--base {a.base}: not a commit of this repository")
+    check_base(ap, a.base)
     tmp = Path(tempfile.mkdtemp(prefix="yuzu-instr-"))
     trees = {"yuzu": ROOT}
     try:
         if a.base:
             trees["base"] = tmp / "base-tree"
-            subprocess.run(["git", "worktree", "add", "--detach", str(trees["base"]), a.base], cwd=ROOT, check=True,
-                           capture_output=True)
+            add_worktree(a.base, trees["base"])
         results = {}
         for name, tree in trees.items():
             work = tmp / name
             work.mkdir(mode=0o700)  # private, as serve expects its var dir
-            env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-            env.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(work), YUZU_LOG_LEVEL="WARNING")
-            if not env.get("YUZU_DATABASE_URL"):
-                env["YUZU_SQLITE_PATH"] = str(work / "bench.sqlite3")
-            results[name] = count(tree, env, a.calls, work)
+            results[name] = count(tree, server_env(work), a.calls, work)
     finally:
         if a.base:
-            subprocess.run(["git", "worktree", "remove", "--force", str(trees["base"])], cwd=ROOT, capture_output=True)
+            remove_worktree(trees["base"])
         shutil.rmtree(tmp, ignore_errors=True)
 
     database = "PostgreSQL" if os.environ.get("YUZU_DATABASE_URL") else "SQLite"

@@ -352,6 +352,33 @@ def service_cpu(names):
     return cpu
 
 
+def server_env(var_dir):
+    """The environment a measured server runs in: this one's, with its var dir (and its SQLite file, when no
+    YUZU_DATABASE_URL names PostgreSQL) under ``var_dir``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(var_dir), YUZU_LOG_LEVEL="WARNING",
+               PYTHONUNBUFFERED="1")
+    if not env.get("YUZU_DATABASE_URL"):
+        env["YUZU_SQLITE_PATH"] = str(Path(var_dir) / "bench.sqlite3")
+    return env
+
+
+def check_base(ap, rev):
+    """--base REV: refused at once, before any set-up, unless REV names a commit of this repository."""
+    if rev and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                              capture_output=True).returncode:
+        ap.error(f"--base {rev}: not a commit of this repository")
+
+
+def add_worktree(rev, path):
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=ROOT, check=True, capture_output=True)
+
+
+def remove_worktree(path):
+    if Path(path).exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
+
+
 def wait_ready(proc, probe, what, log, timeout=120):  # a loaded machine starts slowly
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -426,20 +453,14 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
-    if a.base and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
-                                 capture_output=True).returncode:
-        ap.error(f"--base {a.base}: not a commit of this repository")
+    check_base(ap, a.base)
     if a.generator == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed: `apt-get install wrk` (Debian), or run with --generator httpx")
     if not MCP_PY.exists():
         raise SystemExit(f"{MCP_PY} is missing: run `make test-deps` (it builds .venv-mcp with mcp==2.3.0)")
 
     tmp = Path(tempfile.mkdtemp(prefix="yuzu-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    env.update(DJANGO_SETTINGS_MODULE="yuzu.settings", YUZU_VAR_DIR=str(tmp), YUZU_LOG_LEVEL="WARNING",
-               PYTHONUNBUFFERED="1")
-    if not env.get("YUZU_DATABASE_URL"):
-        env["YUZU_SQLITE_PATH"] = str(tmp / "bench.sqlite3")
+    env = server_env(tmp)
     database = "PostgreSQL (YUZU_DATABASE_URL)" if env.get("YUZU_DATABASE_URL") else "SQLite (temp file, WAL)"
     database += ", Redis (YUZU_REDIS_URL)" if env.get("YUZU_REDIS_URL") else ", in-process layer"
     services = {"postgres"} if env.get("YUZU_DATABASE_URL") else set()
@@ -472,8 +493,7 @@ def main():
                                 str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
                                stderr=subprocess.STDOUT)
         if a.base:  # the same serve from REV's tree, with no second celery beat writing the same schedule file
-            subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), a.base], cwd=ROOT, check=True,
-                           capture_output=True)
+            add_worktree(a.base, base_tree)
             p_base = free_port()
             base = subprocess.Popen(serve + ["--no-beat"],
                                     cwd=base_tree, env={**env, "YUZU_BIND": f"127.0.0.1:{p_base}"},
@@ -518,8 +538,7 @@ def main():
         stop(ours)
         stop(ref)
         stop(base)
-        if base_tree.exists():
-            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, capture_output=True)
+        remove_worktree(base_tree)
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
