@@ -1,5 +1,6 @@
 """yuzu.backends.postgresql: a kept connection is checked without a round trip, and a connection the server
-closed is still found unusable and replaced before a request uses it."""
+closed is still found unusable and replaced before a request uses it. The server binds the parameters and a
+statement a connection runs often is prepared (yuzu/settings.py)."""
 
 import time
 
@@ -43,3 +44,23 @@ def test_a_connection_the_server_closed_is_replaced_before_the_next_request_uses
     assert not connection.is_usable()
     close_old_connections()  # the next request
     assert backend_pid() != pid  # a fresh connection, and no error on the way
+
+
+def test_the_server_binds_parameters_and_a_statement_run_often_is_prepared():
+    """What every call's auth version, list and audit INSERT rely on: parsed and planned once per connection."""
+    sql = "SELECT n FROM yuzu_authversion WHERE id = %s"
+
+    def prepared():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement = %s",
+                           [sql.replace("%s", "$1")])
+            return cursor.fetchone()[0]
+
+    for _ in range(4):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [1])
+    assert prepared() == 0  # bound by the server ($1), not yet prepared
+    for _ in range(2):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [1])
+    assert prepared() == 1
