@@ -66,6 +66,8 @@ DEBUG = env_flag("YUZU_DEBUG")
 YUZU_BIND = os.environ.get("YUZU_BIND", "127.0.0.1:8000")
 #: server (daphne) processes `serve` runs on the one port; 0: one per core with Redis, 1 in embedded mode
 YUZU_SERVE_PROCESSES = int(os.environ.get("YUZU_SERVE_PROCESSES", "0") or 0)
+#: `serve` pins each daphne to a CPU of its own (docs/running.md); YUZU_SERVE_PIN=0 leaves placement to the kernel
+YUZU_SERVE_PIN = env_flag("YUZU_SERVE_PIN", True)
 YUZU_BRIDGE_URL = os.environ.get("YUZU_BRIDGE_URL", f"http://{YUZU_BIND}/mcp/bridge/")
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("YUZU_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h.strip()]
 # Origins a browser-based MCP client may send; empty Origin (CLI clients) is always fine.

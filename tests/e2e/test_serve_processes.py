@@ -1,5 +1,5 @@
-"""`manage.py serve` runs one daphne per core on one port when Redis is configured (one in embedded mode),
-and Ctrl-C stops every process it started."""
+"""`manage.py serve` runs one daphne per core on one port when Redis is configured (one in embedded mode), each
+daphne on a CPU of its own, and Ctrl-C stops every process it started."""
 
 import os
 import shutil
@@ -65,6 +65,13 @@ def test_serve_runs_several_daphnes_on_one_port_and_ctrl_c_stops_them_all(transa
         finally:
             for c in clients:
                 c.close()
+        # Each daphne, every thread of it (the worker threads that served the calls above too), on a CPU of its
+        # own; the other processes (the Celery worker) where the kernel likes.
+        whole = os.sched_getaffinity(0)
+        if len(whole) > 1:
+            pinned = [_cpus(p) for p in daphnes]
+            assert all(len(cpus) == 1 for cpus in pinned) and pinned[0] != pinned[1], pinned
+            assert all(_cpus(p) == {frozenset(whole)} for p, args in kids.items() if "celery" in args), kids
         serve.proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert serve.proc.wait(60) == 0, serve.log()
         wait_until(lambda: not any(alive(p) for p in kids), 10, what=f"every child to exit: {kids}")
@@ -74,6 +81,38 @@ def test_serve_runs_several_daphnes_on_one_port_and_ctrl_c_stops_them_all(transa
         serve.stop()
         if redis is not None:
             redis.stop()
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("pin", [None, "0"])
+def test_the_embedded_daphne_runs_on_one_cpu_unless_told_not_to(transactional_db, tmp_path, pin):
+    whole = os.sched_getaffinity(0)
+    if len(whole) < 2:
+        pytest.skip("pinning needs a process allowed on two CPUs or more")
+    port = free_port()
+    var = tmp_path / "var"
+    var.mkdir(mode=0o700)
+    env = server_env(YUZU_BIND=f"127.0.0.1:{port}", YUZU_VAR_DIR=str(var))
+    env.pop("YUZU_REDIS_URL", None)
+    env.pop("YUZU_SERVE_PIN", None)
+    if pin is not None:
+        env["YUZU_SERVE_PIN"] = pin
+    serve = spawn("serve", [sys.executable, "manage.py", "serve", "--no-agent"], env, tmp_path)
+    try:
+        wait_until(lambda: serve.proc.poll() is None and _healthy(port), 60, what=f"serve: {serve.log()}")
+        (daphne,) = [pid for pid, args in children(serve.proc.pid).items() if "daphne" in args]
+        with ThreadPoolExecutor(8) as pool:  # calls at once: the daphne starts its worker threads
+            assert all(pool.map(lambda _: _healthy(port), range(16)))
+        cpus = _cpus(daphne)
+        assert cpus == {frozenset(whole) if pin == "0" else frozenset({min(whole)})}, cpus
+        assert ("on CPU" in serve.log()) == (pin != "0")
+    finally:
+        serve.stop()
+
+
+def _cpus(pid):
+    """The CPU sets of a process's threads."""
+    return {frozenset(os.sched_getaffinity(int(tid))) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
 def _healthy(port):

@@ -1,14 +1,15 @@
-"""How many server processes `manage.py serve` runs (one per core with Redis, one in embedded mode), and the
-listening sockets it opens for them."""
+"""How many server processes `manage.py serve` runs (one per core with Redis, one in embedded mode), the
+listening sockets it opens for them, and the CPU each runs on."""
 
 import os
 import socket
+import subprocess
 import time
 
 import pytest
 from django.core.management.base import CommandError
 
-from yuzu.management.commands.serve import listen, server_processes
+from yuzu.management.commands.serve import affinity, listen, pinned_cpus, server_processes
 
 
 def test_process_count(settings):
@@ -20,6 +21,31 @@ def test_process_count(settings):
     assert server_processes(None) == (os.cpu_count() or 1)
     settings.YUZU_SERVE_PROCESSES = 3
     assert server_processes(None) == 3 and server_processes(2) == 2
+
+
+def test_each_daphne_gets_the_next_cpu_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 1, 3})  # a cpuset or taskset: not 0..n-1
+    assert pinned_cpus(1) == [1]
+    assert pinned_cpus(4) == [1, 3, 5, 1]  # more daphnes than CPUs: round again
+    assert pinned_cpus(2, pin=False) == []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
+    assert pinned_cpus(2) == []  # one CPU: nothing to pin to
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs a process allowed on two CPUs or more")
+def test_a_process_started_within_affinity_runs_on_that_cpu_and_the_caller_gets_its_cpus_back():
+    whole = os.sched_getaffinity(0)
+    cpu = max(whole)
+    with affinity(cpu):
+        child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert os.sched_getaffinity(child.pid) == {cpu}
+        assert os.sched_getaffinity(0) == whole
+    finally:
+        child.kill()
+        child.wait()
+    with affinity(None):
+        assert os.sched_getaffinity(0) == whole
 
 
 def test_one_socket_per_daphne_on_one_port_and_a_port_in_use_is_refused():

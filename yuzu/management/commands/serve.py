@@ -6,7 +6,14 @@ rendezvous and the channel layer are shared through Redis, so any process can an
 opens one listening socket per daphne on the port (``SO_REUSEPORT``) and each daphne adopts its own (``--fd``),
 so the kernel spreads new connections over the processes. (One socket adopted by all let whichever daphne woke
 first accept a whole burst: 16 keep-alive clients all on one process, the other idle.) In embedded mode that
-state lives in one process, so there is one daphne — on a socket the parent opens the same way."""
+state lives in one process, so there is one daphne — on a socket the parent opens the same way.
+
+Each daphne runs on one CPU of its own (``pinned_cpus``), its threads with it: a daphne is one event loop and a
+few worker threads under one GIL, and on a CPU of its own a thread that lets the GIL go around a short C call
+(a SQLite step, a socket send) takes it back without a hand-off. Free to run on every core, its threads
+trade the GIL across CPUs instead — embedded, at 16 concurrent calls, 31 context switches per call against 1.4
+pinned, and 1.5× the CPU per call (bench/mcp_calls, eleventh round). ``--no-pin`` (YUZU_SERVE_PIN=0) leaves
+the kernel free to place them."""
 
 import os
 import signal
@@ -15,6 +22,8 @@ import subprocess
 import sys
 import time
 from argparse import ArgumentParser
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -38,8 +47,11 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=None,
                             help="server (daphne) processes on the one port; default: YUZU_SERVE_PROCESSES, else "
                                  "the number of cores with Redis, 1 in embedded mode")
+        parser.add_argument("--no-pin", action="store_true",
+                            help="do not pin each daphne to a CPU of its own (also YUZU_SERVE_PIN=0)")
 
-    def handle(self, *args: str, no_agent: bool, no_beat: bool, processes: int | None, **opts: object) -> None:
+    def handle(self, *args: str, no_agent: bool, no_beat: bool, no_pin: bool, processes: int | None,
+               **opts: object) -> None:
         # The checks that need the database too (e.g. yuzu.E010: the secrets' key files match it): refuse to
         # serve with keys that cannot open what is stored.
         self.check(databases=["default"], display_num_errors=True)
@@ -51,6 +63,7 @@ class Command(BaseCommand):
         socks = listen(host.strip("[]") or "127.0.0.1", int(port), n)
         listeners = {"daphne": socks[0]} if n == 1 else {f"daphne-{i + 1}": s for i, s in enumerate(socks)}
         procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
+        cpus = dict(zip(listeners, pinned_cpus(n, not no_pin and settings.YUZU_SERVE_PIN), strict=False))
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
             if not no_beat:
@@ -66,11 +79,21 @@ class Command(BaseCommand):
                           f"  REST API reference:  {base}/api/v1/docs   (OpenAPI: {base}/api/v1/openapi.json)")
         # celery beat writes its schedule under var/ and starts nothing else: it alone runs with a private
         # umask (the others keep the caller's, which bridge workers and agent commands inherit).
-        running = {name: subprocess.Popen(argv, start_new_session=True, umask=0o077 if name == "celery-beat" else -1,
-                                          pass_fds=(listeners[name].fileno(),) if name in listeners else ())
-                   for name, argv in procs.items()}
+        running = {}
+        for name, argv in procs.items():
+            with affinity(cpus.get(name)):
+                running[name] = subprocess.Popen(argv, start_new_session=True,
+                                                 umask=0o077 if name == "celery-beat" else -1,
+                                                 pass_fds=(listeners[name].fileno(),) if name in listeners else ())
         for sock in listeners.values():
             sock.close()  # its daphne holds it now
+        if cpus:  # what each got (a CPU the kernel refused leaves that daphne free to run anywhere)
+            try:
+                placed = {name: sorted(os.sched_getaffinity(running[name].pid)) for name in cpus}
+                self.stdout.write("  " + ", ".join(f"{name} on CPU {','.join(map(str, c))}" for name, c in placed.items())
+                                  + " (--no-pin: anywhere)")
+            except OSError:  # one has exited already: the loop below says so
+                pass
         stop = {"now": False}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -122,6 +145,35 @@ def server_processes(requested: int | None) -> int:
                            "streams and the channel layer live inside one process. Set YUZU_REDIS_URL, or serve "
                            "with --processes 1.")
     return n
+
+
+def pinned_cpus(n: int, pin: bool = True) -> list[int]:
+    """The CPU each of ``n`` daphnes runs on: the CPUs this process may use (its affinity: a container's cpuset,
+    a ``taskset``), in turn. None (an empty list) when not pinning, on one CPU, or where the platform cannot pin."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    return [allowed[i % len(allowed)] for i in range(n)] if len(allowed) > 1 else []
+
+
+@contextmanager
+def affinity(cpu: int | None) -> Iterator[None]:
+    """Within: this thread runs on ``cpu`` alone, and so does a process it starts, which inherits the mask at fork
+    (and every thread that process starts after). Deterministic where setting a started child's mask would race
+    its first threads. None: no change."""
+    if cpu is None:
+        yield
+        return
+    whole = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:  # gone from this process's cpuset meanwhile: start it unpinned rather than not at all
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, whole)
 
 
 def listen(host: str, port: int, n: int) -> list[socket.socket]:
