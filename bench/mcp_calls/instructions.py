@@ -7,6 +7,7 @@ shows under load.
 
     .venv/bin/python bench/mcp_calls/instructions.py                  # this tree: tools/call and REST GET
     .venv/bin/python bench/mcp_calls/instructions.py --base main      # and REV's tree, with the ratio
+    .venv/bin/python bench/mcp_calls/instructions.py --reference      # and the SDK's reference server
     YUZU_DATABASE_URL=postgres://… YUZU_REDIS_URL=redis://… .venv/bin/python bench/mcp_calls/instructions.py
 
 Needs valgrind (callgrind and callgrind_control). A fresh SQLite file per tree (or the database and Redis the
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -32,6 +34,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 from run import (  # noqa: E402  (after sys.path)
+    MCP_PY,
     PROTOCOL,
     SETUP,
     add_worktree,
@@ -45,76 +48,121 @@ from run import (  # noqa: E402  (after sys.path)
 )
 
 
+def under_callgrind(argv: list[str], cwd: Path, env: dict[str, str], tmp: Path) -> subprocess.Popen[bytes]:
+    """``argv`` run by callgrind, counting nothing until told (``counted``); one dump file per thread."""
+    (tmp / "callgrind").mkdir()
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+         f"--callgrind-out-file={tmp}/callgrind/cg.%p"] + argv,
+        cwd=cwd, env=env, stdout=open(tmp / "server.log", "w"), stderr=subprocess.STDOUT)
+
+
+def wait_up(server: subprocess.Popen[bytes], client: httpx.Client, url: str, tmp: Path) -> None:
+    for _ in range(600):  # a Python under valgrind takes a minute to start
+        if server.poll() is not None:
+            raise SystemExit(f"the server under valgrind exited: see {tmp / 'server.log'}")
+        try:
+            client.get(url)
+            return
+        except httpx.TransportError:
+            time.sleep(0.5)
+
+
+def mcp_session(client: httpx.Client, url: str, token: str | None) -> dict[str, str]:
+    """The headers of an initialized session's calls."""
+    r = client.post(url, headers=headers(token), json={
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}})
+    session = headers(token, r.headers["mcp-session-id"])
+    client.post(url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session
+
+
+def counted(server: subprocess.Popen[bytes], routes: dict[str, Callable[[], None]], calls: int,
+            tmp: Path) -> dict[str, dict[str, float]]:
+    """{route: {"total", "loop", "workers"}}: instructions per call of each route — 50 calls of warm-up, then
+    ``calls`` counted ones; the server's main thread (the event loop) apart from its other threads. Stops it."""
+    control = ["callgrind_control", str(server.pid)]  # valgrind runs python in its own pid
+    try:
+        for route, call in routes.items():
+            for _ in range(50):
+                call()
+            subprocess.run(control[:1] + ["-i", "on"] + control[1:], check=True, capture_output=True)
+            for _ in range(calls):
+                call()
+            subprocess.run(control[:1] + ["-i", "off"] + control[1:], check=True, capture_output=True)
+            subprocess.run(control[:1] + ["-d", route.replace("/", "-")] + control[1:], check=True,
+                           capture_output=True)
+    finally:
+        server.terminate()
+        server.wait(120)
+    results: dict[str, dict[str, float]] = {}
+    for path in (tmp / "callgrind").iterdir():  # cg.<pid>.<dump>-<thread>: one file per thread per dump
+        head = dict(line.rstrip("\n").split(": ", 1) for line in open(path) if line.startswith(("desc: Trigger", "totals")))
+        trigger = head.get("desc", "").removeprefix("Trigger: dump ")
+        if trigger.replace("-", "/") not in routes:
+            continue
+        counts = results.setdefault(trigger.replace("-", "/"), {"total": 0.0, "loop": 0.0, "workers": 0.0})
+        per_call = int(head.get("totals", 0)) / calls
+        counts["total"] += per_call
+        counts["loop" if path.name.endswith("-01") else "workers"] += per_call
+    return results
+
+
 def count(tree: Path, env: dict[str, str], calls: int, tmp: Path) -> dict[str, dict[str, float]]:
-    """{route: {"total", "loop", "workers"}}: instructions per call of the daphne serving ``tree``."""
+    """Instructions per call of the daphne serving ``tree``: tools/call and the REST GET. Leaves the agents it
+    lists in tmp/agents.json."""
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=tree, env=env, check=True)
     out = subprocess.run([sys.executable, "-c", SETUP, "50", "1"], cwd=tree, env=env, check=True,
                          capture_output=True, text=True).stdout
-    token = json.loads(out.strip().splitlines()[-1])["tokens"][0]
+    setup = json.loads(out.strip().splitlines()[-1])
+    token = setup["tokens"][0]
+    (tmp / "agents.json").write_text(json.dumps(setup["agents"]))
     port = free_port()
-    dumps = tmp / "callgrind"
-    dumps.mkdir()
-    log = tmp / "daphne.log"
-    daphne = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
-         f"--callgrind-out-file={dumps}/cg.%p", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "yuzu.asgi:application"], cwd=tree, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    daphne = under_callgrind([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                              "yuzu.asgi:application"], tree, env, tmp)
     url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(timeout=120) as client:
-            for _ in range(600):  # a Python under valgrind takes a minute to start
-                if daphne.poll() is not None:
-                    raise SystemExit(f"daphne under valgrind exited: see {log}")
-                try:
-                    client.get(url + "/healthz")
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.5)
-            r = client.post(url + "/mcp/v1/", headers=headers(token), json={
-                "jsonrpc": "2.0", "id": 0, "method": "initialize",
-                "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}})
-            mcp = headers(token, r.headers["mcp-session-id"])
-            client.post(url + "/mcp/v1/", headers=mcp, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-            n = iter(range(1, 10**9))
+    with httpx.Client(timeout=120) as client:
+        wait_up(daphne, client, url + "/healthz", tmp)
+        mcp = mcp_session(client, url + "/mcp/v1/", token)
+        n = iter(range(1, 10**9))
 
-            def tools_call():
-                r = client.post(url + "/mcp/v1/", headers=mcp, content=call_body(next(n)))
-                assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
+        def tools_call() -> None:
+            r = client.post(url + "/mcp/v1/", headers=mcp, content=call_body(next(n)))
+            assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
 
-            def rest_get():
-                r = client.get(url + "/api/v1/agents", headers=rest_headers(token))
-                assert r.status_code == 200, r.text[:300]
+        def rest_get() -> None:
+            r = client.get(url + "/api/v1/agents", headers=rest_headers(token))
+            assert r.status_code == 200, r.text[:300]
 
-            control = ["callgrind_control", str(daphne.pid)]  # valgrind runs python in its own pid
-            for route, call in (("tools/call", tools_call), ("rest", rest_get)):
-                for _ in range(50):
-                    call()
-                subprocess.run(control[:1] + ["-i", "on"] + control[1:], check=True, capture_output=True)
-                for _ in range(calls):
-                    call()
-                subprocess.run(control[:1] + ["-i", "off"] + control[1:], check=True, capture_output=True)
-                subprocess.run(control[:1] + ["-d", route.replace("/", "-")] + control[1:], check=True,
-                               capture_output=True)
-    finally:
-        daphne.terminate()
-        daphne.wait(120)
-    results: dict[str, dict[str, float]] = {}
-    for path in dumps.iterdir():  # cg.<pid>.<dump>-<thread>: one file per thread per dump
-        head = dict(line.rstrip("\n").split(": ", 1) for line in open(path) if line.startswith(("desc: Trigger", "totals")))
-        trigger = head.get("desc", "").removeprefix("Trigger: dump ")
-        if trigger not in ("tools-call", "rest"):
-            continue
-        route = results.setdefault(trigger.replace("-", "/"), {"total": 0.0, "loop": 0.0, "workers": 0.0})
-        per_call = int(head.get("totals", 0)) / calls
-        route["total"] += per_call
-        route["loop" if path.name.endswith("-01") else "workers"] += per_call
-    return results
+        return counted(daphne, {"tools/call": tools_call, "rest": rest_get}, calls, tmp)
+
+
+def count_reference(agents: Path, calls: int, tmp: Path) -> dict[str, dict[str, float]]:
+    """The same for the SDK's reference server (uvicorn; .venv-mcp), serving ``agents`` from memory."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "YUZU_", "ANTHROPIC_"))}
+    server = under_callgrind([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(port), "--agents",
+                              str(agents)], tmp, env, tmp)
+    url = f"http://127.0.0.1:{port}/mcp"
+    with httpx.Client(timeout=120) as client:
+        wait_up(server, client, url, tmp)
+        mcp = mcp_session(client, url, None)
+        n = iter(range(1, 10**9))
+
+        def tools_call() -> None:
+            r = client.post(url, headers=mcp, content=call_body(next(n)))
+            assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
+
+        return counted(server, {"tools/call": tools_call}, calls, tmp)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="instructions per call through a real daphne (callgrind)")
     ap.add_argument("--calls", type=int, default=200, help="counted calls per route")
     ap.add_argument("--base", metavar="REV", help="also count the tree at git revision REV (a worktree)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also count the SDK's reference server (run.py's, on this tree's 50 agents)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     for tool in ("valgrind", "callgrind_control"):
@@ -132,6 +180,10 @@ def main() -> None:
             work = tmp / name
             work.mkdir(mode=0o700)  # private, as serve expects its var dir
             results[name] = count(tree, server_env(work), a.calls, work)
+        if a.reference:
+            work = tmp / "reference"
+            work.mkdir(mode=0o700)
+            results["ref"] = count_reference(tmp / "yuzu" / "agents.json", a.calls, work)
     finally:
         if a.base:
             remove_worktree(trees["base"])
@@ -150,6 +202,9 @@ def main() -> None:
             ours, base = results["yuzu"][route], results["base"][route]
             print(f"yuzu vs base ({a.base}) {route}: total x{ours['total'] / base['total']:.3f}   "
                   f"event loop x{ours['loop'] / base['loop']:.3f}   workers x{ours['workers'] / base['workers']:.3f}")
+    if a.reference:
+        print(f"yuzu vs ref tools/call: total x{results['yuzu']['tools/call']['total'] / results['ref']['tools/call']['total']:.3f}"
+              "   (ref's event loop: uvicorn's thread; its workers: anyio's, running the sync tool)")
     if a.json:
         Path(a.json).write_text(json.dumps({"calls": a.calls, "database": database, "base": a.base,
                                             "results": results}, indent=2))

@@ -117,6 +117,7 @@ class Cell:
         self.elapsed = 0.0
         self.served = 0  # every answered request, warm-up included (for CPU per request)
         self.cpu = 0.0  # the server's CPU seconds over its slices
+        self.switches = 0  # the server's threads' context switches over its slices
         self.services = 0.0  # PostgreSQL's and Redis's CPU seconds over its slices
         self.generator = 0.0  # this process's CPU seconds over its slices (the load generator's own)
         self.rounds = []  # req/s of each slice
@@ -144,7 +145,7 @@ class Cell:
         return {"requests": n, "errors": self.errors, "seconds": round(self.elapsed, 3),
                 "rps": n / self.elapsed if self.elapsed else 0.0, "p50_ms": self.quantile(0.50) * 1000,
                 "p99_ms": self.quantile(0.99) * 1000, "agents_in_result": self.checked,
-                "cpu_ms_per_req": self.cpu * per_req,
+                "cpu_ms_per_req": self.cpu * per_req, "switches_per_req": self.switches * per_req / 1000,
                 "services_ms_per_req": self.services * per_req, "generator_ms_per_req": self.generator * per_req,
                 "rounds_rps": self.rounds}
 
@@ -315,22 +316,47 @@ def is_rest(url):
     return url.endswith("/api/v1/agents")
 
 
-def cpu_seconds(proc, only=None):
-    """User + system CPU of a process and its descendants (``only``: those whose command line has it — serve's
-    daphnes, not its idle background workers)."""
-    total = 0.0
+def measured(proc, only=None):
+    """A process and its descendants (``only``: those whose command line has it — serve's daphnes, not its idle
+    background workers)."""
     try:
         root = psutil.Process(proc.pid)
-        for p in [root] + root.children(recursive=True):
-            try:
-                if only and only not in " ".join(p.cmdline()):
-                    continue
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
+        family = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
-        pass
+        return []
+    out = []
+    for p in family:
+        try:
+            if not only or only in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def cpu_seconds(proc, only=None):
+    """User + system CPU of the ``measured`` processes."""
+    total = 0.0
+    for p in measured(proc, only):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def switches(proc, only=None):
+    """Context switches (voluntary and not) of every thread of the ``measured`` processes: a thread that lets the
+    GIL go while another waits for it costs two. Linux counts them per thread (/proc/PID/task/TID/status)."""
+    total = 0
+    for p in measured(proc, only):
+        try:
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with open(f"/proc/{p.pid}/task/{tid}/status") as f:
+                    total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except OSError:  # the process or thread has gone
+            pass
     return total
 
 
@@ -521,7 +547,7 @@ def main():
                 for name in names[k % len(names):] + names[:k % len(names)]:
                     cell = cells[(name, c)]
                     proc, only = procs.get(name, (ours, "daphne"))
-                    cpu0, svc0 = cpu_seconds(proc, only), service_cpu(services)
+                    cpu0, svc0, sw0 = cpu_seconds(proc, only), service_cpu(services), switches(proc, only)
                     gen0 = generator_cpu()
                     if a.generator == "wrk":
                         measure_wrk(cell, urls[name], tokens, c, a.duration / a.rounds, a.warmup, tmp / "wrk.lua")
@@ -531,6 +557,7 @@ def main():
                     # server CPU per answered request, warm-up included on both counts: on a shared machine
                     # this ratio moves far less than req/s does
                     cell.cpu += cpu_seconds(proc, only) - cpu0
+                    cell.switches += switches(proc, only) - sw0
                     cell.services += sum(t - svc0.get(pid, 0.0) for pid, t in service_cpu(services).items())
                     cell.generator += generator_cpu() - gen0
         results = {key: cell.summary() for key, cell in cells.items()}
@@ -548,11 +575,11 @@ def main():
     print(f"machine: {machine()}; load average before: {load_before}, after: {os.getloadavg()[0]:.2f}")
     print(f"server: {' '.join(serve[1:])}" + (f"; base: the same at {a.base} (without celery beat)" if a.base else ""))
     print(f"{'server':<10} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'requests':>9} {'errors':>6} "
-          f"{'agents':>6} {'CPU ms/req':>10} {'+db+redis':>10}")
+          f"{'agents':>6} {'CPU ms/req':>10} {'+db+redis':>10} {'cs/req':>7}")
     for (name, c), r in results.items():
         print(f"{name:<10} {c:>5} {r['rps']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['requests']:>9} "
               f"{r['errors']:>6} {r['agents_in_result']!s:>6} {r['cpu_ms_per_req']:>10.2f} "
-              f"{r['cpu_ms_per_req'] + r['services_ms_per_req']:>10.2f}")
+              f"{r['cpu_ms_per_req'] + r['services_ms_per_req']:>10.2f} {r['switches_per_req']:>7.1f}")
     print("the load generator's own CPU ms/req: " + ", ".join(
         f"{name} {r['generator_ms_per_req']:.2f} ({c})" for (name, c), r in results.items()))
     print("\nratio ours/reference (req/s: higher is better for us; latency and CPU: lower is better for us);"
