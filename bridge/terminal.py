@@ -46,6 +46,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from yuzu.cpus import unpinned
+
 __all__ = [
     "unpasteable",
     "PaneInfo",
@@ -212,14 +214,15 @@ class TmuxBackend(TerminalBackend):
         cmd = [self.tmux, "-u", "-L", self.socket_name, "-f", os.devnull, *args]
         label = label or f"tmux {args[0]}"
         try:
-            proc = subprocess.run(
-                cmd,
-                input=input,
-                capture_output=True,
-                timeout=self.timeout if timeout is None else timeout,
-                env=self._client_env(),
-                stdin=None if input is not None else subprocess.DEVNULL,
-            )
+            with unpinned():  # the first call starts tmux's server, parent of every pane: not on a daphne's CPU
+                proc = subprocess.run(
+                    cmd,
+                    input=input,
+                    capture_output=True,
+                    timeout=self.timeout if timeout is None else timeout,
+                    env=self._client_env(),
+                    stdin=None if input is not None else subprocess.DEVNULL,
+                )
         except FileNotFoundError as exc:
             raise TerminalError(f"tmux executable not found: {self.tmux!r}") from exc
         except subprocess.TimeoutExpired as exc:

@@ -484,3 +484,21 @@ def test_a_workers_secrets_never_appear_on_a_command_line(tmp_path):
     finally:
         b.shutdown()
     assert not env_dir.exists()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs a process allowed on two CPUs or more")
+def test_a_tmux_server_a_pinned_daphne_starts_and_its_panes_run_on_every_cpu_serve_had(monkeypatch):
+    """serve pins each daphne to one CPU (yuzu.cpus); the worker sessions it starts in panes must not be."""
+    from yuzu.cpus import ENV, affinity
+
+    whole = os.sched_getaffinity(0)
+    monkeypatch.setenv(ENV, ",".join(map(str, sorted(whole))))
+    b = TmuxBackend(unique(f"yuzu-test-pin-{os.getpid()}"), width=80, height=20)
+    try:
+        with affinity({min(whole)}):  # a daphne's worker thread: its first tmux call starts the server
+            pane = b.start("pinned", ["sleep", "30"], BASE_ENV)
+        server = int(b._run("display-message", "-p", "-t", pane.pane_id, "#{pid}").strip())
+        assert os.sched_getaffinity(server) == whole
+        assert os.sched_getaffinity(pane.pid) == whole
+    finally:
+        b.shutdown()

@@ -9,7 +9,8 @@ import time
 import pytest
 from django.core.management.base import CommandError
 
-from yuzu.management.commands.serve import affinity, listen, pinned_cpus, server_processes
+from yuzu.cpus import ENV, affinity, pinned_cpus, unpinned
+from yuzu.management.commands.serve import listen, server_processes
 
 
 def test_process_count(settings):
@@ -36,7 +37,7 @@ def test_each_daphne_gets_the_next_cpu_this_process_may_use(monkeypatch):
 def test_a_process_started_within_affinity_runs_on_that_cpu_and_the_caller_gets_its_cpus_back():
     whole = os.sched_getaffinity(0)
     cpu = max(whole)
-    with affinity(cpu):
+    with affinity({cpu}):
         child = subprocess.Popen(["sleep", "30"])
     try:
         assert os.sched_getaffinity(child.pid) == {cpu}
@@ -46,6 +47,25 @@ def test_a_process_started_within_affinity_runs_on_that_cpu_and_the_caller_gets_
         child.wait()
     with affinity(None):
         assert os.sched_getaffinity(0) == whole
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs a process allowed on two CPUs or more")
+def test_what_a_pinned_daphne_starts_runs_on_the_cpus_serve_had(monkeypatch):
+    """The bridge's tmux server, started by a daphne's tmux client, and the worker sessions in its panes."""
+    whole = os.sched_getaffinity(0)
+    monkeypatch.setenv(ENV, ",".join(map(str, sorted(whole))))
+    with affinity({min(whole)}):  # a daphne's worker thread
+        with unpinned():
+            child = subprocess.Popen(["sleep", "30"])
+        assert os.sched_getaffinity(0) == {min(whole)}  # the thread itself stays pinned
+    try:
+        assert os.sched_getaffinity(child.pid) == whole
+    finally:
+        child.kill()
+        child.wait()
+    monkeypatch.delenv(ENV)
+    with affinity({min(whole)}), unpinned():  # not under serve: nothing to give back
+        assert os.sched_getaffinity(0) == {min(whole)}
 
 
 def test_one_socket_per_daphne_on_one_port_and_a_port_in_use_is_refused():

@@ -8,7 +8,7 @@ so the kernel spreads new connections over the processes. (One socket adopted by
 first accept a whole burst: 16 keep-alive clients all on one process, the other idle.) In embedded mode that
 state lives in one process, so there is one daphne — on a socket the parent opens the same way.
 
-Each daphne runs on one CPU of its own (``pinned_cpus``), its threads with it: a daphne is one event loop and a
+Each daphne runs on one CPU of its own (yuzu.cpus), its threads with it: a daphne is one event loop and a
 few worker threads under one GIL, and on a CPU of its own a thread that lets the GIL go around a short C call
 (a SQLite step, a socket send) takes it back without a hand-off. Free to run on every core, its threads
 trade the GIL across CPUs instead — embedded, at 16 concurrent calls, 31 context switches per call against 1.4
@@ -22,13 +22,14 @@ import subprocess
 import sys
 import time
 from argparse import ArgumentParser
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from yuzu.cpus import ENV as CPUS_ENV
+from yuzu.cpus import affinity, pinned_cpus
 
 # Connections the kernel completes and queues for a daphne that has not accepted them yet. Twisted's default
 # (daphne -b/-p) is 50: thousands of agents reconnecting at once (a server restart, bench/fanout's swarms)
@@ -64,6 +65,8 @@ class Command(BaseCommand):
         listeners = {"daphne": socks[0]} if n == 1 else {f"daphne-{i + 1}": s for i, s in enumerate(socks)}
         procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
         cpus = dict(zip(listeners, pinned_cpus(n, not no_pin and settings.YUZU_SERVE_PIN), strict=False))
+        if cpus:  # what a daphne starts that must not stay on its CPU gets these back (yuzu.cpus.unpinned)
+            os.environ[CPUS_ENV] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         if settings.REDIS_URL:
             procs["celery-worker"] = [py, "-m", "celery", "-A", "yuzu", "worker", "-l", "warning", "--concurrency", "2"]
             if not no_beat:
@@ -81,7 +84,7 @@ class Command(BaseCommand):
         # umask (the others keep the caller's, which bridge workers and agent commands inherit).
         running = {}
         for name, argv in procs.items():
-            with affinity(cpus.get(name)):
+            with affinity({cpus[name]} if name in cpus else None):
                 running[name] = subprocess.Popen(argv, start_new_session=True,
                                                  umask=0o077 if name == "celery-beat" else -1,
                                                  pass_fds=(listeners[name].fileno(),) if name in listeners else ())
@@ -145,35 +148,6 @@ def server_processes(requested: int | None) -> int:
                            "streams and the channel layer live inside one process. Set YUZU_REDIS_URL, or serve "
                            "with --processes 1.")
     return n
-
-
-def pinned_cpus(n: int, pin: bool = True) -> list[int]:
-    """The CPU each of ``n`` daphnes runs on: the CPUs this process may use (its affinity: a container's cpuset,
-    a ``taskset``), in turn. None (an empty list) when not pinning, on one CPU, or where the platform cannot pin."""
-    if not pin or not hasattr(os, "sched_getaffinity"):
-        return []
-    allowed = sorted(os.sched_getaffinity(0))
-    return [allowed[i % len(allowed)] for i in range(n)] if len(allowed) > 1 else []
-
-
-@contextmanager
-def affinity(cpu: int | None) -> Iterator[None]:
-    """Within: this thread runs on ``cpu`` alone, and so does a process it starts, which inherits the mask at fork
-    (and every thread that process starts after). Deterministic where setting a started child's mask would race
-    its first threads. None: no change."""
-    if cpu is None:
-        yield
-        return
-    whole = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {cpu})
-    except OSError:  # gone from this process's cpuset meanwhile: start it unpinned rather than not at all
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, whole)
 
 
 def listen(host: str, port: int, n: int) -> list[socket.socket]:
