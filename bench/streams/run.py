@@ -41,6 +41,10 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from yuzu.cpus import affinity, pinned_cpus  # noqa: E402  (after sys.path)
+
 PY = sys.executable
 PROTOCOL = "2025-11-25"
 TICK = 3.0
@@ -95,6 +99,7 @@ class Env:
     def __init__(self, var_dir):
         self.var_dir = var_dir
         self.session_cap = 1024  # the daphnes' global session cap (GLOBAL_CAP), set for the run by main_async
+        self.cpus = None  # the daphne's CPU (set by main: serve's first, or none with --no-pin)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
         self.env.update({"YUZU_VAR_DIR": str(var_dir), "DJANGO_SETTINGS_MODULE": "yuzu.settings",
                          "PYTHONUNBUFFERED": "1", "YUZU_LOG_LEVEL": "WARNING"})
@@ -110,10 +115,12 @@ class Server:
     def __init__(self, env, cap, name):
         self.port = free_port()
         self.log = open(env.var_dir / f"daphne-{name}.log", "w")
-        self.proc = subprocess.Popen(
-            [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port),
-             "--access-log", os.devnull, "yuzu.asgi:application"],
-            cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)}, stdout=self.log, stderr=subprocess.STDOUT)
+        with affinity(env.cpus):  # on one CPU, as `manage.py serve` runs a daphne (unless --no-pin)
+            self.proc = subprocess.Popen(
+                [PY, "-c", DAPHNE, str(env.session_cap), "-b", "127.0.0.1", "-p", str(self.port),
+                 "--access-log", os.devnull, "yuzu.asgi:application"],
+                cwd=ROOT, env={**env.env, "YUZU_MCP_MAX_STREAMS": str(cap)}, stdout=self.log,
+                stderr=subprocess.STDOUT)
         self.ps = psutil.Process(self.proc.pid)
         self.url = f"http://127.0.0.1:{self.port}/mcp/v1/"
         deadline = time.time() + 60
@@ -481,6 +488,8 @@ def main():
     ap.add_argument("--runs", type=int, default=20,
                     help="streamed execute_instruction calls per latency phase (0: skip)")
     ap.add_argument("--load-streams", type=int, default=1000, help="GET streams held during the loaded latency phase")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="let the daphne run on any CPU (`manage.py serve` pins it to one: docs/running.md)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (database, daphne logs)")
     a = ap.parse_args()
@@ -490,12 +499,14 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
     var_dir = Path(tempfile.mkdtemp(prefix="yuzu-bench-streams-"))
     env = Env(var_dir)
+    env.cpus = set(pinned_cpus(1, not a.no_pin)) or None
     machine = (f"{cpu_model()}, {psutil.cpu_count()} CPUs, "
                f"{round(psutil.virtual_memory().total / 2**30)} GiB RAM, Linux {platform.release()}, "
                f"Python {platform.python_version()}, "
                f"{'PostgreSQL' if os.environ.get('YUZU_DATABASE_URL') else 'SQLite'}, "
                f"{'Redis layer' if os.environ.get('YUZU_REDIS_URL') else 'in-process layer'}, "
-               f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}")
+               f"RLIMIT_NOFILE {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}, "
+               f"{f'daphne on CPU {min(env.cpus)}' if env.cpus else 'daphne on any CPU'}")
     try:
         env.run([PY, "manage.py", "migrate", "--noinput", "-v0"])
         levels, latency = asyncio.run(main_async(a, env))
