@@ -34,7 +34,6 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 from run import (  # noqa: E402  (after sys.path)
-    MCP_PY,
     PROTOCOL,
     SETUP,
     add_worktree,
@@ -42,6 +41,8 @@ from run import (  # noqa: E402  (after sys.path)
     check_base,
     free_port,
     headers,
+    reference_command,
+    reference_env,
     remove_worktree,
     rest_headers,
     server_env,
@@ -66,6 +67,8 @@ def wait_up(server: subprocess.Popen[bytes], client: httpx.Client, url: str, tmp
             return
         except httpx.TransportError:
             time.sleep(0.5)
+    server.terminate()
+    raise SystemExit(f"the server under valgrind did not answer {url} in 300 s: see {tmp / 'server.log'}")
 
 
 def mcp_session(client: httpx.Client, url: str, token: str | None) -> dict[str, str]:
@@ -76,6 +79,17 @@ def mcp_session(client: httpx.Client, url: str, token: str | None) -> dict[str, 
     session = headers(token, r.headers["mcp-session-id"])
     client.post(url, headers=session, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
     return session
+
+
+def tools_caller(client: httpx.Client, url: str, token: str | None) -> Callable[[], None]:
+    """One checked `tools/call list_agents` per call, in a session of its own (ids unique within it)."""
+    session, n = mcp_session(client, url, token), iter(range(1, 10**9))
+
+    def tools_call() -> None:
+        r = client.post(url, headers=session, content=call_body(next(n)))
+        assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
+
+    return tools_call
 
 
 def counted(server: subprocess.Popen[bytes], routes: dict[str, Callable[[], None]], calls: int,
@@ -124,37 +138,23 @@ def count(tree: Path, env: dict[str, str], calls: int, tmp: Path) -> dict[str, d
     url = f"http://127.0.0.1:{port}"
     with httpx.Client(timeout=120) as client:
         wait_up(daphne, client, url + "/healthz", tmp)
-        mcp = mcp_session(client, url + "/mcp/v1/", token)
-        n = iter(range(1, 10**9))
-
-        def tools_call() -> None:
-            r = client.post(url + "/mcp/v1/", headers=mcp, content=call_body(next(n)))
-            assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
 
         def rest_get() -> None:
             r = client.get(url + "/api/v1/agents", headers=rest_headers(token))
             assert r.status_code == 200, r.text[:300]
 
-        return counted(daphne, {"tools/call": tools_call, "rest": rest_get}, calls, tmp)
+        return counted(daphne, {"tools/call": tools_caller(client, url + "/mcp/v1/", token), "rest": rest_get},
+                       calls, tmp)
 
 
 def count_reference(agents: Path, calls: int, tmp: Path) -> dict[str, dict[str, float]]:
     """The same for the SDK's reference server (uvicorn; .venv-mcp), serving ``agents`` from memory."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "YUZU_", "ANTHROPIC_"))}
-    server = under_callgrind([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(port), "--agents",
-                              str(agents)], tmp, env, tmp)
+    server = under_callgrind(reference_command(port, agents), tmp, reference_env(dict(os.environ)), tmp)
     url = f"http://127.0.0.1:{port}/mcp"
     with httpx.Client(timeout=120) as client:
         wait_up(server, client, url, tmp)
-        mcp = mcp_session(client, url, None)
-        n = iter(range(1, 10**9))
-
-        def tools_call() -> None:
-            r = client.post(url, headers=mcp, content=call_body(next(n)))
-            assert r.status_code == 200 and not r.json()["result"].get("isError"), r.text[:300]
-
-        return counted(server, {"tools/call": tools_call}, calls, tmp)
+        return counted(server, {"tools/call": tools_caller(client, url, None)}, calls, tmp)
 
 
 def main() -> None:

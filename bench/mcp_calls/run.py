@@ -389,6 +389,16 @@ def server_env(var_dir):
     return env
 
 
+def reference_command(port, agents):
+    """The SDK's reference server (.venv-mcp) on ``port``, serving the list_agents rows in the file ``agents``."""
+    return [str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(port), "--agents", str(agents)]
+
+
+def reference_env(env):
+    """The reference server's environment: ``env`` without Django's and yuzu's settings."""
+    return {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_", "ANTHROPIC_"))}
+
+
 def check_base(ap, rev):
     """--base REV: refused at once, before any set-up, unless REV names a commit of this repository."""
     if rev and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
@@ -514,10 +524,8 @@ def main():
         serve = [sys.executable, "manage.py", "serve", "--no-agent"] + processes
         ours = subprocess.Popen(serve, cwd=ROOT, env={**env, "YUZU_BIND": f"127.0.0.1:{p_ours}"},
                                 stdout=open(log_ours, "w"), stderr=subprocess.STDOUT)
-        ref_env = {k: v for k, v in env.items() if not k.startswith(("DJANGO_", "YUZU_"))}
-        ref = subprocess.Popen([str(MCP_PY), str(HERE / "reference_server.py"), "--port", str(p_ref), "--agents",
-                                str(tmp / "agents.json")], cwd=tmp, env=ref_env, stdout=open(log_ref, "w"),
-                               stderr=subprocess.STDOUT)
+        ref = subprocess.Popen(reference_command(p_ref, tmp / "agents.json"), cwd=tmp, env=reference_env(env),
+                               stdout=open(log_ref, "w"), stderr=subprocess.STDOUT)
         if a.base:  # the same serve from REV's tree, with no second celery beat writing the same schedule file
             add_worktree(a.base, base_tree)
             p_base = free_port()
