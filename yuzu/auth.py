@@ -80,6 +80,9 @@ class PrincipalCache:
     def __init__(self) -> None:
         self.version = -1
         self.entries: dict[str, _Known] = {}
+        # token hash → the key of the principal it last authenticated as: kept across versions (a token's id
+        # and owner never change), dropped when the token is refused
+        self.keys: dict[str, str] = {}
 
     def get(self, token_hash: str, version: int) -> _Known | None:
         if version != self.version:
@@ -94,6 +97,14 @@ class PrincipalCache:
             if len(self.entries) >= self.MAX_ENTRIES:
                 self.entries = {}
             self.entries[token_hash] = known
+
+    def note_key(self, token_hash: str, key: str | None) -> None:
+        if key is None:
+            self.keys.pop(token_hash, None)
+        elif self.keys.get(token_hash) != key:
+            if len(self.keys) >= self.MAX_ENTRIES:
+                self.keys = {}
+            self.keys[token_hash] = key
 
 
 principals = PrincipalCache()
@@ -115,10 +126,31 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
     token_hash = hash_secret(raw)
     version = AuthVersion.current()
     known = principals.get(token_hash, version)
-    if known is None:
-        known = _load(token_hash)
-        principals.put(token_hash, version, known)
+    try:
+        if known is None:
+            known = _load(token_hash)
+            principals.put(token_hash, version, known)
+        _refuse_unusable(known.token, now, audiences)
+    except AuthError:
+        principals.note_key(token_hash, None)
+        raise
     token = known.token
+    principals.note_key(token_hash, Principal.key_for(token.owner_id, token.pk))
+    if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
+        try:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        except DatabaseError as exc:
+            # Bookkeeping, not authentication: a database that refuses writes (disk full, read-only) must not
+            # refuse reads too (issue 22). Inside a transaction the caller's own writes fail anyway.
+            if connection.in_atomic_block or classify(exc) is None:
+                raise
+            log.warning("token %s: last_used_at not recorded (%s)", token.id, str(exc).splitlines()[0][:120])
+        else:
+            token.last_used_at = now
+    return Principal(user=token.owner, token=token, via="token", _grants=known.grants)
+
+
+def _refuse_unusable(token: ApiToken, now: datetime, audiences: Iterable[str]) -> None:
     if not token.is_live(now):
         raise AuthError("token expired or revoked", f"this token no longer works: use another one (GET /api/v1/tokens lists "
                         f"yours), or have an administrator mint one with {MINT_HINT}")
@@ -132,18 +164,18 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
     if token.audience not in audiences:
         raise AuthError("token not valid for this endpoint", f"a bridge worker token works only at /mcp/bridge/; here use "
                         f"an API token (GET /api/v1/tokens lists yours; {MINT_HINT} mints one)")
-    if token.last_used_at is None or now - token.last_used_at > LAST_USED_GRANULARITY:
-        try:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        except DatabaseError as exc:
-            # Bookkeeping, not authentication: a database that refuses writes (disk full, read-only) must not
-            # refuse reads too (issue 22). Inside a transaction the caller's own writes fail anyway.
-            if connection.in_atomic_block or classify(exc) is None:
-                raise
-            log.warning("token %s: last_used_at not recorded (%s)", token.id, str(exc).splitlines()[0][:120])
-        else:
-            token.last_used_at = now
-    return Principal(user=token.owner, token=token, via="token", _grants=known.grants)
+
+
+def last_principal_key(headers: Mapping[str, str]) -> str | None:
+    """The key of the principal the token in ``headers`` last authenticated as in this process, from memory (no
+    database read, no check): for work begun before authentication that depends on nothing but the key, and is
+    used only once ``authenticate`` names that same principal (mcp.server's early session check). None for no
+    token, a malformed header, a token not seen yet, or one refused since."""
+    try:
+        raw = token_from_headers(headers)
+    except AuthError:
+        return None
+    return principals.keys.get(hash_secret(raw)) if raw else None
 
 
 def principal_for_session(session_key: str | None) -> Principal | None:

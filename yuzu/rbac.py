@@ -115,7 +115,12 @@ class Principal:
     @property
     def key(self) -> str:
         """Stable identity for keying per-principal state (sessions, streams)."""
-        return self.key_prefix(self.user.pk) + (f"t{self.token.pk}" if self.token is not None else "s")
+        return self.key_for(self.user.pk, self.token.pk if self.token is not None else None)
+
+    @classmethod
+    def key_for(cls, user_id: int, token_id: str | None) -> str:
+        """The key of user ``user_id``'s principal through token ``token_id`` (None: the admin session)."""
+        return cls.key_prefix(user_id) + (f"t{token_id}" if token_id is not None else "s")
 
     @staticmethod
     def key_prefix(user_id: int) -> str:

@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .backend import configured
 
@@ -55,6 +58,11 @@ class SessionStore(Protocol):
     def validate(self, sid: str, principal: str) -> Session | None:
         """The live session ``sid`` of this principal (sliding its idle expiry), or None."""
 
+    def begin_validate(self, sid: str, principal: str) -> "PendingValidation":
+        """``validate``, its answer read later: the Redis store sends the command at once, so that it travels
+        while the caller waits on something else (mcp.server: the database, authenticating). The caller closes
+        what it gets, whether it read the answer or not."""
+
     def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
         """End the session; False when this principal has no such session. ``by_client``: its client's own
         DELETE, remembered for ENDED_TTL (``deleted_by_client``)."""
@@ -73,6 +81,20 @@ class SessionStore(Protocol):
 
     def clear(self) -> None:
         """Forget every session (tests)."""
+
+
+class PendingValidation:
+    """A session check begun, answered by ``result()``; ``close()`` always follows (the memory store: nothing
+    was begun, ``result`` validates)."""
+
+    def __init__(self, store: SessionStore, sid: str, principal: str) -> None:
+        self.store, self.sid, self.principal = store, sid, principal
+
+    def result(self) -> Session | None:
+        return self.store.validate(self.sid, self.principal)
+
+    def close(self) -> None:
+        pass
 
 
 class MemorySessionStore(SessionStore):
@@ -108,6 +130,9 @@ class MemorySessionStore(SessionStore):
                 return None
             self._sessions[sid] = (entry[0], now + IDLE_TTL)
             return entry[0]
+
+    def begin_validate(self, sid: str, principal: str) -> PendingValidation:
+        return PendingValidation(self, sid, principal)
 
     def delete(self, sid: str, principal: str, by_client: bool = False) -> bool:
         with self._lock:
@@ -213,10 +238,18 @@ class RedisSessionStore(SessionStore):
         return Session(sid, principal, protocol_version, client_name, client_version)
 
     def validate(self, sid: str, principal: str) -> Session | None:
-        flat = cast(list[str], self._validate(keys=self._keys(principal, sid), args=[principal, time.time(), IDLE_TTL, sid]))
-        if not flat:
-            return None
-        return self._session(sid, dict(zip(flat[::2], flat[1::2], strict=True)))
+        return self._answer(sid, self._validate(keys=self._keys(principal, sid), args=self._validate_args(sid, principal)))
+
+    def begin_validate(self, sid: str, principal: str) -> PendingValidation:
+        return _PendingRedis(self, sid, principal)
+
+    @staticmethod
+    def _validate_args(sid: str, principal: str) -> list[str | float | int]:
+        return [principal, time.time(), IDLE_TTL, sid]
+
+    def _answer(self, sid: str, flat: object) -> Session | None:
+        pairs = cast(list[str], flat)
+        return self._session(sid, dict(zip(pairs[::2], pairs[1::2], strict=True))) if pairs else None
 
     @staticmethod
     def _session(sid: str, data: dict[str, str]) -> Session:
@@ -264,6 +297,54 @@ class RedisSessionStore(SessionStore):
     def clear(self) -> None:
         for key in self.redis.scan_iter(self.prefix + "*"):
             self.redis.delete(key)
+
+
+class _PendingRedis(PendingValidation):
+    """The validation script sent on a connection of the pool's own, its reply read on ``result()`` (or read and
+    dropped on ``close()``) before the connection goes back. Where anything goes wrong on the way — the send, the
+    read, Redis having lost the script — ``validate`` runs instead, with redis-py's own retries: the answer and
+    its failures are what ``validate`` gives."""
+
+    store: RedisSessionStore
+
+    def __init__(self, store: RedisSessionStore, sid: str, principal: str) -> None:
+        super().__init__(store, sid, principal)
+        self.pool = store.redis.connection_pool
+        self.conn: redis.Connection | None = None
+        try:
+            self.conn = self.pool.get_connection()
+            self.conn.send_command("EVALSHA", store._validate.sha, 3, *store._keys(principal, sid),
+                                   *store._validate_args(sid, principal))
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            self._drop(disconnect=True)
+
+    def result(self) -> Session | None:
+        if self.conn is not None:
+            try:
+                return self.store._answer(self.sid, self.conn.read_response())
+            except NoScriptError:  # Redis restarted or flushed its scripts: validate() loads it again
+                pass
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                self._drop(disconnect=True)
+            finally:
+                self._drop()
+        return super().result()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.read_response()
+            except Exception:  # what it says no longer matters; the connection is not reused half-read
+                self._drop(disconnect=True)
+            finally:
+                self._drop()
+
+    def _drop(self, disconnect: bool = False) -> None:
+        if self.conn is not None:  # (None: get_connection failed, and the pool took its connection back itself)
+            if disconnect:
+                self.conn.disconnect()
+            self.pool.release(self.conn)
+            self.conn = None
 
 
 store = configured(MemorySessionStore, RedisSessionStore)
