@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from bridge.conf import socket_name
+from bridge.terminal import TmuxBackend
 from tests.support.servers import start_daphne
 from yuzu.celery import app as celery_app
 from yuzu.models import ApiToken
@@ -83,7 +84,7 @@ def bridge_tmux_server():
     was_running = bool(tmux) and subprocess.run([tmux, "-L", name, "list-sessions"], capture_output=True).returncode == 0
     yield
     if tmux and not was_running:
-        subprocess.run([tmux, "-L", name, "kill-server"], capture_output=True)
+        TmuxBackend(name).shutdown()  # the server, its socket file, and its private directory of env files
 
 
 @pytest.fixture
