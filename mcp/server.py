@@ -156,11 +156,16 @@ def _early_session_check(req: Request, sid: str) -> PendingValidation | None:
     principal its token authenticated as the last time this process saw it, so that the session store (Redis)
     answers while the database does — one round trip less on every call. Used only when authentication names
     that principal again; otherwise ``_session`` checks anew, for the one it names."""
-    method = (req.msg or {}).get("method")
-    if not sid or not (req.http_method == "GET" or (req.http_method == "POST" and streaming_on() and method != "initialize")):
+    if not sid or not _session_bound(req):
         return None
     key = last_principal_key(req.headers)
     return store().begin_validate(sid, key) if key is not None else None
+
+
+def _session_bound(req: Request) -> bool:
+    """Whether the request must name a live session: a GET stream; with streaming on, every POST but initialize."""
+    return req.http_method == "GET" or (
+        req.http_method == "POST" and streaming_on() and (req.msg or {}).get("method") != "initialize")
 
 
 def _session(principal: rbac.Principal, sid: str, early: PendingValidation | None) -> Session | None:
@@ -183,7 +188,7 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
     req_id = msg.get("id")
     is_notification = method is not None and "id" not in msg
     session = None
-    if streaming_on() and method != "initialize":
+    if _session_bound(req):
         session = _session(principal, sid, early) if sid else None
         if session is None:
             return _session_refusal(principal, sid, req_id)

@@ -334,7 +334,7 @@ class _PendingRedis(PendingValidation):
         if self.conn is not None:
             try:
                 self.conn.read_response()
-            except Exception:  # what it says no longer matters; the connection is not reused half-read
+            except Exception:  # the answer no longer matters; a connection that failed mid-read is not reused
                 self._drop(disconnect=True)
             finally:
                 self._drop()

@@ -5,6 +5,7 @@ check gives: the same answer, the same failures, nothing left half-read on a poo
 guess that authentication did not confirm."""
 
 import secrets
+import socket
 
 import pytest
 import redis
@@ -21,15 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="needs YUZU_REDIS_URL (CI sets it)")
 
 
-def stores():
-    yield "memory", MemorySessionStore()
-    if settings.REDIS_URL:
-        yield "redis", RedisSessionStore(settings.REDIS_URL)
-
-
 @pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=needs_redis)])
 def test_a_pending_check_answers_as_validate_does(backend):
-    sessions = dict(stores())[backend]
+    sessions = MemorySessionStore() if backend == "memory" else RedisSessionStore(settings.REDIS_URL)
     mine, other = f"u1.t{secrets.token_hex(4)}", f"u2.t{secrets.token_hex(4)}"
     s = sessions.create(mine, "2025-11-25", "claude-code", "2.1")
     for sid, principal in [(s.id, mine), (s.id, other), ("0" * 32, mine)]:
@@ -64,21 +59,29 @@ def test_a_check_closed_unread_leaves_its_connection_clean():
 
 
 @needs_redis
-def test_redis_that_lost_the_script_is_answered_by_validate():
-    """Redis restarted (scripts are not kept) between the script's registration and a pending check: the
-    NOSCRIPT reply is caught and validate() loads the script again."""
+@pytest.mark.parametrize("mishap", ["script_flushed", "connection_broken"])
+def test_a_check_that_went_wrong_on_its_way_is_answered_by_validate(mishap):
+    """script_flushed: Redis restarted (scripts are not kept) between the script's registration and the check —
+    the NOSCRIPT reply is caught and validate() loads the script again. connection_broken: the pooled connection
+    the check went out on breaks before its reply is read (Redis restarted, a proxy's idle timeout) — validate()
+    answers on a connection of its own. Either way the pool holds no connection in use afterwards."""
     sessions = RedisSessionStore(settings.REDIS_URL)
     mine = f"u1.t{secrets.token_hex(4)}"
     s = sessions.create(mine, "2025-11-25")
     sessions.validate(s.id, mine)
-    sessions.redis.script_flush()
+    if mishap == "script_flushed":
+        sessions.redis.script_flush()
     pending = sessions.begin_validate(s.id, mine)
+    assert pending.conn is not None
+    if mishap == "connection_broken":
+        pending.conn._sock.shutdown(socket.SHUT_RDWR)
     try:
         got = pending.result()
     finally:
         pending.close()
     assert got is not None and got.id == s.id
     assert not sessions.redis.connection_pool._in_use_connections
+    assert sessions.validate(s.id, mine) is not None  # and the pool's connections still serve
 
 
 def test_redis_down_fails_as_validate_does():
