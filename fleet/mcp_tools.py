@@ -25,7 +25,7 @@ SCOPE_ARG = {"scope": string(8192, "Scope expression, e.g. ostype == linux AND t
              "expression": string(8192, "The same as scope (its older name)", minLength=1)}
 
 
-@tool(name="list_agents", title="List agents", securable="Infrastructure", operation="Read",
+@tool(name="list_agents", title="List agents", securable="Infrastructure", operation="Read", pure=True,
       description="Lists the agents (endpoints) the caller may see: agent_id, hostname, os, arch, agent_version, "
                   "connected, last_seen. An empty list means no agent is enrolled or none is visible to you — "
                   "not that the fleet is healthy.",
@@ -37,7 +37,7 @@ def list_agents(ctx, args):
     return {"agents": rows, "count": len(rows)}
 
 
-@tool(name="get_agent_details", title="Agent details", securable="Infrastructure", operation="Read",
+@tool(name="get_agent_details", title="Agent details", securable="Infrastructure", operation="Read", pure=True,
       object_permission=on_agent("agent_id"),
       description="One agent with its self-reported attributes, tags and management groups. An unknown or "
                   "invisible agent_id is an error (-32602 'Agent not found'), never an empty result.",
@@ -48,7 +48,7 @@ def get_agent_details(ctx, args):
     return services.agent_details(ctx.principal, args["agent_id"])
 
 
-@tool(name="get_tags", title="Agent tags", securable="Tag", operation="Read", object_permission=on_agent("agent_id"),
+@tool(name="get_tags", title="Agent tags", securable="Tag", operation="Read", pure=True, object_permission=on_agent("agent_id"),
       description="The tags (key=value) of one agent. An empty list means the agent has no tags.",
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
       output_schema=obj({"agent_id": string(128), "tags": array(obj({"key": string(64), "value": string(256)}))},
@@ -57,7 +57,7 @@ def get_tags(ctx, args):
     return services.get_tags(ctx.principal, args["agent_id"])
 
 
-@tool(name="search_agents_by_tag", title="Find agents by tag", securable="Tag", operation="Read",
+@tool(name="search_agents_by_tag", title="Find agents by tag", securable="Tag", operation="Read", pure=True,
       description="agent_ids carrying tag `key` (and `value`, if given). An empty list means no visible agent has "
                   "that tag.",
       input_schema=obj({"key": string(64, "Tag key", minLength=1), "value": string(256, "Exact tag value")}, ["key"]),
@@ -90,7 +90,7 @@ def delete_tag(ctx, args):
     return services.delete_tag(ctx.principal, cid=ctx.cid, plan=ctx.plan)
 
 
-@tool(name="list_management_groups", title="List management groups", securable="ManagementGroup", operation="Read",
+@tool(name="list_management_groups", title="List management groups", securable="ManagementGroup", operation="Read", pure=True,
       description="The management groups you may see {id, name, description, parent_id, membership_type, "
                   "scope_expression}: all with a fleet-wide grant, otherwise the groups you hold a role on and their "
                   "sub-groups. An empty list means none of those exists.",
@@ -101,7 +101,7 @@ def list_management_groups(ctx, args):
     return {"groups": rows, "count": len(rows)}
 
 
-@tool(name="get_management_group", title="Management group", securable="ManagementGroup", operation="Read",
+@tool(name="get_management_group", title="Management group", securable="ManagementGroup", operation="Read", pure=True,
       description="One management group with its member agent_ids (for a dynamic group, the agents its scope "
                   "expression matches now). An empty members list means the group has no agent (a dynamic one: "
                   "its expression matches none now). Unknown group → -32602.",
@@ -113,7 +113,7 @@ def get_management_group(ctx, args):
 
 
 @tool(name="list_management_group_roles", title="Group role assignments", securable="ManagementGroup",
-      operation="Read",
+      operation="Read", pure=True,
       description="Who holds which role on one group. Needs ManagementGroup:Read plus a fleet-wide grant or "
                   "ITServiceOwner on that group. An empty list means nobody holds a role on it.",
       input_schema=obj({"group_id": GROUP_ID}, ["group_id"]),

@@ -116,6 +116,9 @@ class Tool:
     poll: bool = False
     precondition: Precondition | None = None
     prepare: Prepare | None = None
+    # Reads the database and does nothing else (no write, message, cache or call out): may run before the
+    # caller's grant is confirmed, the confirmation travelling with its first query (yuzu.provisional)
+    pure: bool = False
     progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
     task: TaskHooks | None = None  # may answer a modern client that declares the Tasks extension with a task
     module: str = ""
@@ -228,15 +231,18 @@ def tool(*, name: str, title: str, description: str, securable: str, operation: 
          output_schema: Schema | None = None, effect: str | None = None, idempotent: bool | None = None,
          service_scope: str = "denied", rbac: bool = True, object_permission: ObjectPermission | None = None,
          catalogue: str = DEFAULT_CATALOGUE, poll: bool = False, precondition: Precondition | None = None,
-         prepare: Prepare | None = None, progress: bool = False, task: TaskHooks | None = None) -> Callable[[H], H]:
+         prepare: Prepare | None = None, progress: bool = False, task: TaskHooks | None = None,
+         pure: bool = False) -> Callable[[H], H]:
     def register(fn: H) -> H:
         eff = effect or ("read" if operation == "Read" else "destructive")
+        if pure and eff != "read":
+            raise ValueError(f"tool {name}: only a read may be pure")
         t = Tool(name=name, title=title, description=description, securable=securable, operation=operation,
                  input_schema=input_schema, output_schema=output_schema, handler=fn, effect=eff,
                  idempotent=(operation == "Read") if idempotent is None else idempotent,
                  service_scope=service_scope, rbac=rbac, object_permission=object_permission, catalogue=catalogue,
                  poll=poll, precondition=precondition, prepare=prepare, progress=progress, task=task,
-                 module=fn.__module__)
+                 pure=pure, module=fn.__module__)
         cat = _cat(catalogue)
         if name in cat.tools and cat.tools[name].module != t.module:
             cat.duplicates.append(name)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 
+from . import provisional
 from .jsondata import JsonObject
 from .models import AuditEvent
 
@@ -36,7 +37,16 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
     """Append one row. ``principal`` is a Principal, a user, or a name. Returns True once the row is committed
     (or written in the caller's open transaction, which commits or rolls back with it). ``strict`` (inside a
     transaction only): a failed write raises, so the caller's transaction rolls back with it — for a row that
-    must exist whenever the writes it records do."""
+    must exist whenever the writes it records do.
+
+    A provisional call's row (yuzu.provisional) confirms the call: its deferred checks are answered first, and the
+    row is written only if the auth version is still the one the call ran as — checked by the INSERT itself, so
+    no round trip is added. Inside a transaction the call is confirmed before, in a round trip of its own."""
+    if connection.in_atomic_block:
+        provisional.confirm()
+        expected = None
+    else:
+        expected = provisional.carry()
     if principal is None or isinstance(principal, str):
         name = principal or ""
     elif hasattr(principal, "get_username"):  # a user
@@ -52,8 +62,11 @@ def audit(principal: Principal | AbstractBaseUser | AnonymousUser | str | None, 
         if strict:
             _insert([event])
             return True
-        return _write([event])
-    return group.commit(event)
+        return _write([event]) is not None
+    ok = group.commit(event, expected)
+    if ok and expected is not None:
+        provisional.settle()  # else the reply confirms: a moved version abandons the call there
+    return ok
 
 
 _COLUMNS = ("timestamp", "principal", "action", "target_type", "target_id", "detail", "result", "correlation_id")
@@ -74,17 +87,49 @@ def _insert_statement(rows: int) -> str:
     return sql
 
 
-def _insert(events: list[AuditEvent]) -> None:
+def _checked_statement(rows: int) -> str:
+    """PostgreSQL: the rows of ``_insert_statement``, each with the auth version its caller expects (NULL: none),
+    written only if the database holds that version; the statement answers the version it found."""
+    sql = _insert_sql.get(("checked", rows))
+    if sql is None:
+        q = connection.ops.quote_name
+        cols = ", ".join(map(q, _COLUMNS))
+        values = f"({', '.join(['%s'] * len(_COLUMNS))}, %s::bigint)"
+        sql = _insert_sql[("checked", rows)] = (
+            f"WITH v AS (SELECT n FROM yuzu_authversion WHERE id = 1), "
+            f"r ({cols}, expected) AS (VALUES {', '.join([values] * rows)}), "
+            f"w AS (INSERT INTO {q(AuditEvent._meta.db_table)} ({cols}) SELECT {cols} FROM r "
+            f"WHERE r.expected IS NULL OR r.expected = (SELECT n FROM v)) "
+            f"SELECT (SELECT n FROM v)")
+    return sql
+
+
+def _insert(events: list[AuditEvent], expected: list[int | None] | None = None) -> list[bool]:
     """The INSERT ``e.save()`` would run for each event, without compiling it through the ORM on every call (a
     third of a tools/call's Python time went there). A batch is one statement committed by itself — all its rows
     or none, in one round trip, where BEGIN, the rows and COMMIT took three. Append-only as ever: this only ever
-    inserts."""
-    with transaction.atomic() if len(events) > _STATEMENT_ROWS else nullcontext(), connection.cursor() as cursor:
+    inserts. ``expected``: per event, the auth version its provisional caller ran as (yuzu.provisional), or None;
+    such a row is written only at that version. Answers, per event, whether its row was written."""
+    checked = expected is not None and any(w is not None for w in expected)
+    written: list[bool] = []
+    with (transaction.atomic() if len(events) > _STATEMENT_ROWS else nullcontext(), connection.cursor() as cursor,
+          provisional.carrying() if checked else nullcontext()):
         for start in range(0, len(events), _STATEMENT_ROWS):
             chunk = events[start:start + _STATEMENT_ROWS]
-            cursor.execute(_insert_statement(len(chunk)), [v for e in chunk for v in (
+            params = [v for e in chunk for v in (
                 connection.ops.adapt_datetimefield_value(e.timestamp), e.principal, e.action, e.target_type,
-                e.target_id, e.detail, e.result, e.correlation_id)])
+                e.target_id, e.detail, e.result, e.correlation_id)]
+            if not checked:
+                cursor.execute(_insert_statement(len(chunk)), params)
+                written += [True] * len(chunk)
+                continue
+            wants = (expected or [])[start:start + _STATEMENT_ROWS]
+            n = len(_COLUMNS)
+            cursor.execute(_checked_statement(len(chunk)),
+                           [v for i, w in enumerate(wants) for v in (*params[i * n:i * n + n], w)])
+            found = cursor.fetchone()[0]
+            written += [w is None or w == found for w in wants]
+    return written
 
 
 _kept: ContextVar[list[AuditEvent] | None] = ContextVar("yuzu_audit_kept", default=None)
@@ -112,13 +157,13 @@ def rewrite(rows: list[AuditEvent]) -> bool:
     return ok
 
 
-def _write(events: list[AuditEvent]) -> bool:
+def _write(events: list[AuditEvent], expected: list[int | None] | None = None) -> list[bool] | None:
+    """``_insert``; None when the database refused the batch (logged; the caller reports audit_persisted:false)."""
     try:
-        _insert(events)
-        return True
-    except Exception:  # set-and-proceed: the caller reports audit_persisted:false
+        return _insert(events, expected)
+    except Exception:  # set-and-proceed
         log.exception("audit write failed for %s", ", ".join(sorted({e.action for e in events})))
-        return False
+        return None
 
 
 class GroupCommit:
@@ -135,8 +180,10 @@ class GroupCommit:
         self.queue: list[_Slot] = []
         self.writing = False
 
-    def commit(self, event: AuditEvent) -> bool:
-        slot = _Slot(event)
+    def commit(self, event: AuditEvent, expected: int | None = None) -> bool:
+        """True once the row is committed; False when the database refused it, or (``expected``: the auth version
+        a provisional caller ran as) found another version and it was not written."""
+        slot = _Slot(event, expected)
         with self.cond:
             self.queue.append(slot)
             while slot.ok is None and self.writing:
@@ -144,9 +191,13 @@ class GroupCommit:
             if slot.ok is not None:
                 return slot.ok
             batch, self.queue, self.writing = self.queue, [], True
+        outcomes: list[bool] = []
         try:
-            ok = _write([s.event for s in batch])
-            outcomes = [ok] * len(batch) if ok or len(batch) == 1 else [_write([s.event]) for s in batch]
+            written = _write([s.event for s in batch], [s.expected for s in batch])
+            if written is not None:
+                outcomes = written
+            else:
+                outcomes = [False] if len(batch) == 1 else [_write_one(s) for s in batch]
         except BaseException:
             outcomes = [False] * len(batch)
             raise
@@ -160,11 +211,16 @@ class GroupCommit:
 
 
 class _Slot:
-    __slots__ = ("event", "ok")
+    __slots__ = ("event", "expected", "ok")
 
-    def __init__(self, event: AuditEvent) -> None:
-        self.event = event
+    def __init__(self, event: AuditEvent, expected: int | None = None) -> None:
+        self.event, self.expected = event, expected
         self.ok: bool | None = None
+
+
+def _write_one(slot: _Slot) -> bool:
+    outcome = _write([slot.event], [slot.expected])
+    return outcome is not None and outcome[0]
 
 
 group = GroupCommit()

@@ -22,6 +22,7 @@ from django_otp import DEVICE_ID_SESSION_KEY
 from .faults import classify
 from .models import ApiToken, AuthVersion, hash_secret
 from .policy import TIER_ORDER, tier_allows
+from .provisional import may_defer
 from .rbac import Grants, Principal, may
 
 if TYPE_CHECKING:
@@ -78,25 +79,26 @@ class PrincipalCache:
     MAX_ENTRIES = 10_000
 
     def __init__(self) -> None:
-        self.version = -1
-        self.entries: dict[str, _Known] = {}
+        # (auth version, token hash → what it resolved to at that version): replaced whole, never changed in
+        # place across versions, so that a reader in another thread sees a version and entries that belong together
+        self.current: tuple[int, dict[str, _Known]] = (-1, {})
         # token hash → the key of the principal it last authenticated as: kept across versions (a token's id
         # and owner never change), dropped when the token is refused
         self.keys: dict[str, str] = {}
 
     def get(self, token_hash: str, version: int) -> _Known | None:
-        if version != self.version:
-            self.entries = {}
-            self.version = version
+        if version != self.current[0]:
+            self.current = (version, {})
             return None
-        return self.entries.get(token_hash)
+        return self.current[1].get(token_hash)
 
     def put(self, token_hash: str, version: int, known: _Known) -> None:
         # -1: no version row (a test run flushed the tables): nothing would invalidate the entry, so keep none
-        if version == self.version and version >= 0:
-            if len(self.entries) >= self.MAX_ENTRIES:
-                self.entries = {}
-            self.entries[token_hash] = known
+        cached, entries = self.current
+        if version == cached and version >= 0:
+            if len(entries) >= self.MAX_ENTRIES:
+                entries.clear()
+            entries[token_hash] = known
 
     def note_key(self, token_hash: str, key: str | None) -> None:
         if key is None:
@@ -124,12 +126,14 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
         raise AuthError("malformed token")
     now = now or timezone.now()
     token_hash = hash_secret(raw)
-    version = AuthVersion.current()
-    known = principals.get(token_hash, version)
+    known = _provisional_known(token_hash)
     try:
         if known is None:
-            known = _load(token_hash)
-            principals.put(token_hash, version, known)
+            version = AuthVersion.current()
+            known = principals.get(token_hash, version)
+            if known is None:
+                known = _load(token_hash)
+                principals.put(token_hash, version, known)
         _refuse_unusable(known.token, now, audiences)
     except AuthError:
         principals.note_key(token_hash, None)
@@ -148,6 +152,19 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
         else:
             token.last_used_at = now
     return Principal(user=token.owner, token=token, via="token", _grants=known.grants)
+
+
+def _provisional_known(token_hash: str) -> _Known | None:
+    """Inside yuzu.provisional's ``provisionally()``: what the token resolved to at the last version this process
+    read, its version left to be confirmed with the call's first query. None: read the version now."""
+    prov = may_defer()
+    if prov is None:
+        return None
+    version, entries = principals.current
+    known = entries.get(token_hash)
+    if known is not None:
+        prov.version = version
+    return known
 
 
 def _refuse_unusable(token: ApiToken, now: datetime, audiences: Iterable[str]) -> None:
