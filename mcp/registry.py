@@ -117,7 +117,7 @@ class Tool:
     precondition: Precondition | None = None
     prepare: Prepare | None = None
     # Reads the database and does nothing else (no write, message, cache or call out): may run before the
-    # caller's grant is confirmed, the confirmation travelling with its first query (yuzu.provisional)
+    # caller's grant is confirmed, the confirmation travelling with its audit row (yuzu.provisional)
     pure: bool = False
     progress: bool = False  # may report notifications/progress (ctx.follow) and stream a POST response
     task: TaskHooks | None = None  # may answer a modern client that declares the Tasks extension with a task

@@ -163,7 +163,7 @@ def handle(req: Request) -> Reply | Continuation | Attach:
 
 def _pure_call(req: Request) -> bool:
     """A tools/call of a pure tool (one that only reads the database), without progress: it may run as the cached
-    principal, confirmed by the round trip of its first query (yuzu.provisional)."""
+    principal, confirmed by its audit row (yuzu.provisional)."""
     msg = req.msg or {}
     params = msg.get("params")
     if req.http_method != "POST" or msg.get("method") != "tools/call" or not isinstance(params, dict):
@@ -193,8 +193,8 @@ def _session_bound(req: Request) -> bool:
 
 def _session(principal: rbac.Principal, sid: str, early: PendingValidation | None) -> Session | None:
     """The caller's live session ``sid``, or None. A provisional call (yuzu.provisional) takes the one this process
-    last saw, its liveness answered by the early check at the confirmation (the Redis reply is read once the
-    database's is in): what a session was opened with never changes."""
+    last saw, its liveness answered by the early check at the confirmation (the Redis reply is read just before
+    the audit row is written): what a session was opened with never changes."""
     if early is not None and early.principal == principal.key:
         seen = _seen.get(sid)
         if seen is not None and seen.principal == principal.key and defer(lambda: early.result() is not None):

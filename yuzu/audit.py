@@ -15,7 +15,7 @@ from django.db import connection, transaction
 
 from . import provisional
 from .jsondata import JsonObject
-from .models import AuditEvent
+from .models import AuditEvent, AuthVersion
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -96,7 +96,7 @@ def _checked_statement(rows: int) -> str:
         cols = ", ".join(map(q, _COLUMNS))
         values = f"({', '.join(['%s'] * len(_COLUMNS))}, %s::bigint)"
         sql = _insert_sql[("checked", rows)] = (
-            f"WITH v AS (SELECT n FROM yuzu_authversion WHERE id = 1), "
+            f"WITH v AS ({AuthVersion.READ_SQL}), "
             f"r ({cols}, expected) AS (VALUES {', '.join([values] * rows)}), "
             f"w AS (INSERT INTO {q(AuditEvent._meta.db_table)} ({cols}) SELECT {cols} FROM r "
             f"WHERE r.expected IS NULL OR r.expected = (SELECT n FROM v)) "

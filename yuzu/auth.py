@@ -156,7 +156,7 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
 
 def _provisional_known(token_hash: str) -> _Known | None:
     """Inside yuzu.provisional's ``provisionally()``: what the token resolved to at the last version this process
-    read, its version left to be confirmed with the call's first query. None: read the version now."""
+    read, its version left to be confirmed by the call's audit row. None: read the version now."""
     prov = may_defer()
     if prov is None:
         return None

@@ -226,14 +226,17 @@ class AuthVersion(models.Model):
 
     n = models.BigIntegerField(default=0)
 
+    #: the counter, read without the ORM (also inside yuzu.audit's checked INSERT and yuzu.provisional)
+    READ_SQL = "SELECT n FROM yuzu_authversion WHERE id = 1"
+
     @classmethod
     def current(cls) -> int:
         """The counter, in one round trip without the ORM's query building (this runs on every call)."""
         with connection.cursor() as cursor:
-            cursor.execute("SELECT n FROM yuzu_authversion WHERE id = 1")
+            cursor.execute(cls.READ_SQL)
             row = cursor.fetchone()
             if row is None:  # the migration creates the row; a flush (transactional tests) empties the table
                 cursor.execute("INSERT INTO yuzu_authversion (id, n) VALUES (1, 0) ON CONFLICT DO NOTHING")
-                cursor.execute("SELECT n FROM yuzu_authversion WHERE id = 1")
+                cursor.execute(cls.READ_SQL)
                 row = cursor.fetchone()
         return int(row[0]) if row else -1

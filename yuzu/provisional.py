@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import connection
 
-VERSION_SQL = "SELECT n FROM yuzu_authversion WHERE id = 1"
+from .models import AuthVersion
 
 
 class StaleGrant(BaseException):
@@ -52,9 +52,9 @@ class Provisional:
         """Read the version now (its own round trip) unless it was read already; StaleGrant if it moved."""
         if self.pending:
             with connection.cursor() as cursor:  # a read: the execute wrapper lets it through
-                cursor.execute(VERSION_SQL)
+                cursor.execute(AuthVersion.READ_SQL)
                 row = cursor.fetchone()
-            self._settle(row)
+            self._check(row)
 
     def carry(self) -> int | None:
         """For a statement that checks the version itself (yuzu.audit's row): the deferred checks answered now
@@ -70,7 +70,7 @@ class Provisional:
         """A statement that carried the version found it unchanged."""
         self.confirmed = True
 
-    def _settle(self, row: tuple[Any, ...] | None) -> None:
+    def _check(self, row: tuple[Any, ...] | None) -> None:
         if row is None or int(row[0]) != self.version or not all(map(_passes, self.checks)):
             raise StaleGrant
         self.confirmed = True
