@@ -12,7 +12,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import DatabaseError, transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from approvals.models import Approval
 from fleet.executions import Order, eligible_agents, launch
@@ -21,6 +20,7 @@ from fleet.scope import ScopeError, parse, to_q
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, YuzuError
+from yuzu.jsondata import instant
 from yuzu.rbac import Principal
 
 from .metrics import SCHEDULE_FIRES
@@ -82,9 +82,9 @@ def validate(d):
         raise invalid("day_of_month must be 1-28")
     start_at = None
     if d.get("start_at") is not None:
-        start_at = parse_datetime(d["start_at"]) if isinstance(d["start_at"], str) else None
-        if start_at is None or start_at.tzinfo is None:
-            raise invalid("start_at must be an ISO 8601 time with a zone")
+        start_at = instant(d["start_at"])
+        if start_at is None:
+            raise invalid("start_at must be an ISO 8601 time with a zone, within years 1-9999 in UTC")
         if start_at <= timezone.now():
             raise invalid("start_at is in the past", "give a future time")
     if freq == "once" and start_at is None:

@@ -8,9 +8,11 @@ deep inside a request (a 500, an audit row lost). Refused here, they are a clear
 import json
 import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import orjson
+from django.utils.dateparse import parse_datetime
 
 #: A JSON object as parsed from a body or built for one. Its values are any JSON (the wire's own type): code
 #: that reads them checks their shape (a JSON Schema, isinstance) before it relies on one.
@@ -63,3 +65,16 @@ def dumps(value: Any, default: Callable[[Any], Any] | None = None, option: int =
         return orjson.dumps(value, default=default, option=orjson.OPT_NON_STR_KEYS | option)
     except TypeError:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=default).encode()
+
+
+def instant(value: object, *, naive_utc: bool = False) -> datetime | None:
+    """An ISO-8601 time a body names, as an aware datetime in UTC. None when it is not text, not such a time (month
+    13 included), has no zone (``naive_utc``: read as UTC), or lies outside what Python and the databases hold once
+    in UTC — 9999-12-31T23:59:59-14:00 is in year 10000 there: stored, it failed every later read of its row."""
+    try:
+        dt = parse_datetime(value) if isinstance(value, str) else None
+        if dt is None or (dt.tzinfo is None and not naive_utc):
+            return None
+        return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
+    except (ValueError, OverflowError):
+        return None

@@ -8,13 +8,12 @@ from typing import TypedDict, Unpack
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from fleet.models import ManagementGroup
 
 from .audit import EPOCH_MAX, audit
 from .errors import NotFound, PermissionDenied, YuzuError
-from .jsondata import JsonObject
+from .jsondata import JsonObject, instant
 from .models import MCP_TOKEN_MAX_DAYS, ApiToken, validate_token_fields
 from .plans import Plan
 from .policy import TIER_ORDER
@@ -65,14 +64,10 @@ def parse_expiry(value: object, now: datetime | None = None) -> datetime | None:
         if not 0 <= value <= EPOCH_MAX:
             raise ValidationError({"expires_at": f"expires_at in epoch seconds must be between 0 and {EPOCH_MAX}"})
         return datetime.fromtimestamp(value, tz=UTC)
-    try:
-        dt = parse_datetime(value) if isinstance(value, str) else None
-    except ValueError:  # well-formed but impossible, e.g. month 13
-        dt = None
+    dt = instant(value, naive_utc=True)
     if dt is None:
-        raise ValidationError({"expires_at": "expires_at must be ISO-8601 or epoch seconds"})
-    if timezone.is_naive(dt):
-        dt = timezone.make_aware(dt, UTC)
+        raise ValidationError({"expires_at": "expires_at must be ISO-8601 (a time within years 1-9999 in UTC) or "
+                                             "epoch seconds"})
     return dt
 
 

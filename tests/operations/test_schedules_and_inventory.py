@@ -40,6 +40,10 @@ def definition(db):
     ({"definition_id": "up", "frequency_type": "daily"}, "time_of_day"),
     ({"definition_id": "up", "frequency_type": "once", "start_at": "2001-01-01T00:00:00Z"}, "past"),
     ({"definition_id": "up", "frequency_type": "once"}, "needs start_at"),
+    # a month 13 raised ValueError from the parser (a 500); year 10000 once in UTC failed at the write
+    ({"definition_id": "up", "frequency_type": "once", "start_at": "2100-13-01T00:00:00Z"}, "start_at must be"),
+    ({"definition_id": "up", "frequency_type": "once", "start_at": "9999-12-31T23:59:59-14:00"}, "start_at must be"),
+    ({"definition_id": "up", "frequency_type": "once", "start_at": "2100-01-01T00:00:00"}, "with a zone"),
     ({"definition_id": "up", "frequency_type": "daily", "time_of_day": "10:00", "time_zone": "Mars/Base"},
      "time_zone"),
     ({"definition_id": "up", "frequency_type": "interval", "scope_expression": "ostype =="}, "scope"),

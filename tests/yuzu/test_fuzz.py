@@ -204,10 +204,13 @@ def test_mcp_refuses_a_lone_surrogate_before_it_reaches_the_audit_log(mint, erro
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("expires_at, status", [(4102444800, 201), ("2100-01-01T00:00:00", 201), (1e20, 400),
-                                                ("2100-13-01T00:00:00", 400)])
+                                                ("2100-13-01T00:00:00", 400), ("9999-12-31T23:59:59Z", 201),
+                                                ("9999-12-31T23:59:59-14:00", 400), ("0001-01-01T00:00:00+01:00", 400)])
 def test_token_expiry_in_epoch_seconds_or_without_a_zone(mint, error_log, expires_at, status):
     """schemathesis: an epoch-seconds or zone-less expires_at (both documented) answered 500 — the parser
-    called django.utils.timezone.utc, which Django 5 no longer has; an epoch past year 9999 overflowed."""
+    called django.utils.timezone.utc, which Django 5 no longer has; an epoch past year 9999 overflowed. A probe
+    of the MCP tool: a time whose zone puts it past year 9999 (or before year 1) in UTC failed at the write, a
+    500 (on PostgreSQL it was stored, and every later read of the token failed)."""
     raw = mint("fz-admin", role="Administrator", tier="", days=None)
     r = Client().post("/api/v1/tokens", {"name": "t", "expires_at": expires_at}, content_type="application/json",
                       HTTP_AUTHORIZATION=f"Bearer {raw}")
