@@ -13,11 +13,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import DatabaseError, connection
 from django.utils import timezone
 from django_otp import DEVICE_ID_SESSION_KEY
+from django_otp.models import Device
 
 from .faults import classify
 from .models import ApiToken, AuthVersion, hash_secret
@@ -196,17 +197,29 @@ def last_principal_key(headers: Mapping[str, str]) -> str | None:
 
 
 def principal_for_session(session_key: str | None) -> Principal | None:
-    """The admin session cookie: only an OTP-verified staff session authenticates."""
+    """The admin session cookie: only an OTP-verified staff session authenticates, and only while the admin itself
+    would still accept it — Django's own check of the session (the password it was opened with: a change ends it;
+    the user active and not locked out), the user still staff, the authenticator that verified it still theirs
+    and confirmed (django_otp's check). Before, a session outlived all three on this face."""
     if not session_key:
         return None
-    store = SessionStore(session_key=session_key)
-    user_id = store.get("_auth_user_id")
-    if not user_id or not store.get(DEVICE_ID_SESSION_KEY):
+    holder = _SessionHolder(SessionStore(session_key=session_key))
+    if not holder.session.get(DEVICE_ID_SESSION_KEY):
         return None
-    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-    if user is None:
+    user = get_user(holder)  # type: ignore[arg-type]  # reads (on a stale hash: flushes) its .session only
+    if not user.is_authenticated or not user.is_staff:
         return None
-    return Principal(user=user, via="session", mfa_verified_at=store.get(MFA_SESSION_KEY))
+    device = Device.from_persistent_id(holder.session[DEVICE_ID_SESSION_KEY])
+    if device is None or device.user_id != user.pk or not device.confirmed:
+        return None
+    return Principal(user=user, via="session", mfa_verified_at=holder.session.get(MFA_SESSION_KEY))
+
+
+@dataclass
+class _SessionHolder:
+    """What ``django.contrib.auth.get_user`` reads of a request: its session."""
+
+    session: SessionStore
 
 
 def authenticate(headers: Mapping[str, str], cookies: Mapping[str, str] | None = None, *,

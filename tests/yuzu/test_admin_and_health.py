@@ -185,6 +185,31 @@ def test_session_cookie_authenticates_rest_only_when_verified(staff):
     assert c.get("/api/v1/tokens").status_code == 200
 
 
+@pytest.mark.parametrize("change", ["password", "staff", "authenticator", "unconfirmed", "deactivated"])
+def test_a_session_stops_authenticating_rest_once_the_admin_would_end_it(staff, change):
+    """Found by a probe: the REST face still took an admin session cookie after the user's password changed, or
+    their staff status or authenticator was taken away — an approval went through on it while /admin/ refused
+    the same cookie."""
+    user, device = staff
+    c = Client()
+    login(c, code(device))
+    assert c.get("/api/v1/tokens").status_code == 200
+    users = get_user_model().objects.filter(pk=user.pk)
+    if change == "password":
+        user.set_password("another-password-2")
+        user.save()
+    elif change == "staff":
+        users.update(is_staff=False)
+    elif change == "authenticator":
+        device.delete()
+    elif change == "unconfirmed":
+        TOTPDevice.objects.filter(pk=device.pk).update(confirmed=False)
+    else:
+        users.update(is_active=False)
+    r = c.get("/api/v1/tokens")
+    assert r.status_code == 401, (change, r.content)
+
+
 def test_health_ready_metrics():
     c = Client()
     assert c.get("/healthz").json() == {"status": "ok"}
