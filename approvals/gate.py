@@ -9,13 +9,13 @@ was approved (a target the approver never saw is never acted on; none reachable 
 run the tool's pre-consume precondition, then consume with one conditional UPDATE → the handler runs.
 """
 
-import hashlib
 import json
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from mcp import jsonrpc as rpc
 from mcp.pipeline import a4
@@ -26,6 +26,7 @@ from yuzu.metrics import (
     MCP_APPROVAL_PRECONDITION,
     MCP_APPROVAL_REFUSED,
 )
+from yuzu.plans import SENSITIVE_KEY_RE
 from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
@@ -41,17 +42,26 @@ REMEDIATION = ("a human approver reviews it in the admin (review_url, on the App
                "plus approval_id")
 
 
-#: arguments that carry a secret (confirm_engine_rotation's proof of possession): the ticket stores their SHA-256,
-#: never the value — the same recall still matches, and the approvals table holds no recoverable secret.
+#: arguments that carry a secret (confirm_engine_rotation's proof of possession), and command parameters whose name
+#: marks one (yuzu.plans.SENSITIVE_KEY_RE): the ticket stores a keyed hash of each, never the value — the same
+#: recall still matches, and neither the approvals table nor a view of a ticket holds a recoverable secret.
 SECRET_ARGS = frozenset({"secret"})
 
 
 def canonical_args(args):
     """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it; secrets as their hash."""
-    return json.dumps({k: ("sha256:" + hashlib.sha256(v.encode()).hexdigest() if k in SECRET_ARGS
-                           and isinstance(v, str) else v)
-                       for k, v in args.items() if k != "approval_id"}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=False)
+    shown = {k: _hidden(v) if k in SECRET_ARGS else v for k, v in args.items() if k != "approval_id"}
+    if isinstance(shown.get("params"), dict):
+        shown["params"] = {k: _hidden(v) if SENSITIVE_KEY_RE.search(k) else v for k, v in shown["params"].items()}
+    return json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _hidden(value):
+    """A secret as the ticket keeps it: HMAC-SHA256 under the server's key, so that a copy of the table alone
+    cannot test guesses of a short password."""
+    if not isinstance(value, str):
+        return value
+    return "hmac-sha256:" + salted_hmac("yuzu.approvals.secret-argument", value, algorithm="sha256").hexdigest()
 
 
 def _record(ctx, result, detail):

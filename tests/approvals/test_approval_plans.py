@@ -188,11 +188,22 @@ def test_ticket_carries_summary_risk_requester_and_paged_targets(sup, approver, 
     assert c.get(f"/api/v1/approvals/{ticket.id}?page=0").status_code == 400
 
 
-def test_secret_parameters_are_redacted_in_what_the_approver_reads(sup):
+def test_secret_parameters_are_redacted_in_what_the_approver_reads(sup, approver):
+    """A probe found the secret in the ticket's arguments (scope_expression), which the REST detail, the list and
+    get_approval answered in clear while the review page hid it: the ticket now stores a keyed hash of it, which
+    the recall — the same arguments again — still matches, and a different value does not."""
     agent("a1", plugins=False)  # no catalogue reported: parameters are not checked against a schema
-    ticket = ticket_of(sup.call("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"],
-                                                        "params": {"api_token": "s3cr3t"}}))
+    args = {"plugin": "os", "action": "info", "agent_ids": ["a1"], "params": {"api_token": "s3cr3t", "path": "/p"}}
+    ticket = ticket_of(sup.call("execute_instruction", args))
     assert "s3cr3t" not in ticket.summary and "s3cr3t" not in str(ticket.facts)
+    assert "s3cr3t" not in ticket.scope_expression and '"path":"/p"' in ticket.scope_expression
+    shown = result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]
+    assert ticket.id in str(shown) and "s3cr3t" not in str(shown)
+    approve(approver, ticket.id)
+    other = {**args, "params": {"api_token": "another", "path": "/p"}, "approval_id": ticket.id}
+    assert error_of(sup.call("execute_instruction", other))["code"] == -32003
+    out = result_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))["structuredContent"]
+    assert out["agents_reached"] == 1 and Approval.objects.get(pk=ticket.id).consumed_at is not None
 
 
 # --- withdrawing and expiry -----------------------------------------------------------------------
