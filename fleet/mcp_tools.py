@@ -171,7 +171,8 @@ def add_management_group_member(ctx, args):
       prepare=lambda ctx, a, pinned=None: services.plan_assign_group_role(ctx.principal, a["group_id"], a["username"],
                                                                            a["role"], pinned),
       description="Grants a user a role on one group (e.g. ITServiceOwner). Needs a fleet-wide grant or "
-                  "ITServiceOwner on the group. Approval-gated on the supervised tier.",
+                  "ITServiceOwner on the group, and you may grant only roles whose permissions you hold on that "
+                  "group. Approval-gated on the supervised tier.",
       input_schema=obj({"group_id": GROUP_ID, "username": string(150, minLength=1), "role": string(64, minLength=1),
                         "approval_id": APPROVAL_ID}, ["group_id", "username", "role"]),
       output_schema=obj({"group_id": string(32), "username": string(150), "role": string(64), "assigned": boolean()},

@@ -342,11 +342,24 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
         raise PermissionDenied("UserManagement:Write", "the Administrator role is granted globally, not on a group",
                                remediation="an administrator assigns it globally in the admin "
                                            f"({rbac.ROLE_ASSIGNMENT_PAGE}, no group)")
+    permissions = sorted((p.securable, p.operation) for p in role_obj.permissions.all())
+    # No escalation: a group's ITServiceOwner granted itself (or anyone) Approver there, reading and — as staff —
+    # reviewing tickets it held no permission for. A grantor passes on only what it holds on the group itself, of
+    # what a role held on a group confers at all (rbac.GROUP_SCOPED: device-scoped securables).
+    beyond = [f"{sec}:{op}" for sec, op in permissions
+              if sec in rbac.GROUP_SCOPED and not rbac.may(principal, sec, op, group=g)]
+    if beyond:
+        raise PermissionDenied(beyond[0], f"permission denied: role {role_obj.name} carries {', '.join(beyond)}, "
+                                          f"which you do not hold on management group '{g.name}'; you may grant "
+                                          "there only roles whose permissions you hold there",
+                               extra={"group_id": g.id},
+                               remediation="grant a role within your own, or ask an administrator (admin: "
+                                           f"{rbac.ROLE_ASSIGNMENT_PAGE})")
     if pinned is not None and (pinned or {}).get("user") not in (None, user.pk):
         raise NotFound(f"user not found: {username} (the account was replaced after the approval)")
     return Plan(summary=f"Grant role {role_obj.name} on management group '{g.name}' to {username}",
                 value=(g, user, role_obj), pins={"group": g.pk, "user": user.pk}, risk="write",
-                facts={"permissions": sorted(f"{p.securable}:{p.operation}" for p in role_obj.permissions.all())})
+                facts={"permissions": [f"{sec}:{op}" for sec, op in permissions]})
 
 
 def assign_group_role(principal, group_id=None, username=None, role=None, *, cid="", plan=None):

@@ -45,6 +45,7 @@ from tests.support.authz import (
     policy_yaml,
 )
 from tests.support.mcp_http import McpClient
+from yuzu.models import RoleAssignment
 
 pytestmark = pytest.mark.django_db
 
@@ -97,7 +98,7 @@ V1 = {
                                       lambda w, t, c, tok: {"group_id": group(w, t), "agent_id": agent(w, IN)},
                                       "group", compound=MG_WRITE_FLEET_WIDE)],
     "assign_management_group_role": [V("ManagementGroup", "Write", lambda w, t, c, tok: {
-        "group_id": group(w, t), "username": "zed", "role": "Viewer"}, "group", compound=fleet_wide_or_owner("Write"))],
+        "group_id": group(w, t), "username": "zed", "role": "ITServiceOwner"}, "group", compound=fleet_wide_or_owner("Write"))],
     # orientation
     "get_fleet_posture_fast": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
     "classify_operational_question": [V("Infrastructure", "Read", lambda w, t, c, tok: {"question": "is disk full?"})],
@@ -458,7 +459,7 @@ REST = {
         compound=fleet_wide_or_owner("Read"))],
     ("api/v1/management-groups/<str:group_id>/roles", "POST"): [R(
         "ManagementGroup", "Write", lambda w, t, c, tok: f"/api/v1/management-groups/{G(w, t)}/roles", target="group",
-        body=lambda w, t, c, tok: {"username": "zed", "role": "Viewer"}, ok=201, compound=fleet_wide_or_owner("Write"))],
+        body=lambda w, t, c, tok: {"username": "zed", "role": "ITServiceOwner"}, ok=201, compound=fleet_wide_or_owner("Write"))],
     ("api/v1/executions", "GET"): [R("Execution", "Read", lambda w, t, c, tok: "/api/v1/executions")],
     ("api/v1/executions", "POST"): [R("Execution", "Execute", lambda w, t, c, tok: "/api/v1/executions", body=EX_BODY,
                                       target="agent", ok=202)],
@@ -912,6 +913,29 @@ def test_a_group_owner_cannot_widen_its_own_group():
     assert r.status_code == 404  # the same answer as over MCP: another group reads as absent
 
 
+def test_a_group_owner_grants_only_roles_within_its_own():
+    """A probe: ITServiceOwner on one group granted itself Approver there — Approval:Read and Approval:Approve,
+    which it never held — and then read other users' tickets. A grantor now passes on only the permissions it
+    holds on that group itself."""
+    owner = Caller("ITServiceOwner", on_group=True)
+    w = build_world([owner], [""])
+    mcp = _mcp(w, owner, "")
+    token, raw = w.token_of(owner, "")
+    me = token.owner.get_username()
+    escalate = {"group_id": w.groups[IN], "username": me, "role": "Approver"}
+    got, message = mcp("assign_management_group_role", escalate)
+    assert got == RBAC and "Approval:" in message, message
+    r = Client().post(f"/api/v1/management-groups/{w.groups[IN]}/roles", {"username": me, "role": "Approver"},
+                      content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 403 and "you may grant there only roles" in r.json()["error"]["message"]
+    assert not RoleAssignment.objects.filter(role__name="Approver").exists()
+    # Viewer too: it reads approval tickets and plugin configuration, which an ITServiceOwner does not
+    got, message = mcp("assign_management_group_role", {"group_id": w.groups[IN], "username": "zed", "role": "Viewer"})
+    assert got == RBAC and "Approval:Read" in message, message
+    assert mcp("assign_management_group_role", {"group_id": w.groups[IN], "username": "zed",
+                                                "role": "ITServiceOwner"})[0] == ALLOW  # within its own
+
+
 def test_a_group_grant_gives_nothing_on_securables_that_are_no_groups():
     """A Viewer held on one group read the whole audit log (and listed its tokens) over MCP, while REST
     refused: a grant on a group now counts only for device-scoped securables, on both faces."""
@@ -950,7 +974,7 @@ def test_rest_honours_the_tier_where_a_view_had_no_rbac_gate():
     c = Client()
     for tier in ("readonly", "supervised"):
         raw = w.token_of(admin, tier)[1]
-        r = c.post(f"/api/v1/management-groups/{w.groups[IN]}/roles", {"username": "zed", "role": "Viewer"},
+        r = c.post(f"/api/v1/management-groups/{w.groups[IN]}/roles", {"username": "zed", "role": "ITServiceOwner"},
                    content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
         assert r.status_code == 403, (tier, r.content)
     raw = w.token_of(admin, "readonly")[1]
