@@ -231,7 +231,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
         ticket.refresh_from_db()
         principal = session_principal(request)
         page = request.GET.get("page", "1")
-        targets = services.pinned_targets(ticket, int(page) if page.isdigit() else 1)
+        targets = services.pinned_targets(ticket, int(page) if page.isdecimal() else 1)  # not isdigit: "²"
         context = {
             **self.admin_site.each_context(request),
             "title": ticket.summary or f"Review approval {ticket.id}",

@@ -92,7 +92,7 @@ class AccessReviewAdmin(ReadOnlyAdmin):
                 return
             decision = DECISIONS.get(request.POST.get("decision", ""))
             row = campaign.attestations.filter(pk=request.POST.get("row", "")).first() \
-                if str(request.POST.get("row", "")).isdigit() else None
+                if str(request.POST.get("row", "")).isdecimal() else None
             if decision is None or row is None:
                 messages.error(request, "Choose Keep or Revoke on one grant.")
                 return

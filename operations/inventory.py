@@ -139,7 +139,7 @@ def version_key(version):
         else:
             parts.append((0, 0, token))
     parts.append((0, -1, ""))  # a shorter version sorts before a longer one with the same prefix
-    return (int(epoch) if epoch.isdigit() else 0, parts)
+    return (int(epoch) if epoch.isdecimal() else 0, parts)  # isdigit() admits "²", which int() refuses
 
 
 COMPARATORS = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "eq": lambda a, b: a == b,

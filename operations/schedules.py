@@ -167,7 +167,7 @@ def list_schedules(principal, enabled_only=False, full=False):
 
 
 def _row(schedule_id):
-    row = InstructionSchedule.objects.filter(pk=schedule_id).first() if str(schedule_id).isdigit() else None
+    row = InstructionSchedule.objects.filter(pk=schedule_id).first() if str(schedule_id).isdecimal() else None
     if row is None:
         raise YuzuError(f"Schedule not found: {schedule_id}", status=404, rpc_code=-32602)
     return row

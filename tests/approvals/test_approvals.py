@@ -581,6 +581,8 @@ def test_admin_lists_pending_tickets_read_only(mcp, tagged_agent, approver):
     assert "Runs on exactly these 1 agent" in body and "<code>host-1</code>" in body
     assert '"agent_id": "host-1",\n  "key": "owner"' in body  # the raw arguments, folded
     assert 'id="id_otp_token"' not in body  # the proof is fresh: no code needed
+    # A page number int() cannot read ("²" passes str.isdigit) is the first page, not a 500 (a probe).
+    assert c.get(f"/admin/approvals/approval/{tid}/review/?page=%C2%B2").status_code == 200
 
 
 def test_admin_review_with_a_stale_proof_takes_the_code_in_the_same_post(mcp, tagged_agent, approver):

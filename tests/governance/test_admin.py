@@ -49,6 +49,8 @@ def test_keep_revoke_close_with_step_up(boss, make_user):
     assert vic_row.decision == "pending"
     c.post(url, {"row": vic_row.pk, "decision": "revoke", "otp_token": next_code(device)})
     vic_row.refresh_from_db()
+    r = c.post(url, {"row": "²", "decision": "keep"}, follow=True)  # str.isdigit() admits it, int() does not
+    assert r.status_code == 200 and "Choose Keep or Revoke on one grant." in r.content.decode()
     assert vic_row.decision == "flagged_revoke" and vic_row.reviewer == "boss"
     c.post(url, {"action": "close"})
     assert not RoleAssignment.objects.filter(user__username="vic").exists()

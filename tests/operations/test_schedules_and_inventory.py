@@ -124,6 +124,12 @@ def test_version_comparison_is_dpkg_like():
     key = inventory.version_key
     assert key("1.0~rc1") < key("1.0") < key("1.0.1") < key("1.10") < key("1:0.1")
     assert key("3.0.2-0ubuntu1.10") > key("3.0.2-0ubuntu1.9")
+    assert key("²:1.0") == key("1.0")  # an epoch str.isdigit() admits but int() refuses (an agent's text)
+
+
+def test_a_schedule_id_int_cannot_read_is_not_found(principal):
+    with pytest.raises(Exception, match="Schedule not found"):
+        schedules.delete_schedule(principal("boss", "Administrator"), "²")
 
 
 def test_query_filters_counts_and_confines(agent, mcp, mint):
