@@ -187,6 +187,18 @@ def test_rest_refuses_text_and_numbers_json_cannot_hold(mint, error_log, body):
     assert not error_log.records, error_log.report()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("body", [b"[]", b"null", b'""', b"0", b"false"])
+def test_rest_refuses_a_body_that_is_no_object(mint, error_log, body):
+    """A probe: any falsy JSON body (an empty array, null, "", 0, false) read as {}, so POST /api/v1/bridge/members
+    with [] started a worker. A body is a JSON object (docs/rest-api.md), or absent."""
+    raw = mint("fz-admin", role="Administrator", tier="", days=None)
+    r = Client().post("/api/v1/management-groups", body, content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("the body must be a JSON object, not ")
+    assert not error_log.records, error_log.report()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_mcp_refuses_a_lone_surrogate_before_it_reaches_the_audit_log(mint, error_log):
     """An unknown tool named "\\udfff\\ud800" was answered, but its audit row failed to write (an ERROR with a

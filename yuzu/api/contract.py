@@ -88,7 +88,11 @@ def contract(method: str, summary: str, *, body: Schema | None = None, response:
 
 def payload(request: Request, schema: Schema) -> JsonObject:
     """The request's JSON body, checked against ``schema`` with the strict validator tool arguments use."""
-    data = request.data or {}  # no body at all reads as an empty object
+    data = request.data  # no body at all reads as {} (DRF); a JSON null, [], "" or 0 is no object
+    if not isinstance(data, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+        raise YuzuError(f"the body must be a JSON object, not {kind.get(type(data), 'null')}", status=400,
+                        remediation="send an object ({} when nothing is asked); see /api/v1/openapi.json")
     error = first_error(schema, data)
     if error is not None:
         raise YuzuError(f"body does not match the schema at '{error_path(error)}': {error_text(error)}", status=400,
