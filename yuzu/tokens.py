@@ -83,11 +83,12 @@ def check_ceiling(principal: Principal, tier: str, expires_at: datetime | None, 
     too_high = rank.get(tier, len(TIER_ORDER)) > rank[caller.mcp_tier]
     outlives = expires_at is None or (caller.expires_at is not None and expires_at > caller.expires_at)
     if too_high or outlives:
-        what = f"tier {tier or 'untiered'}, " + (f"expiring {expires_at:%Y-%m-%d %H:%M} UTC" if expires_at
+        # to the second: a token that outlives the caller's by seconds read "expire by 23:49 (this one: 23:49)"
+        what = f"tier {tier or 'untiered'}, " + (f"expiring {expires_at:%Y-%m-%d %H:%M:%S} UTC" if expires_at
                                                   else "never expiring")
         raise PermissionDenied(
             permission, f"a {caller.mcp_tier}-tier token may only obtain tokens of tier {caller.mcp_tier} or lower "
-                        f"that expire by {caller.expires_at:%Y-%m-%d %H:%M} UTC (this one: {what})",
+                        f"that expire by {caller.expires_at:%Y-%m-%d %H:%M:%S} UTC (this one: {what})",
             remediation="call with a token of that tier or higher, or have an administrator mint it: "
                         f"`python manage.py mint_token --user {principal.name} --name <label> --tier {tier or '<tier>'}`")
 

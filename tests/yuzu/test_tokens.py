@@ -120,6 +120,12 @@ def test_operator_token_cannot_rotate_its_owners_untiered_token(make_user):
             tokens.rotate_token(p, target.id)
         assert "operator-tier token may only obtain tokens of tier operator or lower" in exc.value.message
     assert not ApiToken.objects.filter(rotated_from__in=[untiered, higher, longer]).exists()
+    # One that outlives the caller by seconds says so: both times to the second (a probe read "23:49 … 23:49").
+    seconds_later, _ = ApiToken.mint(user, "later", mcp_tier="operator", expires_at=caller.expires_at + timedelta(seconds=5))
+    with pytest.raises(PermissionDenied) as exc:
+        tokens.rotate_token(p, seconds_later.id)
+    assert f"expire by {caller.expires_at:%Y-%m-%d %H:%M:%S} UTC" in exc.value.message
+    assert f"expiring {seconds_later.expires_at:%Y-%m-%d %H:%M:%S} UTC" in exc.value.message
     # Itself, and a lower tier that expires sooner, are fine.
     lower, _ = _tiered(user, "readonly", 5)
     assert ApiToken.objects.get(pk=tokens.rotate_token(p, lower.id)["id"]).mcp_tier == "readonly"
