@@ -1,6 +1,7 @@
 """Approval MCP tools. Reviewing is for humans: approve_request / reject_request always refuse over MCP
 (approver_assurance_required), after the read-only, service-scope and tier checks. A submitter reads and
-withdraws its own tickets; a reviewer reads the queue it may review."""
+withdraws its own tickets, with no role of its own needed (whoever may call a gated tool must be able to follow
+its ticket: approvals.services confines what each caller sees); a reviewer reads the queue it may review."""
 
 from mcp.registry import tool
 from mcp.schema import array, enum, integer, nullable, obj, string
@@ -17,7 +18,7 @@ APPROVAL = obj({"id": string(32), "definition_id": string(160), "tool": string(1
 APPROVAL_ID_ARG = string(32, "The approval_id from a -32006 answer", minLength=1)
 
 
-@tool(name="list_pending_approvals", title="List approvals", securable="Approval", operation="Read",
+@tool(name="list_pending_approvals", title="List approvals", securable="Approval", operation="Read", rbac=False,
       description="Approval tickets, newest first (at most 100): {id, tool, status, summary, risk, target_count, "
                   "submitted_by, submitted_at, expires_at, scope_expression}. You see the tickets you submitted, "
                   "and — if you may approve — the ones you may review. An empty list means none of those has that "
@@ -31,7 +32,7 @@ def list_pending_approvals(ctx, args):
 
 
 @tool(name="get_approval", title="One approval ticket", securable="Approval", operation="Read", poll=True,
-      description="One ticket you submitted or may review: status, summary, risk, the facts the approver sees and "
+      rbac=False, description="One ticket you submitted or may review: status, summary, risk, the facts the approver sees and "
                   "one page of its pinned target agents (hostname, OS, groups). Poll it while status is pending "
                   "(no faster than every 30 s); once approved, re-call the gated tool with the same arguments plus "
                   "approval_id. An unknown or invisible id is -32602 'approval not found'.",

@@ -206,6 +206,28 @@ def test_secret_parameters_are_redacted_in_what_the_approver_reads(sup, approver
     assert out["agents_reached"] == 1 and Approval.objects.get(pk=ticket.id).consumed_at is not None
 
 
+def test_a_submitter_without_approval_read_follows_its_own_ticket(mcp, mint):
+    """A probe: an ITServiceOwner's supervised token was told to poll get_approval (or GET status_url) and both
+    answered permission denied: Approval:Read — a role it never needed to mint the ticket. Its own tickets are
+    readable with no role; anyone else's still read as not found."""
+    agent("a1")
+    owner = mcp("ivy", role="ITServiceOwner", tier="supervised")
+    err = error_of(owner.call("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a1"]}))
+    assert err["code"] == -32006
+    tid = err["data"]["approval_id"]
+    shown = result_of(owner.call("get_approval", {"approval_id": tid}))["structuredContent"]
+    assert (shown["id"], shown["status"]) == (tid, "pending")
+    listed = result_of(owner.call("list_pending_approvals", {}))["structuredContent"]
+    assert [a["id"] for a in listed["approvals"]] == [tid]
+    r = Client(HTTP_AUTHORIZATION=f"Bearer {owner.token}").get(err["data"]["status_url"])
+    assert r.status_code == 200 and r.json()["data"]["status"] == "pending"
+    raw = mint("ivy2", role="ITServiceOwner", tier="readonly")
+    r = Client(HTTP_AUTHORIZATION=f"Bearer {raw}").get(err["data"]["status_url"])
+    assert r.status_code == 404  # another's ticket: absent, as before
+    other = mcp("olga", role="ITServiceOwner", tier="supervised")
+    assert error_of(other.call("get_approval", {"approval_id": tid}))["code"] == -32602
+
+
 # --- withdrawing and expiry -----------------------------------------------------------------------
 
 def test_the_submitter_withdraws_its_own_pending_ticket(sup, approver, mcp, mint):

@@ -158,9 +158,9 @@ V1 = {
                                      "own")],
     "unlock_account": [V("UserManagement", "Write", lambda w, t, c, tok: {"username": "locked-user"})],
     # approvals
-    "list_pending_approvals": [V("Approval", "Read", lambda w, t, c, tok: {})],
+    "list_pending_approvals": [V("Approval", "Read", lambda w, t, c, tok: {}, rbac=False)],
     "get_approval": [V("Approval", "Read", lambda w, t, c, tok: {"approval_id": w.tickets[t]}, "ticket",
-                       reach=("Approval", "Approve"))],
+                       reach=("Approval", "Approve"), rbac=False)],
     "withdraw_approval": [V("Approval", "Write", lambda w, t, c, tok: {
         "approval_id": w.own_tickets[c.username] if t == IN else w.tickets[t]}, "own", rbac=False)],
     "approve_request": [V("Approval", "Write", lambda w, t, c, tok: {"approval_id": w.tickets[IN]}, human_only=True)],
@@ -515,11 +515,11 @@ REST = {
     ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
     ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
     ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
-    ("api/v1/approvals", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals")],
+    ("api/v1/approvals", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals", rbac=False)],
     ("api/v1/approvals/pending/count", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals/pending/count")],
     ("api/v1/approvals/<str:approval_id>", "GET"): [R("Approval", "Read",
                                                       lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[t]}",
-                                                      target="ticket", reach=("Approval", "Approve"))],
+                                                      target="ticket", reach=("Approval", "Approve"), rbac=False)],
     ("api/v1/approvals/<str:approval_id>/approve", "POST"): [R(
         "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/approve", human_only=True)],
     ("api/v1/approvals/<str:approval_id>/reject", "POST"): [R(
