@@ -247,7 +247,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
             "comment": comment,
             "code_error": code_error,
             "needs_code": not mfa_is_fresh(principal),
-            "may_review": ticket.status == Approval.PENDING and rbac.has_any(principal, "Approval", "Approve")
+            "may_review": ticket.current_status == Approval.PENDING and rbac.has_any(principal, "Approval", "Approve")
             and ticket.submitted_by != principal.name,
             "changelist_url": reverse("admin:approvals_approval_changelist"),
         }

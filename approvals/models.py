@@ -84,13 +84,21 @@ class Approval(models.Model):
         return (now or timezone.now()) >= self.expires_at
 
     @property
+    def current_status(self):
+        """The status as of now: a pending or approved, unused ticket past its lifetime is expired, whether or not
+        the lazy sweep (``expire_stale``) has written so yet — what every view of a ticket shows."""
+        if self.status in (self.PENDING, self.APPROVED) and self.consumed_at is None and self.is_past_lifetime():
+            return self.EXPIRED
+        return self.status
+
+    @property
     def pinned_agents(self):
         """The agent ids this ticket is pinned to, or None when the call targets no agents."""
         agents = (self.pins or {}).get("agents")
         return list(agents) if isinstance(agents, list) else None
 
     def to_dict(self):
-        return {"id": self.id, "definition_id": self.definition_id, "tool": self.tool, "status": self.status,
+        return {"id": self.id, "definition_id": self.definition_id, "tool": self.tool, "status": self.current_status,
                 "summary": self.summary or None, "risk": self.risk or None, "submitted_by": self.submitted_by,
                 "submitted_at": self.submitted_at.isoformat(), "reviewed_by": self.reviewed_by or None,
                 "reviewed_at": self.reviewed_at.isoformat() if self.reviewed_at else None,

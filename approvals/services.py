@@ -97,7 +97,7 @@ def pinned_targets(ticket, page=1, per_page=TARGETS_PER_PAGE):
 def approval_detail(principal, approval_id, page=1):
     ticket = visible_ticket(principal, approval_id)
     return {**ticket.to_dict(), "facts": ticket.facts or {}, "targets": pinned_targets(ticket, page),
-            "may_review": ticket.status == Approval.PENDING and may_review(principal, ticket)}
+            "may_review": ticket.current_status == Approval.PENDING and may_review(principal, ticket)}
 
 
 def pending_count(principal=None):
@@ -165,8 +165,8 @@ def withdraw(principal, approval_id, *, cid=""):
         ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
         if ticket is None or ticket.submitted_by != principal.name:
             raise NotFound(f"approval not found: {approval_id}")
-        if ticket.status != Approval.PENDING or ticket.is_past_lifetime():
-            raise YuzuError(f"only a pending ticket can be withdrawn (this one is {ticket.status})", status=409,
+        if ticket.current_status != Approval.PENDING:
+            raise YuzuError(f"only a pending ticket can be withdrawn (this one is {ticket.current_status})", status=409,
                             rpc_code=-32602)
         ticket.status = Approval.WITHDRAWN
         ticket.save(update_fields=["status"])

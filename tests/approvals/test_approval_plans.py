@@ -262,3 +262,9 @@ def test_expired_pending_tickets_leave_the_queue_on_their_own(sup, mint):
     assert c.get("/api/v1/approvals").json()["data"] == []
     assert c.get("/api/v1/approvals/pending/count").json()["data"] == {"pending": 0}
     assert Approval.objects.get(pk=ticket.id).status == "pending"  # not swept yet, and still not listed
+    # … and each view of it says expired, not pending with a review to offer (a probe saw "pending" there)
+    shown = c.get(f"/api/v1/approvals/{ticket.id}").json()["data"]
+    assert (shown["status"], shown["may_review"]) == ("expired", False)
+    assert result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]["status"] == "expired"
+    err = error_of(sup.call("withdraw_approval", {"approval_id": ticket.id}))
+    assert err["message"] == "only a pending ticket can be withdrawn (this one is expired)"

@@ -303,6 +303,9 @@ def test_seven_day_lifetime(mcp, tagged_agent, approver):
     assert Approval.objects.get(pk=approved).expires_at > timezone.now()
     backdate(pending, timedelta(minutes=2))
     backdate(approved, timedelta(minutes=2))
+    # Before any sweep, the review page already says so and offers no decision (a probe saw the Approve form).
+    page = admin_client(approver.user, approver.device).get(f"/admin/approvals/approval/{pending}/review/")
+    assert 'id="approve-button"' not in page.content.decode() and "This ticket is expired" in page.content.decode()
 
     err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": pending}))
     assert err["code"] == -32003 and err["message"] == "approval was expired"
