@@ -273,6 +273,18 @@ def denial(principal: Principal, securable: str, operation: str, *, agent: Model
         roles = list(Role.objects.filter(builtin=True, permissions__securable=securable,
                                          permissions__operation=operation).values_list("name", flat=True))
         which = f"; built-in roles that do: {', '.join(roles)}" if roles else ""
+        # A role held on a group carries this permission, but a group grant counts only for device-scoped
+        # securables: say so, rather than name a role the caller already holds as the fix.
+        inert = sorted(set(RoleAssignment.objects.filter(
+            user=principal.user, group__isnull=False, role__permissions__securable=securable,
+            role__permissions__operation=operation).values_list("role__name", flat=True)))
+        if inert:
+            return PermissionDenied(perm, f"permission denied: {perm} must be held fleet-wide; your role(s) "
+                                          f"{', '.join(inert)} carry it only on management groups, where it grants "
+                                          "nothing",
+                                    extra={"granted_on": [], "roles_granting": roles},
+                                    remediation=f"ask an administrator to assign a role that grants {perm} without "
+                                                f"a group (admin: {ROLE_ASSIGNMENT_PAGE})")
         return PermissionDenied(perm, f"permission denied: {perm} (none of your roles grants it{which})",
                                 extra={"granted_on": [], "roles_granting": roles},
                                 remediation=f"ask an administrator to assign you a role that grants {perm} "

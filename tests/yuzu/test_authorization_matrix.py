@@ -936,6 +936,16 @@ def test_a_group_owner_grants_only_roles_within_its_own():
                                                 "role": "ITServiceOwner"})[0] == ALLOW  # within its own
 
 
+def test_a_role_held_only_on_a_group_is_named_when_its_permission_must_be_fleet_wide():
+    """A probe: ITServiceOwner on one group asked a Policy read and was told "none of your roles grants it; built-in
+    roles that do: …, ITServiceOwner" — the role it holds. The refusal now says the grant must be fleet-wide."""
+    owner = Caller("ITServiceOwner", on_group=True)
+    w = build_world([owner], [""])
+    got, message = _mcp(w, owner, "")("list_policies", {})
+    assert got == RBAC and message == ("permission denied: Policy:Read must be held fleet-wide; your role(s) "
+                                       "ITServiceOwner carry it only on management groups, where it grants nothing")
+
+
 def test_a_group_grant_gives_nothing_on_securables_that_are_no_groups():
     """A Viewer held on one group read the whole audit log (and listed its tokens) over MCP, while REST
     refused: a grant on a group now counts only for device-scoped securables, on both faces."""
