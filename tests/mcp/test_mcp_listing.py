@@ -62,8 +62,8 @@ def test_the_list_is_what_tier_and_rbac_allow_in_one_sorted_page(mint, make_user
     got = [t["name"] for t in page["tools"]]
     assert "nextCursor" not in page and got == expected_names(role, tier)
     assert got == sorted(got)
-    if role is None:  # no role at all: only the self-checks without an RBAC gate of their own
-        assert got == ["check_permission", "validate_scope"]
+    if role is None:  # no role at all: the self-checks, and following one's own approval tickets
+        assert got == ["check_permission", "get_approval", "list_pending_approvals", "validate_scope"]
     # Stable: the same list on every call.
     assert names(c) == got
 
@@ -246,5 +246,5 @@ def test_fitting_the_list_costs_one_query_for_the_grants(principal, django_asser
 
     nobody = principal("nobody", role=None, tier="supervised")  # every RBAC-gated tool refused
     with django_assert_max_num_queries(1):
-        assert [t["name"] for t in tools_for(nobody, catalogue("v1"))] == ["check_permission", "validate_scope",
-                                                                            "withdraw_approval"]
+        assert [t["name"] for t in tools_for(nobody, catalogue("v1"))] == [
+            "check_permission", "get_approval", "list_pending_approvals", "validate_scope", "withdraw_approval"]
