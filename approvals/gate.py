@@ -26,7 +26,7 @@ from yuzu.metrics import (
     MCP_APPROVAL_PRECONDITION,
     MCP_APPROVAL_REFUSED,
 )
-from yuzu.plans import SENSITIVE_KEY_RE
+from yuzu.plans import redact
 from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
@@ -43,7 +43,7 @@ REMEDIATION = ("a human approver reviews it in the admin (review_url, on the App
 
 
 #: arguments that carry a secret (confirm_engine_rotation's proof of possession), and command parameters whose name
-#: marks one (yuzu.plans.SENSITIVE_KEY_RE): the ticket stores a keyed hash of each, never the value — the same
+#: marks one (yuzu.plans.redact): the ticket stores a keyed hash of each, never the value — the same
 #: recall still matches, and neither the approvals table nor a view of a ticket holds a recoverable secret.
 SECRET_ARGS = frozenset({"secret"})
 
@@ -52,7 +52,7 @@ def canonical_args(args):
     """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it; secrets as their hash."""
     shown = {k: _hidden(v) if k in SECRET_ARGS else v for k, v in args.items() if k != "approval_id"}
     if isinstance(shown.get("params"), dict):
-        shown["params"] = {k: _hidden(v) if SENSITIVE_KEY_RE.search(k) else v for k, v in shown["params"].items()}
+        shown["params"] = redact(shown["params"], _hidden)
     return json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -31,8 +31,8 @@ def list_pending_approvals(ctx, args):
     return {"approvals": rows, "count": len(rows)}
 
 
-@tool(name="get_approval", title="One approval ticket", securable="Approval", operation="Read", poll=True,
-      rbac=False, description="One ticket you submitted or may review: status, summary, risk, the facts the approver sees and "
+@tool(name="get_approval", title="One approval ticket", securable="Approval", operation="Read", poll=True, rbac=False,
+      description="One ticket you submitted or may review: status, summary, risk, the facts the approver sees and "
                   "one page of its pinned target agents (hostname, OS, groups). Poll it while status is pending "
                   "(no faster than every 30 s); once approved, re-call the gated tool with the same arguments plus "
                   "approval_id. An unknown or invisible id is -32602 'approval not found'.",

@@ -9,8 +9,9 @@ the approval gate can show a human exactly what will happen — ``summary``, ``r
 call acts on what was approved and nothing else."""
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .jsondata import JsonObject
 
@@ -33,6 +34,7 @@ class Plan(Generic[V]):
     facts: JsonObject = field(default_factory=dict)
 
 
-def redact(params: JsonObject | None) -> JsonObject:
-    """Command parameters for display: values whose name marks a secret become [redacted]."""
-    return {k: "[redacted]" if SENSITIVE_KEY_RE.search(k) else v for k, v in (params or {}).items()}
+def redact(params: JsonObject | None, hide: Callable[[Any], Any] = lambda value: "[redacted]") -> JsonObject:
+    """Command parameters with each value whose name marks a secret replaced: by [redacted] for display, or by
+    ``hide(value)`` (an approval ticket keeps a keyed hash, approvals.gate)."""
+    return {k: hide(v) if SENSITIVE_KEY_RE.search(k) else v for k, v in (params or {}).items()}
