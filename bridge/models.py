@@ -33,6 +33,7 @@ from yuzu.secrets import seal, sealed_column, unseal
 
 from .failures import error_outcome
 from .status import AgentStatus
+from .terminal import pane_target
 from .wakeups import ask_group, inbox_group, turn_group, wake_on_commit
 
 MAX_CONTENT_BYTES = 64 * 1024
@@ -263,6 +264,12 @@ class Member(models.Model):
             self.current_turn_id is not None and self.current_turn.active)
 
     # -- state changes ---------------------------------------------------------------------------
+
+    @property
+    def pane(self):
+        """How the bridge addresses this worker's pane in tmux (bridge.terminal.pane_target): never a bare pane id,
+        which tmux hands out again once its server restarted."""
+        return pane_target(self.terminal_id, self.pane_id)
 
     def pane_started(self, pane_id, terminal_id):
         Member.objects.filter(pk=self.pk).update(pane_id=pane_id, terminal_id=terminal_id)

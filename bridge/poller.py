@@ -112,7 +112,7 @@ class StatusPoller:
             # A pane killed under us can answer oddly ("no current target"); ask the server which
             # panes exist before calling it a hiccup.
             try:
-                gone = m.pane_id not in {p.pane_id for p in self.backend.list_panes()}
+                gone = (m.pane_id, m.terminal_id) not in {(p.pane_id, p.terminal_id) for p in self.backend.list_panes()}
             except TerminalError:
                 gone = False
             if not gone:  # a tmux hiccup: say nothing this tick
@@ -149,7 +149,7 @@ class StatusPoller:
             ended = st is AgentStatus.IDLE or (st is AgentStatus.BLOCKED and blocked_ok)
             if ended and (picked or not delegated):
                 try:
-                    tail = self.backend.read_tail(m.pane_id, conf.tail_lines())
+                    tail = self.backend.read_tail(m.pane, conf.tail_lines())
                 except TerminalError as exc:
                     tail = f"(terminal unreadable: {exc})"
                 if turn.resolve_turn_done(tail, notify=delegated):
@@ -164,7 +164,7 @@ class StatusPoller:
         if head is None or not head.claim():
             return
         try:
-            self.backend.paste(m.pane_id, head.content)
+            self.backend.paste(m.pane, head.content)
         except PaneNotFound:
             head.fail_delivery("the worker's pane is gone")
             terminate(m, "its pane vanished during a delivery")

@@ -54,11 +54,11 @@ def read(caller, ident=None, source="recent"):
     out = {"sessionId": m.session_id, "paneId": m.pane_id, "source": source, "status": m.status}
     try:
         if source == "visible":
-            out["text"] = b.read_screen(m.pane_id)
+            out["text"] = b.read_screen(m.pane)
         elif source == "recent":
-            out["text"] = b.read_tail(m.pane_id, 200)
+            out["text"] = b.read_tail(m.pane, 200)
         elif source == "recent_unwrapped":
-            out["text"] = b.read_tail(m.pane_id, 200, join_wrapped=True)
+            out["text"] = b.read_tail(m.pane, 200, join_wrapped=True)
         else:
             st, src, detail = observe(m, b)
             out["detection"] = {"status": st.value, "source": src, **detail,

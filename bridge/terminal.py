@@ -52,6 +52,7 @@ __all__ = [
     "unpasteable",
     "PaneInfo",
     "PaneNotFound",
+    "pane_target",
     "TerminalBackend",
     "TerminalError",
     "TmuxBackend",
@@ -77,6 +78,19 @@ class PaneInfo:
     pane_id: str
     terminal_id: str
     pid: int
+
+    @property
+    def target(self) -> str:
+        return pane_target(self.terminal_id, self.pane_id)
+
+
+def pane_target(terminal_id: str, pane_id: str) -> str:
+    """How the bridge addresses the pane it started in session ``terminal_id``: ``=session:.%N``, which tmux
+    resolves only while pane ``%N`` is in that very session. A bare ``%N`` is not enough to keep: tmux numbers
+    panes afresh whenever its server starts again (a crash, ``kill-server``, the last session closing), so a
+    pane id kept from before may by now name another worker's pane. Session names carry the worker's random
+    session id and are never reused."""
+    return f"={terminal_id}:.{pane_id}" if terminal_id else pane_id
 
 
 class TerminalBackend(abc.ABC):
@@ -143,6 +157,8 @@ _PANE_FORMAT = "#{pane_id}\t#{session_name}\t#{pane_pid}"
 # (8-bit CSI and friends). tmux's paste-buffer turns every LF into CR anyway, so CR can do nothing LF cannot.
 _UNPASTEABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _SESSION_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
+#: a pane: ``%N``, or ``=session:.%N`` (pane_target)
+_TARGET_RE = re.compile(r"(?:=[A-Za-z0-9_-]+:\.)?(%\d+)")
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 
 
@@ -239,9 +255,11 @@ class TmuxBackend(TerminalBackend):
 
     @staticmethod
     def _check_pane_id(pane_id: str) -> str:
-        if not isinstance(pane_id, str) or not re.fullmatch(r"%\d+", pane_id):
+        """A pane id (``%N``) or a pane_target; returns the pane id."""
+        found = _TARGET_RE.fullmatch(pane_id) if isinstance(pane_id, str) else None
+        if found is None:
             raise TerminalError(f"not a tmux pane id: {pane_id!r}")
-        return pane_id
+        return found.group(1)
 
     @staticmethod
     def _parse_pane(line: str) -> PaneInfo:
@@ -273,7 +291,7 @@ class TmuxBackend(TerminalBackend):
             cwd = os.fspath(cwd)
             if not os.path.isdir(cwd):
                 raise TerminalError(f"cwd is not a directory: {cwd!r}")
-            new_session += ["-c", cwd]
+            new_session += ["-c", cwd.replace("#", "##")]  # tmux expands formats in -c: "#(cmd)" would run cmd
         fd, env_file = tempfile.mkstemp(suffix=".json", dir=self._env_dir())  # 0600, unguessable name
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump({k: str(v) for k, v in env.items()}, f)
@@ -354,11 +372,11 @@ class TmuxBackend(TerminalBackend):
         target is gone, so ask ``list-panes`` for the pane's window and pick
         the pane's own row.)
         """
-        self._check_pane_id(pane_id)
+        wanted = self._check_pane_id(pane_id)
         out = self._run("list-panes", "-t", pane_id, "-F", "#{pane_id}\t" + fmt)
         for line in out.splitlines():
             pid, _, value = line.partition("\t")
-            if pid == pane_id:
+            if pid == wanted:
                 return value
         raise PaneNotFound(f"can't find pane: {pane_id}")
 

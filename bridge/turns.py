@@ -269,7 +269,7 @@ def cancel(caller, ident=None, *, cid=""):
     if delivered and m.pane_id:
         keys = (m.profile.interrupt_keys if m.profile else None) or ["Escape"]
         try:
-            backend(m.socket_name).send_keys(m.pane_id, *keys)
+            backend(m.socket_name).send_keys(m.pane, *keys)
             interrupted = True
         except TerminalError as exc:
             log.warning("interrupting %s: %s", m.session_id, exc)

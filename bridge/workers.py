@@ -161,7 +161,7 @@ def terminate(member, reason, *, close=True):
     """The worker is gone (stopped, or its pane died): close its pane, then ``Member.mark_gone``."""
     if close and member.pane_id:
         try:
-            backend(member.socket_name).close(member.pane_id)
+            backend(member.socket_name).close(member.pane)
         except TerminalError as exc:
             log.warning("closing pane %s of %s: %s", member.pane_id, member.session_id, exc)
     member.mark_gone(reason)
@@ -174,17 +174,17 @@ def observe(m, b=None, rules=None, now=None):
     if not m.pane_id:
         return AgentStatus.STARTING, Member.Source.BRIDGE, {}
     b = b or backend(m.socket_name)
-    if not b.alive(m.pane_id):
+    if not b.alive(m.pane):
         return AgentStatus.GONE, Member.Source.PANE, {}
     if m.hook_status and m.hook_at and m.hook_status != AgentStatus.GONE and \
             (now - m.hook_at).total_seconds() <= conf.hook_trust_seconds() and \
             (m.last_delivered_at is None or m.hook_at >= m.last_delivered_at):
         return AgentStatus(m.hook_status), Member.Source.HOOK, {"event": m.hook_event}
-    title = b.title(m.pane_id)
+    title = b.title(m.pane)
     by_title = status_from_title(title)
     if by_title is AgentStatus.WORKING:
         return by_title, Member.Source.TITLE, {"title": title}
-    screen = b.read_screen(m.pane_id)
+    screen = b.read_screen(m.pane)
     st = classify(title, screen, rules)
     rule = matching_rule(screen, rules)
     if by_title is not None and st is by_title:

@@ -24,46 +24,61 @@ WORKING_TITLE = "⠋ standin"
 
 
 class FakeBackend(TerminalBackend):
+    """Panes by id, each in a session; addressed as tmux addresses them (``%N``, or ``=session:.%N``, which names
+    the pane only while it is in that session)."""
+
     def __init__(self):
         self.panes = {}
         self.fail_next_paste = None
 
-    def add(self, pane_id):
-        self.panes[pane_id] = {"alive": True, "title": "✳ standin", "screen": IDLE_SCREEN, "pasted": [], "keys": []}
+    def add(self, pane_id, session="bridge-x"):
+        self.panes[pane_id] = {"alive": True, "title": "✳ standin", "screen": IDLE_SCREEN, "pasted": [], "keys": [],
+                               "session": session}
+
+    def pane(self, target):
+        session, _, pane_id = target.rpartition(":.")
+        pane = self.panes.get(pane_id)
+        if pane is None or (session and session != "=" + pane["session"]):
+            raise PaneNotFound(target)
+        return pane
 
     def start(self, name, argv, env, cwd=None):
         raise NotImplementedError
 
     def paste(self, pane_id, text, *, submit=True):
-        if pane_id not in self.panes:
-            raise PaneNotFound(pane_id)
+        pane = self.pane(pane_id)
         if self.fail_next_paste is not None:
             exc, self.fail_next_paste = self.fail_next_paste, None
             raise exc
-        self.panes[pane_id]["pasted"].append(text)
+        pane["pasted"].append(text)
 
     def send_keys(self, pane_id, *keys, literal=False):
-        self.panes[pane_id]["keys"].extend(keys)
+        self.pane(pane_id)["keys"].extend(keys)
 
     def read_screen(self, pane_id):
-        return self.panes[pane_id]["screen"]
+        return self.pane(pane_id)["screen"]
 
     def read_tail(self, pane_id, lines=40, **kw):
-        return self.panes[pane_id]["screen"] + "\n(tail)"
+        return self.pane(pane_id)["screen"] + "\n(tail)"
 
     def title(self, pane_id):
-        if pane_id not in self.panes:
-            raise PaneNotFound(pane_id)
-        return self.panes[pane_id]["title"]
+        return self.pane(pane_id)["title"]
 
     def alive(self, pane_id):
-        return self.panes.get(pane_id, {}).get("alive", False)
+        try:
+            return self.pane(pane_id)["alive"]
+        except PaneNotFound:
+            return False
 
     def close(self, pane_id):
-        self.panes.pop(pane_id, None)
+        try:
+            self.pane(pane_id)
+        except PaneNotFound:
+            return
+        self.panes.pop(pane_id.rpartition(":.")[2])
 
     def list_panes(self):
-        return [PaneInfo(p, "s", 1) for p in self.panes]
+        return [PaneInfo(p, v["session"], 1) for p, v in self.panes.items()]
 
     def shutdown(self):
         self.panes.clear()
@@ -261,3 +276,15 @@ def test_late_outcome_and_stranded_pending_reach_the_inbox(fake, world):
     assert sweep() == 1
     assert InboxItem.objects.filter(payload__text="orphan").exists()
     assert sweep() == 0
+
+
+def test_a_pane_id_another_session_holds_now_is_not_this_worker(fake, world):
+    """tmux numbers panes afresh when its server restarts: %1 may now be a newcomer's pane (another session)."""
+    m = world()
+    t = send(m, "for the old worker")
+    fake.panes.clear()
+    fake.add("%1", session="bridge-newcomer")
+    poller().tick()
+    m.refresh_from_db()
+    assert not m.live and m.status == "GONE" and state(t.messages.get()) == "failed"
+    assert fake.panes["%1"]["pasted"] == [], "the old worker's message was typed into the newcomer's pane"

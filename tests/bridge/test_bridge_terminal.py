@@ -251,6 +251,40 @@ def test_errors_are_terminal_errors(backend, tmp_path):
         TmuxBackend(unique("x"), tmux="/nonexistent/tmux").list_panes()
 
 
+def test_a_working_directory_is_a_path_not_a_tmux_format(backend, tmp_path):
+    """tmux expands formats in new-session's -c: a directory named "#(cmd)" ran cmd (as the tmux server), and
+    the pane, its expanded path being no directory, started in the server's own."""
+    cwd = tmp_path / "proj #(echo ran) #{pane_id}"
+    cwd.mkdir()
+    pane = backend.start(unique("cwd"), ["/bin/sh", "-c", "pwd; sleep 30"], BASE_ENV, cwd=cwd)
+    try:
+        wait_until(lambda: "proj" in backend.read_screen(pane.pane_id), what="the pane's pwd")
+        assert backend.read_screen(pane.pane_id).splitlines()[0] == str(cwd)
+    finally:
+        backend.close(pane.pane_id)
+
+
+def test_a_target_names_its_pane_only_inside_its_session(backend):
+    a = backend.start(unique("bridge-a"), ["/bin/sh", "-c", "sleep 30"], BASE_ENV)
+    b = backend.start(unique("bridge-b"), ["/bin/sh", "-c", "sleep 30"], BASE_ENV)
+    try:
+        assert backend.alive(a.target) and backend.title(a.target) == backend.title(a.pane_id)
+        crossed = f"={b.terminal_id}:.{a.pane_id}"  # a's pane id, b's session
+        assert not backend.alive(crossed)
+        for op in (backend.read_screen, backend.title, lambda t: backend.send_keys(t, "x"),
+                   lambda t: backend.paste(t, "x")):
+            with pytest.raises(PaneNotFound):
+                op(crossed)
+        backend.close(crossed)
+        assert backend.alive(a.pane_id) and backend.alive(b.pane_id)
+        with pytest.raises(TerminalError):
+            backend.read_screen("=a b:.%1")  # a session name the bridge never makes
+    finally:
+        backend.close(a.target)
+        backend.close(b.target)
+        assert not backend.alive(a.pane_id) and not backend.alive(b.pane_id)
+
+
 def test_private_socket_does_not_touch_default_server(backend):
     before = default_server_sessions()
     name = unique("private")

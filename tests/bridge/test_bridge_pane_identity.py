@@ -1,0 +1,72 @@
+"""A worker's pane is its own, whatever tmux numbers it (a probe: one primary stopped, read and typed into
+another primary's worker). Real tmux on a private socket.
+
+tmux numbers panes afresh whenever its server starts again (a crash, `kill-server` — docs/bridge.md's own
+advice —, the last session closing), so a pane id (`%0`) a gone worker had may name a newcomer's pane. The
+bridge addresses each pane inside its worker's own session (bridge.terminal.pane_target)."""
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from bridge import workers
+from bridge.identity import PRIMARY, Caller
+from bridge.models import Member, Profile
+from bridge.poller import StatusPoller
+from bridge.terminal import PaneNotFound
+from bridge.testing.fixtures import needs_tmux
+from yuzu.testing import wait_until
+
+pytestmark = [pytest.mark.django_db, needs_tmux]
+
+
+@pytest.fixture
+def sock(monkeypatch):
+    name = f"yuzu-test-ids-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setenv("YUZU_BRIDGE_TMUX_SOCKET", name)
+    Profile.objects.create(name="sleeper", argv=["sleep", "600"], requires_api_base_url=False,
+                           agent_kind=Profile.Kind.STANDIN)
+    yield name
+    workers.backend(name).shutdown()
+    workers._backends.pop(name, None)
+
+
+def server_gone(name):
+    env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+    return subprocess.run(["tmux", "-L", name, "ls"], capture_output=True, env=env, timeout=10).returncode != 0
+
+
+def test_stopping_a_stopped_worker_again_leaves_the_pane_that_took_its_id(sock, principal):
+    alice, bob = Caller(principal("alice"), PRIMARY), Caller(principal("bob"), PRIMARY)
+    old = workers.spawn(alice, "sleeper")
+    workers.stop(alice, old.session_id)
+    wait_until(lambda: server_gone(sock), what="tmux's server to exit with its last session")
+    new = workers.spawn(bob, "sleeper")
+    assert new.pane_id == old.pane_id, "the premise: a new server hands the same pane id out again"
+
+    again = workers.stop(alice, old.session_id)  # idempotent: wasRunning false, and nothing else
+    assert again["wasRunning"] is False
+    assert workers.backend(sock).alive(new.pane), "alice's stop of her stopped worker closed bob's pane"
+    assert Member.objects.get(pk=new.pk).live
+
+
+def test_a_live_worker_whose_server_died_is_gone_not_the_newcomer(sock, principal):
+    alice, bob = Caller(principal("alice"), PRIMARY), Caller(principal("bob"), PRIMARY)
+    old = workers.spawn(alice, "sleeper")
+    workers.backend(sock).shutdown()  # what `tmux -L <socket> kill-server` does
+    new = workers.spawn(bob, "sleeper")
+    assert new.pane_id == old.pane_id
+
+    b = workers.backend(sock)
+    for read in (b.read_screen, b.title, lambda target: b.paste(target, "typed into the wrong worker"),
+                 lambda target: b.send_keys(target, "Enter")):
+        with pytest.raises(PaneNotFound):
+            read(old.pane)
+    assert workers.observe(old)[0].value == "GONE"
+
+    StatusPoller(socket_name=sock, interval=0).tick()  # the poller's own view
+    old.refresh_from_db()
+    assert not old.live and old.stop_reason == "its pane exited"
+    assert Member.objects.get(pk=new.pk).live and b.alive(new.pane)
