@@ -76,6 +76,10 @@ def worker_token_hours():
     return max(1, _int("YUZU_BRIDGE_WORKER_TOKEN_HOURS", 24))
 
 
+def max_workers():
+    return max(1, _int("YUZU_BRIDGE_MAX_WORKERS", 8))
+
+
 def tail_lines():
     return max(1, _int("YUZU_BRIDGE_TAIL_LINES", 40))
 

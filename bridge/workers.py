@@ -77,16 +77,27 @@ def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
         audit(caller.principal, "bridge.spawn", "denied", target_type="BridgeProfile", target_id=profile.name,
               detail=f"reason={exc.code}", correlation_id=cid)
         raise
-    now = timezone.now()
+    now, limit = timezone.now(), conf.max_workers()
     with transaction.atomic():
-        member = Member(owner=caller.principal.user, owner_key=caller.world_key, profile=profile,
-                        profile_name=profile.name, socket_name=sock)
-        member.name = f"{profile.name}-{member.session_id[-4:]}"
-        token, raw = ApiToken.mint(caller.principal.user, f"bridge worker {member.session_id}",
-                                   audience=ApiToken.AUDIENCE_BRIDGE,
-                                   expires_at=now + timedelta(hours=conf.worker_token_hours()), now=now)
-        member.token = token
-        member.save()
+        # Counted per user, whatever token each worker was spawned with; one spawn at a time per user (the row
+        # locked), so that the count holds until the new row exists.
+        list(type(caller.principal.user).objects.select_for_update().filter(pk=caller.principal.user.pk).values("pk"))
+        running = Member.objects.live().filter(owner=caller.principal.user).count()
+        if running < limit:
+            member = Member(owner=caller.principal.user, owner_key=caller.world_key, profile=profile,
+                            profile_name=profile.name, socket_name=sock)
+            member.name = f"{profile.name}-{member.session_id[-4:]}"
+            token, raw = ApiToken.mint(caller.principal.user, f"bridge worker {member.session_id}",
+                                       audience=ApiToken.AUDIENCE_BRIDGE,
+                                       expires_at=now + timedelta(hours=conf.worker_token_hours()), now=now)
+            member.token = token
+            member.save()
+    if running >= limit:
+        audit(caller.principal, "bridge.spawn", "denied", target_type="BridgeProfile", target_id=profile.name,
+              detail=f"reason=worker_limit live={running}", correlation_id=cid)
+        raise BridgeFailure("worker_limit", f"you have {running} live workers (with all your tokens), the most one user may have "
+                            f"(YUZU_BRIDGE_MAX_WORKERS={limit}); bridge_stop one you no longer need (bridge_list "
+                            "shows them)")
     argv = substitute(list(profile.argv or []), profile)
     cwd = substitute(profile.cwd, profile) or conf.repo_root()
     try:

@@ -1,5 +1,5 @@
 """A worker's pane is its own, whatever tmux numbers it (a probe: one primary stopped, read and typed into
-another primary's worker). Real tmux on a private socket.
+another primary's worker), and a primary cannot start workers without end. Real tmux on a private socket.
 
 tmux numbers panes afresh whenever its server starts again (a crash, `kill-server` — docs/bridge.md's own
 advice —, the last session closing), so a pane id (`%0`) a gone worker had may name a newcomer's pane. The
@@ -12,11 +12,13 @@ import uuid
 import pytest
 
 from bridge import workers
+from bridge.failures import BridgeFailure
 from bridge.identity import PRIMARY, Caller
 from bridge.models import Member, Profile
 from bridge.poller import StatusPoller
 from bridge.terminal import PaneNotFound
 from bridge.testing.fixtures import needs_tmux
+from yuzu.models import AuditEvent
 from yuzu.testing import wait_until
 
 pytestmark = [pytest.mark.django_db, needs_tmux]
@@ -70,3 +72,24 @@ def test_a_live_worker_whose_server_died_is_gone_not_the_newcomer(sock, principa
     old.refresh_from_db()
     assert not old.live and old.stop_reason == "its pane exited"
     assert Member.objects.get(pk=new.pk).live and b.alive(new.pane)
+
+
+def test_a_primary_has_at_most_max_workers_live(sock, principal, monkeypatch):
+    monkeypatch.setenv("YUZU_BRIDGE_MAX_WORKERS", "2")
+    alice, bob = Caller(principal("alice"), PRIMARY), Caller(principal("bob"), PRIMARY)
+    first, _ = workers.spawn(alice, "sleeper"), workers.spawn(alice, "sleeper")
+    panes = len(workers.backend(sock).list_panes())
+    with pytest.raises(BridgeFailure) as refused:
+        workers.spawn(alice, "sleeper", cid="c-limit")
+    assert refused.value.code == "worker_limit" and refused.value.status == 429
+    assert "YUZU_BRIDGE_MAX_WORKERS=2" in refused.value.message and "bridge_stop" in refused.value.message
+    assert Member.objects.filter(owner_key=alice.world_key).count() == 2  # no row, no token, no pane
+    assert len(workers.backend(sock).list_panes()) == panes
+    assert AuditEvent.objects.filter(action="bridge.spawn", result="denied", correlation_id="c-limit",
+                                     detail__contains="reason=worker_limit").exists()
+
+    with pytest.raises(BridgeFailure, match="worker_limit|the most one user may have"):
+        workers.spawn(Caller(principal("alice"), PRIMARY), "sleeper")  # another of alice's tokens: the same user
+    workers.spawn(bob, "sleeper")  # per user
+    workers.stop(alice, first.session_id)
+    workers.spawn(alice, "sleeper")  # room again
