@@ -34,7 +34,7 @@ from .models import Member, Message, Turn
 from .status import AgentStatus, load_rules
 from .terminal import PaneNotFound, TerminalError
 from .turns import sweep
-from .workers import backend, observe, terminate
+from .workers import backend, observe, stop_orphans, terminate
 
 log = logging.getLogger("yuzu.bridge.poller")
 
@@ -95,6 +95,7 @@ class StatusPoller:
         if time.monotonic() - self._last_sweep > 2.0:
             self._last_sweep = time.monotonic()
             sweep()
+            stop_orphans(self.socket_name)
             # A spawn that never got its pane (its server process died mid-spawn) is not a worker.
             stale = timezone.now() - timedelta(seconds=60)
             for m in Member.objects.filter(stopped_at__isnull=True, socket_name=self.socket_name, pane_id="",

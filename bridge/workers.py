@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from yuzu.audit import audit
 from yuzu.models import ApiToken
+from yuzu.rbac import Principal
 
 from . import conf
 from .failures import BridgeFailure
@@ -176,6 +177,22 @@ def terminate(member, reason, *, close=True):
         except TerminalError as exc:
             log.warning("closing pane %s of %s: %s", member.pane_id, member.session_id, exc)
     member.mark_gone(reason)
+
+
+def stop_orphans(socket_name):
+    """Stop the live workers whose primary can no longer call: its token revoked or expired, its user deactivated
+    or gone. Nobody could read, answer or stop them any more (a primary's world is its token), and each would go
+    on holding its user's YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
+    live = Member.objects.live().filter(socket_name=socket_name)
+    stopped = 0
+    for key in set(live.values_list("owner_key", flat=True)):
+        if Principal.from_key(key) is None:
+            for m in live.filter(owner_key=key):
+                terminate(m, "its primary's token or user is no longer valid")
+                audit(key, "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
+                      detail=f"pane={m.pane_id} reason=primary_revoked")
+                stopped += 1
+    return stopped
 
 
 def observe(m, b=None, rules=None, now=None):

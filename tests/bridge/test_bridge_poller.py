@@ -16,6 +16,8 @@ from bridge.profiles import seed_profiles
 from bridge.terminal import PaneInfo, PaneNotFound, TerminalBackend, TerminalError
 from bridge.turns import reply, sweep, take_outcome
 from mcp.registry import ToolFailure
+from yuzu.models import ApiToken, AuditEvent
+from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
 SOCKET = "fake-socket"
@@ -108,11 +110,13 @@ def fake(monkeypatch):
 def world(fake, make_user):
     seed_profiles()
     user = make_user("alice", "Operator")
+    token, _ = ApiToken.mint(user, "primary")
     profile = Profile.objects.get(name="standin")
 
     def worker(pane="%1", **kw):
         fake.add(pane)
-        return Member.objects.create(owner=user, owner_key="u1.tA", profile=profile, profile_name="standin",
+        return Member.objects.create(owner=user, owner_key=Principal(user=user, token=token).key, profile=profile,
+                                     profile_name="standin",
                                      socket_name=SOCKET, pane_id=pane, terminal_id="bridge-x", name="w", **kw)
 
     return worker
@@ -288,3 +292,21 @@ def test_a_pane_id_another_session_holds_now_is_not_this_worker(fake, world):
     m.refresh_from_db()
     assert not m.live and m.status == "GONE" and state(t.messages.get()) == "failed"
     assert fake.panes["%1"]["pasted"] == [], "the old worker's message was typed into the newcomer's pane"
+
+
+def test_a_revoked_primary_s_workers_are_stopped(fake, world):
+    """A primary's world is its token: once it is revoked nobody can read, answer or stop its workers, and they
+    would hold their user's worker allowance for good."""
+    m = world()
+    t = send(m, "queued for a primary about to go")
+    p = poller()
+    p.tick()
+    assert Member.objects.get(pk=m.pk).live
+    ApiToken.objects.filter(pk=Principal.from_key(m.owner_key).token.pk).update(revoked_at=timezone.now())
+    p._last_sweep = 0.0  # the sweep runs every 2 s
+    p.tick()
+    m.refresh_from_db()
+    assert not m.live and "no longer valid" in m.stop_reason and "%1" not in fake.panes
+    assert state(t.messages.get()) == "failed"
+    assert AuditEvent.objects.filter(action="bridge.stop", target_id=m.session_id,
+                                     detail__contains="reason=primary_revoked").exists()
