@@ -15,6 +15,8 @@ import yaml
 from celpy import celtypes
 from jsonschema import Draft202012Validator
 
+from yuzu.schemas import NO_RETRIEVAL
+
 API_VERSION = "yuzu.io/v1alpha1"
 MAX_DOCUMENT_BYTES = 64 * 1024
 MAX_EXPRESSION_BYTES = 4096
@@ -124,7 +126,7 @@ def parse(kind, text):
                             expected_schema=schema)
     if data.get("apiVersion") != API_VERSION:
         raise DocumentError(f"apiVersion must be '{API_VERSION}'", expected_schema=schema)
-    error = next(iter(sorted(Draft202012Validator(schema).iter_errors(data), key=lambda e: list(map(str, e.path)))),
+    error = next(iter(sorted(Draft202012Validator(schema, registry=NO_RETRIEVAL).iter_errors(data), key=lambda e: list(map(str, e.path)))),
                  None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(document)"

@@ -7,6 +7,8 @@ from functools import lru_cache
 
 from jsonschema import Draft202012Validator
 
+from yuzu.schemas import NO_RETRIEVAL
+
 SERVICE_NAME = {"type": "string", "pattern": "^[A-Za-z0-9._@-]{1,256}$"}
 PATH = {"type": "string", "minLength": 1, "maxLength": 4096}
 RESILIENCE = {"type": "object", "additionalProperties": False, "properties": {
@@ -75,7 +77,8 @@ def check_spec(spec):
         block = spec.get(category)
         if not isinstance(block, dict) or block.get("type") not in CATALOGUE[category]:
             return f"spec.{category}.type must be one of {', '.join(CATALOGUE[category])}"
-        error = next(iter(Draft202012Validator(CATALOGUE[category][block["type"]]).iter_errors(block)), None)
+        error = next(iter(Draft202012Validator(CATALOGUE[category][block["type"]],
+                                                registry=NO_RETRIEVAL).iter_errors(block)), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
             return f"spec.{category}{'/' + where if where else ''}: {error.message[:300]}"

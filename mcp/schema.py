@@ -10,6 +10,7 @@ from jsonschema.exceptions import ValidationError
 from jsonschema.protocols import Validator
 
 from yuzu.jsondata import JsonObject
+from yuzu.schemas import NO_RETRIEVAL
 
 #: a JSON Schema (Draft 2020-12) as a JSON object
 Schema = JsonObject
@@ -29,7 +30,7 @@ def first_error(schema: Schema, value: Any) -> ValidationError | None:
     Validators are compiled once per schema object."""
     v = _validators.get(id(schema))
     if v is None or v.schema is not schema:
-        v = _validators[id(schema)] = StrictValidator(schema)
+        v = _validators[id(schema)] = StrictValidator(schema, registry=NO_RETRIEVAL)
     errors = sorted(v.iter_errors(value), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     return errors[0] if errors else None
 
