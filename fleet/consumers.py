@@ -26,12 +26,13 @@ from pki.ca import CertError, new_nonce
 from yuzu.metrics import (
     AGENT_ORIGIN_REFUSED,
     CA_REVOKED_CERT,
+    FLEET_CATALOGUE_DROPPED,
     FLEET_COMMAND_SENDS,
     FLEET_COMMAND_UNSENT,
     FLEET_RESULT_QUERIES,
 )
 
-from . import events, identity
+from . import catalogue, events, identity
 from .identity import Refused, Superseded
 from .liveness import connections
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
@@ -153,6 +154,18 @@ def _plugins(msg):
     if len(json.dumps(plugins)) > MAX_CATALOGUE_BYTES:
         raise Malformed(f"'plugins' exceeds {MAX_CATALOGUE_BYTES} bytes")
     return plugins
+
+
+def _drop_unusable(agent_id, plugins):
+    """The catalogue without the actions whose schemas the server cannot apply (fleet.catalogue): each is
+    left out — the agent keeps its other actions — logged and counted."""
+    kept, dropped = catalogue.clean(plugins)
+    for name, why in dropped.items():
+        log.warning("agent %s declared %s with an unusable schema; it is left out of its catalogue: %s",
+                    agent_id, name[:128], why)
+    if dropped:
+        FLEET_CATALOGUE_DROPPED.inc(len(dropped))
+    return kept
 
 
 def _hostname(msg):
@@ -330,7 +343,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                   "agent_version": _text(msg, "agent_version", 32, optional=True, pattern=ASCII_RE,
                                          what="printable ASCII") or "",
                   "attributes": _attributes(msg)}
-        tags, plugins, proof = _tags(msg), _plugins(msg), self._proof(msg)
+        tags, plugins, proof = _tags(msg), _drop_unusable(agent_id, _plugins(msg)), self._proof(msg)
         self.hello_timer.cancel()  # see expect_hello
         group = agent_group(agent_id)
         # Join before marking the agent connected so no command sent after that is missed; hold
@@ -416,6 +429,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(data, dict):
             raise Malformed("'data' must be an object")
         _json(data, "data")
+        if plugin == AgentInventory.CATALOGUE:  # the catalogue declared again: the register checks apply
+            data = _drop_unusable(self.agent_id, _plugins({"plugins": data}))
         await database_sync_to_async(AgentInventory.objects.store)(self.agent_id, plugin, data)
 
     async def on_response(self, msg):

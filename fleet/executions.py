@@ -21,7 +21,6 @@ from functools import partial
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -30,7 +29,8 @@ from yuzu.errors import RESULT_POLL_RETRY_MS, STORE_FAULT_RETRY_MS, NotFound, Yu
 from yuzu.faults import store_fault
 from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
-from . import events
+from . import catalogue, events
+from .catalogue import BadSchema
 from .models import (
     Agent,
     AgentExecStatus,
@@ -171,24 +171,53 @@ def _targets(principal, tree, agent_ids, pinned=None):
     return sorted(set(qs.values_list("agent_id", flat=True)))
 
 
+class CatalogueRefusal(YuzuError):
+    """The targeted agents' declared catalogue refuses the command: an action none of them declared, parameters
+    a declared schema refuses, or a declared schema that cannot be applied (it came from an agent)."""
+
+
 def _check_plugin(plugin, action, params, targets):
     """The command must be one the targeted agents declared (their register catalogue), with parameters
     their schema accepts — the agent would REJECT it otherwise. Returns the catalogue entry (risk,
-    description) or None when no target reported a catalogue."""
+    description) or None when no target reported a catalogue. Raises CatalogueRefusal."""
     name = f"{plugin}.{action}"
     catalogues = list(AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
                       .values_list("data", flat=True).distinct()[:64]) if targets else []
     specs = [c[name] for c in catalogues if isinstance(c, dict) and isinstance(c.get(name), dict)]
     if catalogues and not specs:
-        raise invalid(f"unknown plugin/action: {name} (not in the catalogue of the targeted agents)",
-                      "see discover_plugins for the actions the agents support")
-    for schema in {json.dumps(s.get("params") or {}, sort_keys=True) for s in specs}:
-        error = next(iter(Draft202012Validator(json.loads(schema)).iter_errors(params)), None)
+        raise CatalogueRefusal(f"unknown plugin/action: {name} (not in the catalogue of the targeted agents)",
+                               remediation="see discover_plugins for the actions the agents support")
+    for text in {json.dumps(s.get("params") or {}, sort_keys=True) for s in specs}:
+        schema = json.loads(text)
+        try:
+            error = catalogue.first_error(schema, params)
+        except BadSchema as exc:
+            raise _unusable(name, schema, targets, exc) from None
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "params"
-            raise invalid(f"params do not match {name}'s parameter schema at '{where}': {error.message}",
-                          "see discover_plugins (with InstructionDefinition:Read) for the parameter schema")
+            raise CatalogueRefusal(f"params do not match {name}'s parameter schema at '{where}': {error.message}",
+                                   remediation="see discover_plugins (with InstructionDefinition:Read) for the "
+                                               "parameter schema")
     return specs[0] if specs else None
+
+
+def _unusable(name, schema, targets, why):
+    """The refusal for a declared parameter schema that cannot be applied (one stored before the register
+    checks of fleet.catalogue, or that fails only on these parameters), naming the agents that declared it."""
+    declaring = []
+    rows = AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
+    for agent_id, data in rows.values_list("agent_id", "data").iterator():
+        spec = data.get(name) if isinstance(data, dict) else None
+        if isinstance(spec, dict) and (spec.get("params") or {}) == schema:
+            declaring.append(agent_id)
+            if len(declaring) == 3:
+                break
+    hosts = dict(Agent.objects.filter(pk__in=declaring).values_list("agent_id", "hostname"))
+    who = ", ".join(f"{hosts.get(a) or a} ({a})" for a in declaring) or "a targeted agent"
+    return CatalogueRefusal(f"{who} declared an unusable parameter schema for {name}: {why}", status=409,
+                            remediation="leave that agent out of the target (agent_ids or a narrower scope) until it "
+                                        "registers again: a register drops actions with unusable schemas",
+                            extra={"plugin": name, "agent_ids": declaring})
 
 
 @dataclass

@@ -10,8 +10,9 @@ import json
 import logging
 
 from django.db import DatabaseError, transaction
-from jsonschema import Draft202012Validator
 
+from fleet.catalogue import BadSchema
+from fleet.catalogue import first_error as declared_schema_error
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, AgentInventory, ManagementGroup
 from fleet.push import send_to_agent
@@ -119,7 +120,13 @@ def check_value(plugin, key, value):
         declared = ", ".join(sorted(schema)) or "none"
         raise invalid(f"plugin {plugin} declares no configuration key '{key}' (declared: {declared})",
                       "get the plugin's configuration keys from discover_plugins (config)")
-    error = next(iter(Draft202012Validator(schema[key]).iter_errors(value)), None)
+    try:
+        error = declared_schema_error(schema[key], value)
+    except BadSchema as exc:
+        raise YuzuError(f"the schema the agents declared for {plugin}.{key} cannot be applied: {exc}", status=409,
+                        rpc_code=-32602, remediation="nothing was changed; the agent that declared it must register "
+                                                     "again (a register drops unusable schemas)",
+                        extra={"plugin": plugin, "key": key}) from None
     if error is not None:
         raise invalid(f"value for {plugin}.{key} does not match the plugin's schema: {error.message}")
     return value

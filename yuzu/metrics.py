@@ -28,6 +28,8 @@ FLEET_COMMAND_SENDS = Counter("yuzu_fleet_command_sends_total",
                               "Commands written to agent WebSockets by this process", ["attempt"])
 FLEET_COMMAND_UNSENT = Counter("yuzu_fleet_command_unsent_total",
                                "Commands that reached a connection already closing (re-sent if not acknowledged)")
+FLEET_CATALOGUE_DROPPED = Counter("yuzu_fleet_catalogue_dropped_total",
+                                  "Plugin actions left out of an agent's declared catalogue for an unusable schema")
 FLEET_RESULT_QUERIES = Counter(
     "yuzu_fleet_result_queries_total",
     "Commands held as running that a (re-)registering agent was asked about (asked), its answers (kept: the terminal "

@@ -259,3 +259,29 @@ def test_the_public_api_description_is_built_once_not_per_request(monkeypatch):
         bodies_seen = {c.get(path).content for _ in range(3)}
         assert len(bodies_seen) == 1
     assert len(built) == 2
+
+
+# --- schemas an agent declares (fleet.catalogue): checked or refused with BadSchema, never another exception ---
+
+_KEYWORDS = ["type", "properties", "items", "pattern", "patternProperties", "$ref", "$dynamicRef", "$defs",
+             "$id", "$anchor", "$dynamicAnchor", "allOf", "anyOf", "not", "enum", "const", "minLength", "required",
+             "additionalProperties", "propertyNames", "if", "then", "$schema"]
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False),
+                     st.sampled_from(["string", "object", "bogus", "(", "a+", "#", "#/$defs/a", "#/properties",
+                                      "http://127.0.0.1:9/x", "urn:x", "#a", ""]), st.text(max_size=8))
+_SCHEMAS = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(_KEYWORDS + ["a", "b"]), inner, max_size=4)),
+    max_leaves=12)
+
+
+@settings(max_examples=2000 if FULL else 200, derandomize=not FULL, database=None, deadline=None)
+@given(schema=_SCHEMAS, instance=st.dictionaries(st.sampled_from(["a", "b", "name"]), st.text(max_size=4)))
+def test_a_declared_schema_is_checked_or_refused_never_a_crash(schema, instance):
+    from fleet.catalogue import BadSchema, first_error, schema_problem
+
+    problem = schema_problem(schema)
+    assert problem is None or isinstance(problem, str)
+    try:
+        first_error(schema, instance)
+    except BadSchema:
+        pass

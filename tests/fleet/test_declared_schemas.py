@@ -1,0 +1,169 @@
+"""The JSON Schemas an agent declares (its plugin catalogue) are untrusted input: the server never retrieves a
+remote ``$ref`` (a real HTTP listener proves no request is made), a register or an ``agent.plugins`` inventory
+frame drops the actions whose schemas are unusable, a schema stored before those checks is refused with a 4xx
+naming the agent and plugin (never a 500)."""
+
+import http.server
+import json
+import threading
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from prometheus_client import REGISTRY
+
+from fleet.agent.plugins import catalogue
+from fleet.executions import start_execution
+from fleet.models import Agent, AgentInventory, Execution
+from mcp.schema import first_error
+from operations.models import PluginConfig
+from tests.support.agent_ws import enrolled_agent, mint_device_token, until
+from yuzu.errors import YuzuError
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
+db = database_sync_to_async
+LEAK = "INTERNAL-DOCUMENT-CONTENT"
+
+
+@pytest.fixture
+def listener():
+    """A real HTTP server on 127.0.0.1 serving a schema; ``.hits`` lists the paths anyone fetched."""
+
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            body = json.dumps({"enum": [LEAK]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.hits = hits
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def stored(agent_id, plugins, **fields):
+    """A connected agent whose catalogue is already stored (as one declared before the register checks)."""
+    fields.setdefault("hostname", f"host-{agent_id}")
+    a = Agent.objects.create(agent_id=agent_id, os="linux", connected=True, **fields)
+    AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugins)
+    return a
+
+
+def with_params(name, schema, **extra):
+    return {**catalogue(), name: {"risk": "read", "params": schema, **extra}}
+
+
+def refusal(call):
+    with pytest.raises(YuzuError) as info:
+        call()
+    return info.value
+
+
+# --- no remote retrieval ----------------------------------------------------------------------------
+
+def test_an_execution_never_fetches_a_remote_ref_a_stored_schema_names(listener, principal):
+    stored("a1", with_params("os.info", {"$ref": f"{listener.url}/latest/meta-data/iam"}))
+    err = refusal(lambda: start_execution(principal("root", "Administrator"), plugin="os", action="info",
+                                          agent_ids=["a1"]))
+    assert listener.hits == []
+    assert err.status == 409 and LEAK not in err.message
+    assert "host-a1 (a1)" in err.message and "os.info" in err.message and err.extra["agent_ids"] == ["a1"]
+    assert not Execution.objects.exists()
+
+
+def test_setting_plugin_configuration_never_fetches_a_remote_ref(listener, mint, client):
+    plugins = catalogue()
+    plugins["process.list"] = {**plugins["process.list"], "config": {"default_limit": {"$ref": f"{listener.url}/c"}}}
+    stored("a1", plugins)
+    raw = mint("admin-rest", role="Administrator", tier="")
+    r = client.put("/api/v1/plugin-config/process/default_limit", {"value": "50"},
+                   content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert listener.hits == []
+    assert r.status_code == 409 and LEAK.encode() not in r.content and b"process.default_limit" in r.content
+    assert not PluginConfig.objects.exists()
+
+
+def test_the_server_defined_schemas_resolve_nothing_remote_either(listener):
+    with pytest.raises(Exception, match="Unresolvable"):
+        first_error({"$ref": f"{listener.url}/tool"}, {})
+    assert listener.hits == []
+
+
+# --- checked at register ----------------------------------------------------------------------------
+
+UNUSABLE = {
+    "unknown type": {"type": "bogus"},
+    "type not a string": {"type": 5},
+    "pattern that does not compile": {"type": "object", "properties": {"name": {"pattern": "("}}},
+    "remote ref": {"$ref": "http://127.0.0.1:9/schema.json"},
+    "ref to nothing": {"$ref": "#/$defs/missing"},
+    "ref loop": {"$ref": "#"},
+    "not a schema": 5,
+}
+
+
+def dropped_count():
+    return REGISTRY.get_sample_value("yuzu_fleet_catalogue_dropped_total") or 0
+
+
+def test_a_register_drops_the_actions_with_unusable_schemas_and_keeps_the_rest(listener):
+    token = mint_device_token()
+    declared = catalogue()
+    bad = {f"bad.{i}": {"risk": "read", "params": schema} for i, schema in enumerate(UNUSABLE.values())}
+    bad["badcfg.run"] = {"risk": "read", "params": {"type": "object"},
+                         "config": {"limit": {"$ref": f"{listener.url}/cfg"}}}
+    before = dropped_count()
+
+    async def scenario():
+        comm, agent_id, _, registered = await enrolled_agent(token, plugins={**declared, **bad})
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    kept = AgentInventory.objects.get(agent_id=agent_id, plugin=AgentInventory.CATALOGUE).data
+    assert kept == declared  # every honest action, none of the bad ones
+    assert dropped_count() - before == len(bad)
+    assert listener.hits == []
+
+
+def test_an_inventory_frame_for_the_catalogue_gets_the_register_checks():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "inventory", "plugin": "agent.plugins",
+                                 "data": with_params("os.info", {"type": "bogus"})})
+        await until(lambda: "os.info" not in AgentInventory.objects.get(
+            agent_id=agent_id, plugin=AgentInventory.CATALOGUE).data)
+        await comm.disconnect()
+        return agent_id
+
+    kept = AgentInventory.objects.get(agent_id=async_to_sync(scenario)(), plugin=AgentInventory.CATALOGUE).data
+    assert "os.info" not in kept and "file.hash" in kept
+
+
+# --- applied at execution time: a clear refusal, never a 500 ------------------------------------------
+
+@pytest.mark.parametrize("schema", list(UNUSABLE.values()), ids=list(UNUSABLE))
+def test_a_stored_unusable_schema_is_a_409_naming_the_agent_not_a_500(schema, mint, client):
+    stored("a1", with_params("os.info", schema))
+    stored("a2", catalogue())
+    raw = mint("op-rest", role="Operator", tier="")
+    r = client.post("/api/v1/executions", {"plugin": "os", "action": "info", "params": {}},
+                    content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 409, r.content
+    body = r.json()
+    assert "host-a1 (a1)" in body["error"]["message"] and "os.info" in body["error"]["message"]
+    assert not Execution.objects.exists()
