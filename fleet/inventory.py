@@ -9,7 +9,7 @@ from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
 from yuzu.plans import Plan
 
-from .executions import launch, plan_execution
+from .executions import CatalogueRefusal, launch, plan_execution
 from .models import Agent, AgentInventory, InstructionDefinition
 from .scope import ScopeError, describe, to_q, validate
 from .services import agent_view, visible_agents
@@ -129,38 +129,58 @@ def describe_scope():
 
 
 def plan_quarantine(principal, agent_id, *, reason="", whitelist="", pinned=None):
-    """The one validation of a quarantine: an agent the caller may quarantine, and an allow-list the agent's
-    plugin accepts. Pins the agent; an agent already quarantined pins nothing (there is nothing to do)."""
+    """The one validation of a quarantine: an agent the caller may quarantine, and the quarantine.quarantine
+    command for it. The record (the agent withheld from every later dispatch) is the server's and does not
+    depend on what the agent declared: when its catalogue refuses the command (no such action, a schema that
+    refuses the allow-list or cannot be applied) the plan is to record without sending, and says why
+    (``command_refused``). Pins the agent; an agent already quarantined pins nothing (there is nothing to do)."""
     agent = Agent.objects.filter(pk=agent_id).first()
     if agent is None or not rbac.may(principal, "Security", "Execute", agent=agent) or (
             pinned is not None and agent_id not in ((pinned or {}).get("agents") or [])):
         raise NotFound(f"Agent not found: {agent_id}")
-    params = {"allow": whitelist}
-    order = plan_execution(principal, plugin="quarantine", action="quarantine", params=params,
-                           agent_ids=[agent_id]).value if not agent.quarantined else None
+    order, refused = None, None
+    if not agent.quarantined:
+        try:
+            order = plan_execution(principal, plugin="quarantine", action="quarantine", params={"allow": whitelist},
+                                   agent_ids=[agent_id]).value
+        except CatalogueRefusal as exc:  # the agent's own declaration may not veto its quarantine
+            refused = exc.message[:1024]
     where = f"{agent.hostname or agent_id} ({agent_id})"
     summary = (f"Quarantine {where}: cut it off the network except the yuzu server, DNS"
-               + (f" and {whitelist}" if whitelist else "") + (f" — reason: {reason[:200]}" if reason else ""))
-    return Plan(summary=summary, value=(agent, reason, order), risk="destructive",
+               + (f" and {whitelist}" if whitelist else "") + (f" — reason: {reason[:200]}" if reason else "")
+               + (f" — its catalogue refuses quarantine.quarantine, so only the server's record is made: "
+                  f"{refused[:300]}" if refused else ""))
+    return Plan(summary=summary, value=(agent, reason, order, refused), risk="destructive",
                 pins={"agents": [] if agent.quarantined else [agent_id]},
                 facts={"plugin": "quarantine.quarantine", "reason": reason, "allow": whitelist,
-                       "connected": agent.connected})
+                       "connected": agent.connected, "command_refused": refused})
 
 
 def quarantine_device(principal, agent_id=None, *, reason="", whitelist="", cid="", plan=None):
     """Record the quarantine, then dispatch quarantine.quarantine to the device (the agent applies it only
-    where its operator enabled enforcement). Without a reachable agent the record is kept and the call is
-    a retryable error."""
+    where its operator enabled enforcement). The record does not depend on the command: it is kept when the
+    agent's catalogue refuses the command (not sent; ``command_refused`` says why), when the agent cannot be
+    reached (a retryable error) and when the dispatch fails."""
     plan = plan or plan_quarantine(principal, agent_id, reason=reason, whitelist=whitelist)
-    agent, reason, order = plan.value
+    agent, reason, order, refused = plan.value
     agent_id = agent.agent_id
-    if order is None:
+    if agent.quarantined:
         return {"agent_id": agent_id, "quarantined": True, "already_quarantined": True, "execution_id": None,
                 "command_id": None}
     # The agent's plugin takes only the allow-list; the reason stays in the server's record.
-    dispatched = launch(principal, order, cid=cid)
     with transaction.atomic():
         Agent.objects.filter(pk=agent_id).update(quarantined=True, quarantine_reason=reason[:1024])
+    if order is None:
+        audit(principal, "device.quarantine", "success", target_type="Agent", target_id=agent_id,
+              detail=f"command_sent=false refused={refused[:512]}", correlation_id=cid)
+        return {"agent_id": agent_id, "quarantined": True, "already_quarantined": False, "execution_id": None,
+                "command_id": None, "command_sent": False, "command_refused": refused}
+    try:
+        dispatched = launch(principal, order, cid=cid)
+    except YuzuError as exc:
+        audit(principal, "device.quarantine", "failure", target_type="Agent", target_id=agent_id,
+              detail=f"recorded; command not dispatched: {exc.message[:512]}", correlation_id=cid)
+        raise
     reached = bool(dispatched.get("agents_reached"))
     audit(principal, "device.quarantine", "success" if reached else "failure", target_type="Agent", target_id=agent_id,
           detail=f"reached={reached} execution_id={dispatched.get('execution_id')}", correlation_id=cid)
@@ -168,5 +188,5 @@ def quarantine_device(principal, agent_id=None, *, reason="", whitelist="", cid=
         raise YuzuError("the quarantine is recorded but the agent could not be reached; it is withheld from "
                         "dispatch until released", status=503, rpc_code=-32603, retry_after_ms=STORE_FAULT_RETRY_MS,
                         remediation="check the agent is connected; the record stays in place")
-    return {"agent_id": agent_id, "quarantined": True, "already_quarantined": False,
+    return {"agent_id": agent_id, "quarantined": True, "already_quarantined": False, "command_sent": True,
             "execution_id": dispatched["execution_id"], "command_id": dispatched["command_id"]}

@@ -542,12 +542,14 @@ def discover_scope_kinds(ctx, args):
           ctx.principal, a["agent_id"], reason=a.get("reason", ""), whitelist=a.get("whitelist", ""), pinned=pinned),
       description="Records a quarantine for one agent and dispatches quarantine.quarantine to it (the agent "
                   "enforces only where its operator enabled enforcement; otherwise it reports what it would "
-                  "change). A quarantined agent is withheld from every later dispatch. Supervised tier, "
-                  "approval-gated.",
+                  "change). A quarantined agent is withheld from every later dispatch. The record does not depend on "
+                  "the agent: when its declared catalogue refuses the command it is recorded but not sent "
+                  "(command_sent false, command_refused says why). Supervised tier, approval-gated.",
       input_schema=obj({"agent_id": AGENT_ID, "reason": string(1024),
                         "whitelist": string(512, pattern="^[0-9A-Fa-f.:, ]*$"), "approval_id": APPROVAL_ID},
                        ["agent_id"]),
       output_schema=obj({"agent_id": string(128), "quarantined": boolean(), "already_quarantined": boolean(),
-                         "execution_id": nullable(string(32))}, ["agent_id", "quarantined"], additional=True))
+                         "execution_id": nullable(string(32)), "command_sent": boolean(),
+                         "command_refused": nullable(string(4096))}, ["agent_id", "quarantined"], additional=True))
 def quarantine_device(ctx, args):
     return inventory.quarantine_device(ctx.principal, cid=ctx.cid, plan=ctx.plan)

@@ -1,7 +1,7 @@
 """The JSON Schemas an agent declares (its plugin catalogue) are untrusted input: the server never retrieves a
 remote ``$ref`` (a real HTTP listener proves no request is made), a register or an ``agent.plugins`` inventory
 frame drops the actions whose schemas are unusable, a schema stored before those checks is refused with a 4xx
-naming the agent and plugin (never a 500)."""
+naming the agent and plugin (never a 500), and no catalogue can veto the agent's own quarantine."""
 
 import http.server
 import json
@@ -14,11 +14,13 @@ from prometheus_client import REGISTRY
 
 from fleet.agent.plugins import catalogue
 from fleet.executions import start_execution
+from fleet.inventory import quarantine_device
 from fleet.models import Agent, AgentInventory, Execution
 from mcp.schema import first_error
 from operations.models import PluginConfig
 from tests.support.agent_ws import enrolled_agent, mint_device_token, until
 from yuzu.errors import YuzuError
+from yuzu.models import AuditEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
 db = database_sync_to_async
@@ -167,3 +169,67 @@ def test_a_stored_unusable_schema_is_a_409_naming_the_agent_not_a_500(schema, mi
     body = r.json()
     assert "host-a1 (a1)" in body["error"]["message"] and "os.info" in body["error"]["message"]
     assert not Execution.objects.exists()
+
+
+# --- quarantine does not depend on the agent's catalogue ---------------------------------------------
+
+VETOES = {
+    "no quarantine action": {k: v for k, v in catalogue().items() if not k.startswith("quarantine.")},
+    "a schema refusing everything": with_params("quarantine.quarantine", {"not": {}}),
+    "an unusable schema": with_params("quarantine.quarantine", {"type": "bogus"}),
+}
+
+
+@pytest.mark.parametrize("plugins", list(VETOES.values()), ids=list(VETOES))
+def test_an_agent_cannot_veto_its_quarantine_with_its_catalogue(plugins, principal):
+    admin = principal("root", "Administrator")
+    stored("q1", plugins)
+    out = quarantine_device(admin, "q1", reason="beaconing", whitelist="10.0.0.1")
+    assert out["quarantined"] is True and out["already_quarantined"] is False
+    assert out["command_sent"] is False and "quarantine.quarantine" in out["command_refused"]
+    q1 = Agent.objects.get(pk="q1")
+    assert q1.quarantined and q1.quarantine_reason == "beaconing"
+    assert not Execution.objects.exists()  # the command the agent refuses is not sent
+    row = AuditEvent.objects.get(action="device.quarantine")
+    assert row.result == "success" and "command_sent=false" in row.detail
+    # withheld from dispatch like any quarantined agent
+    assert start_execution(admin, plugin="os", action="info")["status"] == "no_agents_reached"
+
+
+def test_an_honest_agent_is_sent_the_quarantine_over_its_socket(principal):
+    """The control: an agent that declared quarantine.quarantine gets the command on its WebSocket."""
+    token = mint_device_token()
+    admin = principal("root", "Administrator")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        out = await db(quarantine_device)(admin, agent_id, reason="beaconing", whitelist="10.0.0.1")
+        frame = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return agent_id, out, frame
+
+    agent_id, out, frame = async_to_sync(scenario)()
+    assert out["command_sent"] is True and out["execution_id"]
+    assert (frame["plugin"], frame["action"], frame["parameters"]) == ("quarantine", "quarantine",
+                                                                       {"allow": "10.0.0.1"})
+    assert Agent.objects.get(pk=agent_id).quarantined
+
+
+def test_a_registered_hostile_agent_is_quarantined_over_rest(mint, client):
+    """End to end: a real agent registers with a catalogue that refuses the quarantine; the REST call records
+    it anyway and says the command was not sent."""
+    token = mint_device_token()
+    raw = mint("admin-rest", role="Administrator", tier="")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(
+            token, plugins=with_params("quarantine.quarantine", {"not": {}}))
+        r = await db(client.post)("/api/v1/quarantine", {"agent_id": agent_id, "reason": "compromised"},
+                                  content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+        await comm.disconnect()
+        return agent_id, r
+
+    agent_id, r = async_to_sync(scenario)()
+    assert r.status_code == 200, r.content
+    assert r.json()["data"]["command_sent"] is False
+    assert Agent.objects.get(pk=agent_id).quarantined
