@@ -18,11 +18,13 @@ import time
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from pki.ca import CertError, new_nonce
+from yuzu import jsondata
 from yuzu.metrics import (
     AGENT_ORIGIN_REFUSED,
     CA_REVOKED_CERT,
@@ -64,6 +66,7 @@ ANSWERS = tuple(s.name for s in Response.STATES)  # a response frame's status
 RESULT_QUERY_MAX = 100  # command ids per result.query frame (and per list of a result.answer)
 RESULT_QUERY_TOTAL = 1000  # running commands asked about on one register (the newest; the rest time out as before)
 RESULT_KINDS = ("kept", "running", "unknown")  # the lists of a result.answer frame
+TOO_DEEP = f"frame nests deeper than {jsondata.MAX_DEPTH} levels"
 
 
 class Malformed(Exception):
@@ -211,6 +214,9 @@ def _register(agent_id, credential, fields, tags, plugins, opened_at, proof):
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     TYPES = ("enroll", "challenge", "register", "heartbeat", "inventory", "response", "received", "report",
              "cert.enroll", "dex.observation", "dex.app_perf", "result.answer")  # handled by on_<type> ('.' → '_')
+    # what disconnect() reads, for a consumer that ends before connect() set them
+    agent_id = group = hello_timer = None
+    superseded = disconnected = False
 
     async def connect(self):
         self.opened_at = timezone.now()  # orders the connections of one agent: the newest one wins
@@ -220,6 +226,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.nonce = None  # the proof-of-possession challenge sent on this connection
         self.cert_serial = None  # the certificate this connection proved (or was issued)
         self.closing = False
+        self.disconnected = False  # disconnect()'s bookkeeping ran (it runs once, however the consumer ended)
         self.superseded = False
         self.held = []  # group messages that arrive while the credential is being checked
         self.asked = set()  # command ids of result.query frames sent on this connection, not answered yet
@@ -260,10 +267,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.heard = time.monotonic()
         try:
             await handler(message)
+        except StopConsumer:
+            raise
+        except BaseException:
+            # The consumer ends abnormally (daphne closes the socket 1011 and never sends websocket.disconnect
+            # to a dead application): do the disconnect bookkeeping now, or the agent stays connected — counted
+            # as reached by new executions, touched by fleet.liveness — until the silent-socket sweep.
+            log.exception("agent socket %s ended abnormally", self.agent_id or "-")
+            self.closing = True
+            await asyncio.shield(self.disconnect(1011))
+            raise
         finally:
             self.handling, self.idle_since = False, time.monotonic()
 
     async def disconnect(self, code):
+        if self.disconnected:
+            return
+        self.disconnected = True
         connections.discard(self)
         if self.hello_timer is not None:
             self.hello_timer.cancel()
@@ -290,6 +310,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 msg = json.loads(text_data, parse_constant=_no_constant)
             except ValueError:
                 raise Malformed("frame is not JSON (NaN and Infinity are not JSON either)") from None
+            except RecursionError:  # far deeper than MAX_DEPTH: the parser ran out of stack
+                raise Malformed(TOO_DEEP) from None
+            if not jsondata.depth_ok(msg):
+                raise Malformed(TOO_DEEP)
             if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
                 raise Malformed("a JSON object with a string 'type' is expected")
             if msg["type"] not in self.TYPES:

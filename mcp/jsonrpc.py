@@ -14,7 +14,6 @@ from yuzu.jsondata import JsonObject
 #: a request id as the client sent it (a string or an integer), or None where there is none to echo
 RequestId = str | int | None
 
-MAX_DEPTH = 32
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 UNAUTHORIZED, RESOURCE_NOT_FOUND = -32001, -32002
 PERMISSION_DENIED, TIER_DENIED, MCP_DISABLED, APPROVAL_REQUIRED = -32003, -32004, -32005, -32006
@@ -62,18 +61,6 @@ def result_response(req_id: RequestId, result: object) -> JsonObject:
     return {"jsonrpc": "2.0", "id": req_id, "result": result}
 
 
-def _depth_ok(value: object, limit: int = MAX_DEPTH) -> bool:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d > limit:
-                return False
-            children = v.values() if isinstance(v, dict) else v
-            stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
-    return True
-
-
 def parse_message(body: bytes | str) -> JsonObject:
     """Bytes → one JSON-RPC message dict, or RpcError (HTTP 400) for the framing failures."""
     try:
@@ -84,7 +71,7 @@ def parse_message(body: bytes | str) -> JsonObject:
         raise RpcError(PARSE_ERROR, "Parse error: body is not valid JSON", http_status=400) from None
     except RecursionError:
         raise RpcError(PARSE_ERROR, "Parse error: JSON nested deeper than 32 levels", http_status=400) from None
-    if not _depth_ok(msg):
+    if not jsondata.depth_ok(msg):
         raise RpcError(PARSE_ERROR, "Parse error: JSON nested deeper than 32 levels", http_status=400)
     if isinstance(msg, list):
         raise RpcError(INVALID_REQUEST, "Invalid Request: batches are not supported", http_status=400)

@@ -19,8 +19,27 @@ from django.utils.dateparse import parse_datetime
 JsonObject = dict[str, Any]
 
 
+#: How deep a JSON document may nest (objects and arrays) on every face that takes JSON: the MCP framing, and the
+#: agent WebSocket. Deeper is refused as malformed; far deeper makes the json module raise RecursionError.
+MAX_DEPTH = 32
+
+
 class InvalidJSON(ValueError):
     pass
+
+
+def depth_ok(value: object, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests at most ``limit`` objects/arrays deep. Iterative: a deep value
+    cannot exhaust the stack here."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d > limit:
+                return False
+            children = v.values() if isinstance(v, dict) else v
+            stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return True
 
 
 def _float(text: str) -> float:

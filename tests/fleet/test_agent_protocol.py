@@ -187,6 +187,68 @@ def test_malformed_input_closes_4400_and_keeps_what_was_stored(name):
     assert Tag.objects.get(agent=agent).value == "web"
 
 
+@pytest.mark.parametrize("depth", [33, 50_000])
+def test_a_deeply_nested_frame_closes_4400_and_the_agent_is_disconnected_at_once(depth, caplog):
+    """33 levels is one over the bound every JSON face shares (yuzu.jsondata.MAX_DEPTH); 50,000 makes the json
+    module itself raise RecursionError, which once escaped the consumer (daphne: 1011, no disconnect())."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_to(text_data='{"type": "heartbeat", "x": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}")
+        reason = await closed_with(comm, 4400)
+        return agent_id, reason
+
+    agent_id, reason = async_to_sync(scenario)()
+    assert reason == "frame nests deeper than 32 levels"
+    assert Agent.objects.get(pk=agent_id).connected is False
+    assert not consumers.connections.open
+    assert "Traceback" not in caplog.text
+
+
+def test_a_frame_nested_32_levels_is_accepted():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        # the frame (1), data (2), then 30 nested lists: 32 levels in all
+        await comm.send_json_to({"type": "inventory", "plugin": "os", "data": {"k": _nested(30)}})
+        await until(lambda: AgentInventory.objects.filter(agent_id=agent_id, plugin="os").exists())
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def _nested(levels):
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def test_a_consumer_that_fails_unexpectedly_still_marks_its_agent_disconnected(monkeypatch):
+    """Whatever ends the consumer abnormally (a bug, an unforeseen exception), its disconnect bookkeeping runs:
+    daphne sends no websocket.disconnect to an application that died."""
+    token = mint_device_token()
+
+    async def boom(self, msg):
+        raise RuntimeError("a bug")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        assert await db(Agent.objects.get)(pk=agent_id)
+        assert consumers.connections.open
+        monkeypatch.setattr(consumers.AgentConsumer, "on_heartbeat", boom)
+        await comm.send_json_to({"type": "heartbeat"})
+        with pytest.raises(RuntimeError, match="a bug"):
+            await comm.receive_output(timeout=5)
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    assert Agent.objects.get(pk=agent_id).connected is False
+    assert not consumers.connections.open
+
+
 @pytest.mark.parametrize("frame,why", [
     ({"type": "heartbeat"}, "before register"),
     ({"type": "enroll", "token": 5, "hostname": "h"}, "'token'"),
