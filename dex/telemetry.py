@@ -98,9 +98,22 @@ def _text(value, limit):
     return value
 
 
+def _number(value):
+    """A JSON number as a finite float, or None: not a bool, not text, not NaN/Infinity, and not an integer beyond a
+    double's range (``10**400``: ``math.isfinite`` raises OverflowError on it, which once lost the whole frame)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _instant(value, now):
     """Epoch seconds (a finite number) within the last 31 days (and at most a day ahead) → an aware datetime."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    value = _number(value)
+    if value is None:
         return None
     if not (now - timedelta(days=31)).timestamp() <= value <= (now + timedelta(days=1)).timestamp():
         return None
@@ -171,11 +184,12 @@ def _count(value, high):
 
 
 def _measure(value, high, clamp=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    value = _number(value)
+    if value is None or value < 0:
         return None
     if value > high:
         return float(high) if clamp else None
-    return float(value)
+    return value
 
 
 def app_day(raw):

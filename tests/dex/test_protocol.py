@@ -2,6 +2,7 @@
 dex.observation and dex.app_perf frames are stored after validation; a bad value is dropped and counted, never
 stored as 0, and never closes the connection; a frame of the wrong shape closes 4400."""
 
+import json
 import time
 
 import pytest
@@ -56,6 +57,33 @@ def test_facts_observations_and_app_rows_are_stored_after_validation():
     assert list(AppDay.objects.values_list("app_name", flat=True)) == ["burn"]
     after = dropped("commit_pct", "non_finite"), dropped("disk_lat_ms", "negative"), dropped("obs_type", "parse")
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1]
+
+
+def test_an_integer_beyond_a_double_drops_its_row_only():
+    """``10**400`` is valid JSON; as a float it overflows. Its observation (or app row) is dropped and counted, the
+    others of the frame are kept, and nothing is logged as a failure."""
+    token = mint_device_token()
+    before = dropped("observed_at", "parse"), dropped("ws_max_bytes", "parse")
+    good_row = {"app_name": "kept", "version": "", "samples": 3, "instances_max": 1, "cpu_avg": 1.0, "cpu_max": 2.0,
+                "ws_avg_bytes": 1e7, "ws_max_bytes": 2e7}
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        now = time.time()
+        await comm.send_to(text_data=json.dumps({"type": "dex.observation", "observations": [
+            {"obs_type": "perf.cpu_sustained", "subject": "huge", "observed_at": 10**400},
+            {"obs_type": "perf.cpu_sustained", "subject": "kept", "observed_at": now}]}))
+        await comm.send_to(text_data=json.dumps({"type": "dex.app_perf", "day": timezone.now().date().isoformat(),
+                                                 "rows": [{**good_row, "app_name": "huge", "ws_max_bytes": 10**400},
+                                                          good_row]}))
+        await until(lambda: Observation.objects.exists() and AppDay.objects.exists())
+        assert await comm.receive_nothing(timeout=0.2)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+    assert list(Observation.objects.values_list("subject", flat=True)) == ["kept"]
+    assert list(AppDay.objects.values_list("app_name", flat=True)) == ["kept"]
+    assert (dropped("observed_at", "parse"), dropped("ws_max_bytes", "parse")) == (before[0] + 1, before[1] + 1)
 
 
 @pytest.mark.parametrize("frame", [

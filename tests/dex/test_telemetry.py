@@ -82,6 +82,7 @@ def test_a_good_observation():
     ("obs_type", 5, "parse"), ("subject", "x" * 257, "type"), ("subject", 5, "type"), ("subject", "a\x00b", "type"),
     ("reason", "x" * 1025, "type"), ("platform", "solaris", "parse"), ("observed_at", "yesterday", "parse"),
     ("observed_at", float("nan"), "parse"), ("observed_at", float("inf"), "parse"), ("observed_at", True, "parse"),
+    ("observed_at", 10**400, "parse"), ("observed_at", -10**400, "parse"),
     ("observed_at", (NOW - timedelta(days=40)).timestamp(), "parse"),
     ("observed_at", (NOW + timedelta(days=3)).timestamp(), "parse"), ("detail_json", "x" * 5000, "oversized"),
     ("detail_json", "{not json", "parse"), ("detail_json", "[1]", "type"), ("detail_json", '{"a": NaN}', "parse"),
@@ -116,7 +117,8 @@ def test_a_good_app_row_canonicalises_its_version():
     ("version", 5), ("version", "x" * 513), ("samples", 0), ("samples", -1), ("samples", 1.5), ("samples", True),
     ("samples", "10"), ("instances_max", -1), ("instances_max", None), ("cpu_avg", float("nan")),
     ("cpu_avg", float("inf")), ("cpu_avg", -1), ("cpu_avg", "12"), ("cpu_max", None), ("ws_avg_bytes", -5),
-    ("ws_avg_bytes", 2.0 ** 60), ("ws_max_bytes", float("nan")), ("ws_max_bytes", False),
+    ("ws_avg_bytes", 2.0 ** 60), ("ws_max_bytes", float("nan")), ("ws_max_bytes", False), ("ws_max_bytes", 10**400),
+    ("cpu_avg", 10**400), ("cpu_max", -10**400),
 ])
 def test_a_bad_app_row_is_dropped_and_counted(field, value):
     checked = telemetry.app_days(NOW.date().isoformat(), [row(**{field: value}), row(app_name="kept")], NOW)
