@@ -3,6 +3,7 @@ token grant, bearer tokens, and token revocation (RFC 7009). Nothing else exists
 password, client credentials or device grant."""
 
 from oauthlib.oauth2.rfc6749.endpoints import AuthorizationEndpoint, RevocationEndpoint, TokenEndpoint
+from oauthlib.oauth2.rfc6749.errors import OAuth2Error
 from oauthlib.oauth2.rfc6749.grant_types import AuthorizationCodeGrant, RefreshTokenGrant
 from oauthlib.oauth2.rfc6749.tokens import BearerToken
 
@@ -22,3 +23,12 @@ class Server(AuthorizationEndpoint, TokenEndpoint, RevocationEndpoint):
         TokenEndpoint.__init__(self, default_grant_type="authorization_code", default_token_type=bearer,
                                grant_types={"authorization_code": code, "refresh_token": refresh})
         RevocationEndpoint.__init__(self, request_validator)
+
+    def create_token_response(self, *args, **kwargs):
+        """A refusal raised while issuing (a code or refresh token a concurrent request used first: oauth.validators)
+        gets the same JSON answer as one raised while validating; oauthlib passes it up without its headers."""
+        try:
+            return super().create_token_response(*args, **kwargs)
+        except OAuth2Error as exc:
+            headers = {"Content-Type": "application/json", "Cache-Control": "no-store", "Pragma": "no-cache"}
+            return {**headers, **exc.headers}, exc.json, exc.status_code

@@ -1,5 +1,5 @@
 from django.urls import path
-from oauth2_provider.views import RevokeTokenView, TokenView
+from oauth2_provider.views import RevokeTokenView
 
 from . import discovery, views
 from .views import refuse_nul
@@ -14,7 +14,7 @@ urlpatterns = [
     path(f"{PRM}/mcp/bridge/", discovery.protected_resource, {"audience": "mcp-bridge"}),
     path(".well-known/oauth-authorization-server", discovery.authorization_server),
     path("oauth/authorize", refuse_nul(views.AuthorizeView.as_view()), name="oauth-authorize"),
-    path("oauth/token", refuse_nul(TokenView.as_view()), name="oauth-token"),
+    path("oauth/token", refuse_nul(views.TokenView.as_view()), name="oauth-token"),
     path("oauth/register", refuse_nul(views.register), name="oauth-register"),
     path("oauth/revoke", refuse_nul(RevokeTokenView.as_view()), name="oauth-revoke"),
 ]

@@ -24,6 +24,10 @@ Grant = get_grant_model()
 RefreshToken = get_refresh_token_model()
 
 
+class _ConcurrentReuse(Exception):
+    """The refresh token was rotated by a concurrent request after this one validated it."""
+
+
 def client_address(request):
     return request.headers.get("REMOTE_ADDR", "") or "unknown"
 
@@ -140,8 +144,7 @@ class Validator(OAuth2Validator):
             return False
         if rt.revoked is not None:
             # Rotated (or revoked) earlier and presented again: stolen, or replayed. The whole family ends.
-            auth.revoke("refresh token reused")
-            refuse(request, "refresh token reused: the connection is revoked", auth)
+            self._reused(request, auth)
             return False
         problem = auth.problem()
         if problem:
@@ -158,6 +161,11 @@ class Validator(OAuth2Validator):
 
     # --- issuing ------------------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _reused(request, auth):
+        auth.revoke("refresh token reused")
+        refuse(request, "refresh token reused: the connection is revoked", auth)
+
     def _bind_resource(self, request, auth):
         """RFC 8707: a token request may only name the resource the consent was for."""
         asked = [v for k, v in (request.decoded_body or []) if k == "resource"]
@@ -167,7 +175,25 @@ class Validator(OAuth2Validator):
                                            description=f"this grant is for {auth.resource} only")
         request.resource = [auth.resource]
 
+    def save_bearer_token(self, token, request, *args, **kwargs):
+        """The issuing transaction; a refresh token that a concurrent request rotated meanwhile is reuse, refused and
+        revoked after that transaction rolled back (inside it, the revocation and its audit row would roll back
+        too)."""
+        try:
+            return super().save_bearer_token(token, request, *args, **kwargs)
+        except _ConcurrentReuse:
+            self._reused(request, request.yuzu_authorization)
+            raise errors.InvalidGrantError(description="refresh token reused: the connection is revoked",
+                                           request=request) from None
+
     def _save_bearer_token(self, token, request, *args, **kwargs):
+        if request.grant_type == "refresh_token":
+            # validate_refresh_token read the token without a lock: two simultaneous uses both pass it. Claim it
+            # here, locked (PostgreSQL: FOR UPDATE waits for the other's commit, then sees it revoked; SQLite: the
+            # IMMEDIATE transaction waits for it), so exactly one rotates it and the other is reuse.
+            if not RefreshToken.objects.select_for_update().filter(
+                    pk=request.refresh_token_instance.pk, revoked__isnull=True).values_list("pk", flat=True):
+                raise _ConcurrentReuse
         if request.grant_type == "authorization_code":
             # Claim the code inside the issuing transaction: of two concurrent exchanges one issues, one fails.
             if not Grant.objects.filter(code=hash_secret(request.code), application=request.client).delete()[0]:

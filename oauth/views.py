@@ -11,7 +11,7 @@ from django.contrib import admin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.http import HttpResponseRedirect, JsonResponse
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.request import RawPostDataException
 from django.shortcuts import render
 from django.utils.http import urlencode
@@ -20,7 +20,8 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from oauth2_provider.exceptions import FatalClientError, OAuthToolkitError
 from oauth2_provider.http import OAuth2ResponseRedirect
-from oauth2_provider.models import get_application_model
+from oauth2_provider.models import get_access_token_model, get_application_model
+from oauth2_provider.views import TokenView as ToolkitTokenView
 from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
 from oauthlib.oauth2.rfc6749 import errors
@@ -279,3 +280,18 @@ def register(request):
     response = JsonResponse(body, status=201)
     response["Cache-Control"] = "no-store"
     return response
+
+
+class TokenView(ToolkitTokenView):
+    """django-oauth-toolkit's token endpoint, save for one race: after issuing (committed), it reads the new access
+    token back, and a concurrent use of the same refresh token may have revoked the whole connection — deleting that
+    token — in between (oauth.validators: reuse). That token is dead already: the answer is invalid_grant, not a
+    500 from the read."""
+
+    def authorization_flow_token_response(self, request, *args, **kwargs):
+        try:
+            return super().authorization_flow_token_response(request, *args, **kwargs)
+        except get_access_token_model().DoesNotExist:
+            error = errors.InvalidGrantError(description="refresh token reused: the connection is revoked")
+            return HttpResponse(error.json, status=error.status_code, content_type="application/json",
+                                headers={"Cache-Control": "no-store", "Pragma": "no-cache"})

@@ -5,6 +5,7 @@ the right OAuth error and nothing issued. Client metadata documents: tests/oauth
 in a real browser against `serve`: tests/e2e/test_oauth_e2e.py."""
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
@@ -343,6 +344,85 @@ def test_a_replayed_refresh_token_revokes_the_whole_family(person):
     assert auth.revoked_reason == "refresh token reused" and auth.api_token.revoked_at is not None
     assert not RefreshToken.objects.filter(revoked__isnull=True).exists()
     assert "refresh token reused" in audit("oauth.token", "denied")[-1].detail
+
+
+def race_one_refresh_token(flow, refresh_token, monkeypatch, *, winner_answers_last=False):
+    """Two threads (each its own database connection) present the same refresh token; both pass validation before
+    either issues (a barrier holds them there). ``winner_answers_last``: the one that issued waits, after its
+    commit, until the other has been refused — the reuse revokes what it had just issued."""
+    from django.db import connection
+
+    from oauth.validators import Validator
+
+    barrier, refused = threading.Barrier(2, timeout=10), threading.Event()
+    validate, save = Validator.validate_refresh_token, Validator.save_bearer_token
+
+    def both_validated(self, *args, **kwargs):
+        ok = validate(self, *args, **kwargs)
+        barrier.wait()
+        return ok
+
+    def ordered(self, *args, **kwargs):
+        try:
+            issued = save(self, *args, **kwargs)
+        except Exception:
+            refused.set()
+            raise
+        if winner_answers_last:
+            refused.wait(10)
+        return issued
+
+    monkeypatch.setattr(Validator, "validate_refresh_token", both_validated)
+    monkeypatch.setattr(Validator, "save_bearer_token", ordered)
+    answers = []
+
+    def use():
+        try:
+            answers.append(refresh(flow.client_id, refresh_token))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    monkeypatch.undo()
+    assert len(answers) == 2, "a request raised (a 500)"
+    return answers
+
+
+def assert_the_family_is_revoked_and_audited(flow, answers):
+    for r in answers:
+        if r.status_code == 200:
+            won = r.json()
+            assert mcp(won["access_token"]).status == 401
+            assert refresh(flow.client_id, won["refresh_token"]).json()["error"] == "invalid_grant"
+        else:
+            assert r.status_code == 400 and r.json()["error"] == "invalid_grant", r.content
+    auth = Authorization.objects.get()
+    assert auth.revoked_reason == "refresh token reused" and auth.api_token.revoked_at is not None
+    assert not RefreshToken.objects.filter(revoked__isnull=True).exists()
+    assert "refresh token reused" in audit("oauth.token", "denied")[0].detail
+
+
+def test_two_simultaneous_uses_of_one_refresh_token_are_reuse(person, monkeypatch):
+    """Real concurrency: one use wins, the other is reuse — invalid_grant, the whole family revoked, audited — never
+    a 500 (django-oauth-toolkit's locked rotation alone let the second through to a lookup of a token that no
+    longer existed)."""
+    flow, first = connect(person())
+    answers = race_one_refresh_token(flow, first["refresh_token"], monkeypatch)
+    assert sorted(r.status_code for r in answers) in ([200, 400], [400, 400]), [r.content for r in answers]
+    assert_the_family_is_revoked_and_audited(flow, answers)
+
+
+def test_a_refresh_revoked_by_a_simultaneous_reuse_before_it_answers_is_refused(person, monkeypatch):
+    """The same race where the winner's answer comes after the loser revoked the family: what it issued is gone
+    already, so it answers invalid_grant too, not a 500."""
+    flow, first = connect(person())
+    answers = race_one_refresh_token(flow, first["refresh_token"], monkeypatch, winner_answers_last=True)
+    assert [r.status_code for r in answers] == [400, 400], [r.content for r in answers]
+    assert_the_family_is_revoked_and_audited(flow, answers)
 
 
 def test_a_refresh_token_asking_for_another_resource_or_client_gets_nothing(person):
