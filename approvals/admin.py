@@ -26,6 +26,7 @@ from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
 from yuzu.plans import redact
 from yuzu.stepup import mfa_is_fresh, prove
+from yuzu.text import visible
 
 from . import services
 from .models import Approval
@@ -35,14 +36,15 @@ RISK_COLOURS = {"destructive": "#ba2121", "write": "#b36b00", "read": "#417690"}
 
 
 def pretty_arguments(scope_expression):
-    """The canonical JSON of the tool arguments, indented, with secret command parameters redacted."""
+    """The canonical JSON of the tool arguments, indented, with secret command parameters redacted, and control and
+    bidi characters shown by name (yuzu.text.visible)."""
     try:
         args = json.loads(scope_expression)
     except (TypeError, ValueError):
-        return scope_expression
+        return visible(scope_expression, multiline=True)
     if isinstance(args, dict) and isinstance(args.get("params"), dict):
         args["params"] = redact(args["params"])  # the ticket holds their keyed hashes: noise to a reviewer
-    return json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
+    return visible(json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False), multiline=True)
 
 
 def risk_badge(risk):
@@ -116,7 +118,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
 
     @admin.display(description="what will happen", ordering="summary")
     def what(self, obj):
-        text = obj.summary or obj.tool
+        text = visible(obj.summary or obj.tool)
         return format_html('<a href="{}" class="yuzu-review-link">{}</a><br><small style="color:var(--body-quiet-color)">'
                            '{} · {}</small>', self.review_url(obj.id), text[:160] + ("…" if len(text) > 160 else ""),
                            obj.tool, obj.id[:8])
@@ -135,8 +137,8 @@ class ApprovalAdmin(ReadOnlyAdmin):
         r = obj.requester or {}
         via = " ".join(x for x in (r.get("client_name"), r.get("client_version")) if x)
         tier = f"{r['tier']} token" if r.get("tier") else "token"
-        return format_html("{}<br><small style=\"color:var(--body-quiet-color)\">{}{}</small>", obj.submitted_by, tier,
-                           f" · {via}" if via else "")
+        return format_html("{}<br><small style=\"color:var(--body-quiet-color)\">{}{}</small>", visible(obj.submitted_by),
+                           tier, visible(f" · {via}") if via else "")
 
     @admin.display(description="age", ordering="submitted_at")
     def age(self, obj):
@@ -234,7 +236,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
         targets = services.pinned_targets(ticket, int(page) if page.isdecimal() else 1)  # not isdigit: "²"
         context = {
             **self.admin_site.each_context(request),
-            "title": ticket.summary or f"Review approval {ticket.id}",
+            "title": visible(ticket.summary) or f"Review approval {ticket.id}",
             "opts": self.model._meta,
             "ticket": ticket,
             "risk": risk_badge(ticket.risk),
@@ -267,6 +269,6 @@ class ApprovalAdmin(ReadOnlyAdmin):
                 messages.error(request, text)
             return None
         verb = "Approved" if result["status"] == Approval.APPROVED else "Rejected"
-        messages.success(request, f"{verb}: {ticket.summary or ticket.tool} (ticket {ticket.id}, "
+        messages.success(request, f"{verb}: {visible(ticket.summary or ticket.tool)} (ticket {ticket.id}, "
                                   f"submitted by {ticket.submitted_by}).")
         return redirect(reverse("admin:approvals_approval_changelist"))

@@ -33,6 +33,7 @@ from django.urls import reverse
 
 from yuzu.metrics import APPROVAL_NOTIFICATIONS
 from yuzu.models import RoleAssignment
+from yuzu.text import visible
 
 log = logging.getLogger("yuzu.approvals.notify")
 
@@ -110,7 +111,7 @@ def _run_eagerly(task, args):
 def ticket_message(ticket):
     """The notification's content, a JSON-able dict: what is asked, by whom, until when, where to review.
     Never the arguments (``scope_expression``)."""
-    summary = " ".join(str(getattr(ticket, "summary", "") or "").split())[:SUMMARY_MAX]
+    summary = visible(" ".join(str(getattr(ticket, "summary", "") or "").split()))[:SUMMARY_MAX]
     tool = ticket.definition_id.removeprefix("mcp.")
     review_url = settings.YUZU_PUBLIC_URL + reverse("admin:approvals_approval_review", args=[ticket.pk])
     expires = ticket.expires_at

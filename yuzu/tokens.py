@@ -19,6 +19,7 @@ from .plans import Plan
 from .policy import TIER_ORDER
 from .rbac import Principal, may
 from .stepup import require_fresh_mfa
+from .text import check_label
 
 MAX_OVERLAP_SECS = 3650 * 86400
 
@@ -102,8 +103,7 @@ def list_tokens(principal: Principal) -> list[JsonObject]:
 def plan_create_token(principal: Principal, *, name: str, expires_at: str | int | float | None = None,
                       scope_service: str = "", mcp_tier: str = "",
                       pinned: JsonObject | None = None) -> Plan[TokenFields]:
-    if not name or len(name) > 256:
-        raise ValidationError({"name": "name is required, at most 256 characters"})
+    check_label("name", name, 256)
     expires = parse_expiry(expires_at)
     check_ceiling(principal, mcp_tier or "", expires, permission="ApiToken:Write")
     validate_token_fields(mcp_tier or "", expires, timezone.now())

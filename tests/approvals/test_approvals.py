@@ -3,6 +3,7 @@ caps, review over REST and in the admin, recall, the one-time consume under conc
 refusal message of the gate. Runs on SQLite and PostgreSQL (YUZU_DATABASE_URL)."""
 
 import html
+import json
 import re
 import threading
 import time
@@ -464,6 +465,46 @@ def test_supervised_tier_gates_its_writes_too(mcp, approver):
 
     assert ManagementGroup.objects.filter(name="payments-prod").count() == 1
     assert error_of(sup.call("create_management_group", {**args, "approval_id": tid}))["message"] == ALREADY_USED
+
+
+@pytest.mark.parametrize("name", ["weekly-report\u202e9202 ,dnuorg", "bell\x07", "esc\x1b]0;x", "c1\x85",
+                                  "isolate\u2066x\u2069", "mark\u200f", "arabic\u061c"])
+def test_a_token_name_with_control_or_bidi_characters_is_refused_before_any_ticket(mcp, name):
+    """The one input contract for token names (yuzu.tokens.plan_create_token → yuzu.text.check_label): -32602
+    naming the character, and no ticket minted for a name no approver could read as it is."""
+    sup = mcp("sam", role="Administrator", tier="supervised")
+    err = error_of(sup.call("create_api_token", {"name": name, "mcp_tier": "readonly"}))
+    assert err["code"] == -32602 and "control or bidirectional" in err["message"], err
+    assert not Approval.objects.exists()
+
+
+def test_the_approver_sees_hidden_characters_by_name_on_every_page(mcp, approver):
+    """A submitter's text holding U+202E (RIGHT-TO-LEFT OVERRIDE) and terminal escapes is shown as <U+202E>,
+    <U+001B>… in the title, the summary, the arguments, the reason, the client name, the queue and the bulk-reject
+    page: nothing reorders or hides what the approver reads (the characters never reach the HTML raw)."""
+    from approvals.notify import ticket_message
+
+    sly = "weekly-report\u202e9202 ,dnuorg\x1b]0;x\x07"
+    ticket = Approval.objects.create(
+        definition_id="mcp.create_api_token", submitted_by="sam", summary=f"Create a token named '{sly}' for sam",
+        scope_expression=json.dumps({"name": sly, "mcp_tier": "readonly"}),
+        facts={"reason": f"because {sly}"}, requester={"client_name": f"client{sly}", "token_name": sly})
+    c = admin_client(approver.user, approver.device)
+    shown = "weekly-report<U+202E>9202 ,dnuorg<U+001B>]0;x<U+0007>"
+    review = c.get(f"/admin/approvals/approval/{ticket.id}/review/").content.decode()
+    queue = c.get("/admin/approvals/approval/").content.decode()
+    bulk = c.post("/admin/approvals/approval/", {"action": "reject_selected", "_selected_action": [ticket.id]})
+    for page in (review, queue, bulk.content.decode()):
+        assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", page)
+        assert shown in html.unescape(page)
+    review = html.unescape(review)
+    assert re.search(f"<title>Create a token named '{re.escape(shown)}'", review)
+    assert re.search(f'id="ticket-summary">Create a token named \'{re.escape(shown)}\'', review)
+    # the raw arguments, folded: JSON writes C0 controls as \u escapes itself; the bidi control by name
+    assert '"name": "weekly-report<U+202E>9202 ,dnuorg\\u001b]0;x\\u0007"' in review.split('id="ticket-arguments"')[1]
+    assert f"because {shown}" in review and f"client{shown}" in review
+    assert shown in ticket_message(ticket)["summary"] and "\u202e" not in json.dumps(ticket_message(ticket),
+                                                                                       ensure_ascii=False)
 
 
 # --- REST: reading and reviewing ----------------------------------------------------------------
