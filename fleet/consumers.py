@@ -40,7 +40,7 @@ from .liveness import connections
 from .models import Agent, AgentInventory, Response, heartbeat_interval, normalise_tag
 from .push import agent_group
 from .responses import RECEIVED, record_forgotten, responses, running_commands
-from .signals import agent_connected, agent_report, agent_telemetry
+from .signals import agent_connected, agent_disconnected, agent_report, agent_telemetry
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -291,6 +291,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.agent_id and not self.superseded:
             await database_sync_to_async(Agent.objects.disconnected)(self.agent_id, self.opened_at)
+            await self._announce(agent_disconnected, agent_id=self.agent_id)
 
     async def refuse(self, code, reason):
         if not self.closing:

@@ -5,6 +5,9 @@ dropped and counted (``devices_omitted``), and the omission is audited."""
 
 import logging
 import re
+import threading
+import time
+from dataclasses import dataclass, field
 
 from django.db import DatabaseError, transaction
 from django.db.models import Count
@@ -23,9 +26,24 @@ log = logging.getLogger("yuzu.operations")
 SOURCES = ("dpkg", "rpm", "pacman", "pip", "npm")
 MAX_PAGES = 64
 MAX_ROWS = 20000
+STAGE_TTL_S = 600  # a full list whose next page has not come for this long is dropped
 HASH_RE = re.compile(r"[0-9a-f]{64}")
 VERSION_PART_RE = re.compile(r"(\d+|[A-Za-z]+|~)")
-_staged: dict[tuple[str, str], dict[int, list[dict[str, str]]]] = {}  # (agent_id, hash) -> {page: rows}, this process's pages of a full list still arriving
+
+
+@dataclass
+class _Staging:
+    """One agent's full list still arriving, in this process: its pages so far (or, once refused, none)."""
+
+    digest: str
+    pages: dict[int, list[dict[str, str]]] = field(default_factory=dict)
+    rows: int = 0
+    refused: bool = False  # over MAX_ROWS: the rest of this list is dropped as it comes
+    touched: float = field(default_factory=time.monotonic)
+
+
+_staged: dict[str, _Staging] = {}  # agent_id -> its list in progress (one per agent: a new hash replaces the old)
+_staged_lock = threading.Lock()  # receivers run on database threads
 
 
 class Malformed(ValueError):
@@ -73,14 +91,9 @@ def receive_software(agent_id, report):
     rows = [_row(r, PACKAGE_FIELDS) for r in packages]
     if any(r["source"] not in SOURCES or not r["name"] for r in rows):
         raise Malformed(f"every package needs a name and a source of {', '.join(SOURCES)}")
-    staged = _staged.setdefault((agent_id, digest), {})
-    for key in [k for k in _staged if k[0] == agent_id and k != (agent_id, digest)]:
-        _staged.pop(key)  # an older list this agent never finished
-    staged[page] = rows
-    if len(staged) < pages:
+    everything = _stage(agent_id, digest, page, pages, rows)
+    if everything is None:
         return None
-    _staged.pop((agent_id, digest))
-    everything = [r for i in range(pages) for r in staged.get(i, [])][:MAX_ROWS]
     with transaction.atomic():
         InstalledSoftware.objects.filter(agent_id=agent_id).delete()
         InstalledSoftware.objects.bulk_create([InstalledSoftware(agent_id=agent_id, **r) for r in everything],
@@ -92,6 +105,49 @@ def receive_software(agent_id, report):
             state.save(update_fields=["content_hash", "last_seen", "rows"])
     SOFTWARE_SYNCS.labels("software", "full").inc()
     return None
+
+
+def _stage(agent_id, digest, page, pages, rows):
+    """Keep one page of an agent's full list; the whole list once its last page came, else None. Bounded while it
+    arrives: a list over MAX_ROWS is refused (logged, counted ``too_many_rows``) and the rest of it dropped as it
+    comes; a list not continued for STAGE_TTL_S is dropped (``expired``); so is the agent's on disconnect."""
+    now = time.monotonic()
+    with _staged_lock:
+        for stale in [a for a, s in _staged.items() if now - s.touched > STAGE_TTL_S]:
+            _drop(stale, "expired")
+        staging = _staged.get(agent_id)
+        if staging is None or staging.digest != digest:  # a new list replaces one this agent never finished
+            if staging is not None and not staging.refused:
+                SOFTWARE_SYNCS.labels("software", "abandoned").inc()
+            staging = _staged[agent_id] = _Staging(digest)
+        staging.touched = now
+        if staging.refused:
+            return None
+        staging.rows += len(rows) - len(staging.pages.get(page, ()))
+        if staging.rows > MAX_ROWS:
+            staging.refused, staging.pages = True, {}
+            SOFTWARE_SYNCS.labels("software", "too_many_rows").inc()
+            log.warning("refused the software list of agent %s: more than %d packages (page %d of %d); nothing "
+                        "stored, its rows kept as they were", agent_id, MAX_ROWS, page + 1, pages)
+            return None
+        staging.pages[page] = rows
+        if len(staging.pages) < pages:
+            return None
+        del _staged[agent_id]
+        return [r for i in range(pages) for r in staging.pages.get(i, [])]
+
+
+def _drop(agent_id, outcome):
+    staging = _staged.pop(agent_id, None)
+    if staging is not None and not staging.refused:
+        SOFTWARE_SYNCS.labels("software", outcome).inc()
+        log.info("dropped %d staged software page(s) of agent %s (%s)", len(staging.pages), agent_id, outcome)
+
+
+def forget_staged(agent_id):
+    """The agent's connection closed: its unfinished list will never be completed here."""
+    with _staged_lock:
+        _drop(agent_id, "abandoned")
 
 
 LICENSE_FIELDS = {"product": 256, "vendor": 256, "version": 128, "license_type": 16, "state": 24, "channel": 64,

@@ -11,7 +11,7 @@ from django.dispatch import receiver
 
 from fleet.models import AgentInventory
 from fleet.push import send_to_agent
-from fleet.signals import agent_connected, agent_report
+from fleet.signals import agent_connected, agent_disconnected, agent_report
 
 from . import inventory, plugins, schedules
 
@@ -55,6 +55,11 @@ def handle_report(agent_id, frame):
 @receiver(agent_report)
 def on_report(sender, agent_id, frame, **kwargs):
     handle_report(agent_id, frame)
+
+
+@receiver(agent_disconnected)
+def forget_staged_software(sender, agent_id, **kwargs):
+    inventory.forget_staged(agent_id)
 
 
 _ticker = None

@@ -4,13 +4,16 @@ software inventory and licences (paged reports, hash-skip, version comparison, c
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.utils import timezone
+from prometheus_client import REGISTRY
 
 from approvals.models import Approval
 from fleet.models import Agent, Execution, InstructionDefinition, ManagementGroup
 from operations import inventory, schedules
 from operations.models import DetectedLicense, InstalledSoftware, InstructionSchedule, InventoryState
 from tests.operations.conftest import Caller
+from tests.support.agent_ws import enrolled_agent, mint_device_token, until
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
@@ -118,6 +121,74 @@ def test_paged_reports_replace_in_full_and_hash_skip_asks_for_a_resync(agent):
         with pytest.raises(inventory.Malformed):
             inventory.receive_software("a1", bad)
     assert InstalledSoftware.objects.count() == 1
+
+
+def syncs(outcome):
+    return REGISTRY.get_sample_value("yuzu_software_inventory_syncs_total",
+                                     {"source": "software", "outcome": outcome}) or 0.0
+
+
+@pytest.fixture
+def no_staging():
+    inventory._staged.clear()
+    yield
+    inventory._staged.clear()
+
+
+def test_a_list_over_the_row_cap_is_refused_while_it_arrives_and_the_stored_rows_kept(agent, no_staging,
+                                                                                     monkeypatch):
+    """The cap applies while pages are staged, not only once a list is complete: an agent that sends 63 of 64
+    pages holds at most MAX_ROWS rows in the server's memory, and its refused list stays refused."""
+    monkeypatch.setattr(inventory, "MAX_ROWS", 5)
+    inventory.receive_software("a1", {"hash": "c" * 64, "page": 0, "pages": 1, "packages": [pkg("bash", "5.3-1")]})
+    before = syncs("too_many_rows")
+    page = [pkg(f"p{i}", "1") for i in range(3)]
+    inventory.receive_software("a1", {"hash": HASH, "page": 0, "pages": 4, "packages": page})
+    assert inventory._staged["a1"].rows == 3
+    inventory.receive_software("a1", {"hash": HASH, "page": 1, "pages": 4, "packages": page})  # 6 > 5
+    assert syncs("too_many_rows") == before + 1
+    assert inventory._staged["a1"].pages == {} and inventory._staged["a1"].refused
+    for i in (2, 3):  # the rest of the refused list is dropped as it comes, even its last page
+        inventory.receive_software("a1", {"hash": HASH, "page": i, "pages": 4, "packages": page})
+    assert inventory._staged["a1"].pages == {} and syncs("too_many_rows") == before + 1
+    assert list(InstalledSoftware.objects.values_list("name", flat=True)) == ["bash"]  # what was stored stays
+    inventory.receive_software("a1", {"hash": "d" * 64, "page": 0, "pages": 1, "packages": page})  # a new list
+    assert InstalledSoftware.objects.count() == 3 and "a1" not in inventory._staged
+
+
+def test_staged_pages_expire_and_go_when_the_agent_disconnects(agent, no_staging):
+    first = {"hash": HASH, "page": 0, "pages": 2, "packages": [pkg("bash", "5.2-1")]}
+    inventory.receive_software("a1", first)
+    inventory._staged["a1"].touched -= inventory.STAGE_TTL_S + 1
+    expired = syncs("expired")
+    inventory.receive_software("b2", first)  # any page sweeps what has gone stale
+    assert "a1" not in inventory._staged and syncs("expired") == expired + 1
+    abandoned = syncs("abandoned")
+    inventory.forget_staged("b2")
+    assert not inventory._staged and syncs("abandoned") == abandoned + 1
+
+
+def staged_for(agent_id):
+    return any(agent_id == (key[0] if isinstance(key, tuple) else key) for key in inventory._staged)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("eager_celery")
+def test_an_agent_that_disconnects_mid_list_leaves_nothing_staged(no_staging):
+    """Over a real agent WebSocket: pages of a list that will never be finished go with the connection."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "report", "kind": "software", "report": {
+            "hash": HASH, "page": 0, "pages": 64, "packages": [pkg("bash", "5.2-1")]}})
+        await until(lambda: staged_for(agent_id))
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    assert not staged_for(agent_id)
+    assert not Agent.objects.get(pk=agent_id).connected
 
 
 def test_version_comparison_is_dpkg_like():
