@@ -2,7 +2,7 @@
 It only speaks the protocol: validate each frame, hand it to the model layer, send frames back.
 
 Every inbound message is validated before it touches the database; anything malformed closes the
-socket with 4400 and a reason (what was stored before stays stored). A refused identity closes with
+socket with 4400 and a reason, logged (daphne does not send a close reason on; what was stored before stays stored). A refused identity closes with
 4401. Each message costs one database hop: enrolment and register (fleet.identity), the connection state
 (Agent.objects), inventory, run through ``database_sync_to_async``; answers and heartbeats go to the process's
 batchers (fleet.responses, fleet.identity.heartbeat: a hop per batch, fleet.batching). Commands and pushes

@@ -297,8 +297,26 @@ def test_daphne_answers_a_browser_handshake_403_and_an_agent_handshake_101(daphn
             with pytest.raises(websockets.ConnectionClosed) as closed:
                 await ws.recv()
             assert closed.value.rcvd.code == 4400
+            # What docs/agent-protocol.md (Close codes) says an agent gets under daphne: the code, no reason, and
+            # no frame before it. Should daphne start passing reasons on, this fails and the doc wants updating.
+            assert closed.value.rcvd.reason == ""
 
     asyncio.run(scenario())
+
+
+def test_a_refusal_names_its_reason_in_the_servers_log(caplog):
+    """The agent gets the close code; the reason is in the server's log (docs/agent-protocol.md, Close codes)."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await comm.send_json_to({"type": "response", "command_id": 7, "status": "SUCCESS"})
+        await closed_with(comm, 4400)
+        return agent_id
+
+    with caplog.at_level("INFO", logger="yuzu.fleet.agents"):
+        agent_id = async_to_sync(scenario)()
+    assert f"closing agent socket {agent_id} (4400): 'command_id' must be a non-empty string" in caplog.text
 
 
 BAD_IDENTITIES = {
