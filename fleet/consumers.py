@@ -269,7 +269,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await handler(message)
         except StopConsumer:
             raise
-        except BaseException:
+        except Exception:  # not CancelledError: a stopping server cancels every consumer, nothing abnormal
             # The consumer ends abnormally (daphne closes the socket 1011 and never sends websocket.disconnect
             # to a dead application): do the disconnect bookkeeping now, or the agent stays connected — counted
             # as reached by new executions, touched by fleet.liveness — until the silent-socket sweep.
