@@ -187,10 +187,10 @@ def stop_orphans(socket_name):
     stopped = 0
     for key in set(live.values_list("owner_key", flat=True)):
         if Principal.from_key(key) is None:
-            for m in live.filter(owner_key=key):
+            for m in live.filter(owner_key=key).select_related("owner"):
                 terminate(m, "its primary's token or user is no longer valid")
-                audit(key, "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
-                      detail=f"pane={m.pane_id} reason=primary_revoked")
+                audit("system", "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
+                      detail=f"pane={m.pane_id} reason=primary_revoked owner={m.owner.get_username()} world={key}")
                 stopped += 1
     return stopped
 

@@ -308,5 +308,5 @@ def test_a_revoked_primary_s_workers_are_stopped(fake, world):
     m.refresh_from_db()
     assert not m.live and "no longer valid" in m.stop_reason and "%1" not in fake.panes
     assert state(t.messages.get()) == "failed"
-    assert AuditEvent.objects.filter(action="bridge.stop", target_id=m.session_id,
-                                     detail__contains="reason=primary_revoked").exists()
+    assert AuditEvent.objects.filter(principal="system", action="bridge.stop", target_id=m.session_id,
+                                     detail__contains="reason=primary_revoked owner=alice").exists()
