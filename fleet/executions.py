@@ -20,6 +20,7 @@ from functools import partial
 
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models.fields.json import KeyTransform
 from django.utils import timezone
 
 from yuzu import rbac
@@ -177,28 +178,52 @@ class CatalogueRefusal(YuzuError):
 
 
 def _check_plugin(plugin, action, params, targets):
-    """The command must be one the targeted agents declared (their register catalogue), with parameters
-    their schema accepts — the agent would REJECT it otherwise. Returns the catalogue entry (risk,
-    description) or None when no target reported a catalogue. Raises CatalogueRefusal."""
+    """Which targets would take the command, by their declared catalogue (register): an agent whose catalogue
+    lacks the action, or whose parameter schema refuses the parameters or cannot be applied, would REJECT it —
+    it is left out, as a kill switch's held-back agent is, so one agent (a broken or a hostile one) cannot veto
+    a command for the rest of the scope. Agents that reported no catalogue are kept (nothing to check against).
+    → (the catalogue entry (risk, description) or None, the targets kept, {agent_id: why} left out). Raises
+    CatalogueRefusal when every target would refuse it: the reason of the first refusing schema."""
     name = f"{plugin}.{action}"
-    catalogues = list(AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
-                      .values_list("data", flat=True).distinct()[:64]) if targets else []
-    specs = [c[name] for c in catalogues if isinstance(c, dict) and isinstance(c.get(name), dict)]
-    if catalogues and not specs:
-        raise CatalogueRefusal(f"unknown plugin/action: {name} (not in the catalogue of the targeted agents)",
-                               remediation="see discover_plugins for the actions the agents support")
-    for text in {json.dumps(s.get("params") or {}, sort_keys=True) for s in specs}:
-        schema = json.loads(text)
-        try:
-            error = catalogue.first_error(schema, params)
-        except BadSchema as exc:
-            raise _unusable(name, schema, targets, exc) from None
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "params"
-            raise CatalogueRefusal(f"params do not match {name}'s parameter schema at '{where}': {error.message}",
-                                   remediation="see discover_plugins (with InstructionDefinition:Read) for the "
-                                               "parameter schema")
-    return specs[0] if specs else None
+    rows = AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
+    declared = list(rows.values_list(KeyTransform(name, "data"), flat=True).distinct()) if targets else []
+    verdicts = {}  # schema text -> None (accepts) or the CatalogueRefusal its refusal raises
+    for spec in declared:
+        text = json.dumps(spec, sort_keys=True)
+        if text not in verdicts:
+            verdicts[text] = _verdict(name, spec, params, targets)
+    accepting = [json.loads(t) for t, v in verdicts.items() if v is None]
+    refusing = {t: v for t, v in verdicts.items() if v is not None}
+    if not refusing:
+        return (accepting[0] if accepting else None), targets, {}
+    left_out = {agent_id: refusing[text].message
+                for agent_id, spec in rows.annotate(spec=KeyTransform(name, "data")).values_list("agent_id", "spec")
+                if (text := json.dumps(spec, sort_keys=True)) in refusing}
+    kept = [t for t in targets if t not in left_out]
+    if kept:
+        return (accepting[0] if accepting else None), kept, left_out
+    declared_refusals = [v for t, v in refusing.items() if t.startswith("{")]  # the action, refusing these params
+    if declared_refusals:
+        raise declared_refusals[0]
+    raise CatalogueRefusal(f"unknown plugin/action: {name} (not in the catalogue of the targeted agents)",
+                           remediation="see discover_plugins for the actions the agents support")
+
+
+def _verdict(name, spec, params, targets):
+    """None when an agent declaring ``spec`` for ``name`` would take ``params``, else the refusal."""
+    if not isinstance(spec, dict):
+        return CatalogueRefusal(f"{name} is not in the agent's catalogue")
+    schema = spec.get("params") or {}
+    try:
+        error = catalogue.first_error(schema, params)
+    except BadSchema as exc:
+        return _unusable(name, schema, targets, exc)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "params"
+    return CatalogueRefusal(f"params do not match {name}'s parameter schema at '{where}': {error.message}",
+                            remediation="see discover_plugins (with InstructionDefinition:Read) for the "
+                                        "parameter schema")
 
 
 def _unusable(name, schema, targets, why):
@@ -231,6 +256,7 @@ class Order:
     scope: str = ""
     expires_in: int = 300
     held: int = 0  # targets a kill switch held back (left out)
+    refused: int = 0  # targets whose declared catalogue refuses the command (left out)
 
 
 def _describe(order, how):
@@ -244,7 +270,8 @@ def _describe(order, how):
     else:
         where = f"{n} agent{'s' if n != 1 else ''} {how}"
     held = f" ({order.held} more held back by a kill switch)" if order.held else ""
-    return f"Run {order.plugin}.{order.action}{with_params} on {where}{held}"
+    refused = (f" ({order.refused} more left out: their declared catalogue refuses it)" if order.refused else "")
+    return f"Run {order.plugin}.{order.action}{with_params} on {where}{held}{refused}"
 
 
 def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_ids=None, expires_in=300,
@@ -257,15 +284,22 @@ def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_
         raise invalid(f"expires_in must be an integer of 1-{MAX_EXPIRES_IN} seconds")
     pinned_ids = (pinned or {}).get("agents") if pinned is not None else None
     targets, held = _gated(plugin, action, _targets(principal, tree, agent_ids, pinned_ids))
-    order = Order(plugin, action, params, targets, scope or "", expires_in, held)
-    spec = _check_plugin(plugin, action, params, order.targets) or {}
+    spec, targets, refused = _check_plugin(plugin, action, params, targets)
+    spec = spec or {}
+    order = Order(plugin, action, params, targets, scope or "", expires_in, held, len(refused))
     how = (f"matching `{scope}`" if scope is not None else "listed by id" if agent_ids is not None
            else "(every connected agent you may execute on)")
     return Plan(summary=_describe(order, how), value=order, pins={"agents": order.targets},
                 risk=spec.get("risk") or "", facts={"plugin": f"{plugin}.{action}",
                                                     "description": spec.get("description") or "",
                                                     "params": redact(params), "scope": scope,
-                                                    "kill_switched_agents": held})
+                                                    "kill_switched_agents": held,
+                                                    "catalogue_refused_agents": _sample(refused)})
+
+
+def _sample(refused, shown=5):
+    """{agent_id: why} for the first few agents left out (sorted), and how many there are."""
+    return {"count": len(refused), "agents": {a: refused[a][:300] for a in sorted(refused)[:shown]}}
 
 
 # --- start / dispatch --------------------------------------------------------------------------
@@ -282,7 +316,7 @@ def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_s
     the dispatch task only through its message."""
     order = gate(order)  # a switch may have been flipped since the plan
     plugin, action, params, targets = order.plugin, order.action, order.params, order.targets
-    scope, expires_in, held = order.scope, order.expires_in, order.held
+    scope, expires_in, held, refused = order.scope, order.expires_in, order.held, order.refused
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
     now = timezone.now()
     enqueue = {"tried": False}
@@ -328,7 +362,8 @@ def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_s
                         retry_after_ms=STORE_FAULT_RETRY_MS, remediation="retry shortly",
                         extra={"execution_id": ex.id}) from None
     base = {"execution_id": ex.id, "command_id": ex.command_id, "plugin": plugin, "action": action,
-            "agents_reached": len(targets), **({"kill_switched_agents": held} if held else {})}
+            "agents_reached": len(targets), **({"kill_switched_agents": held} if held else {}),
+            **({"catalogue_refused_agents": refused} if refused else {})}
     if not targets:
         events.publish(ex)
         return {**base, "status": "no_agents_reached",
@@ -487,7 +522,7 @@ def plan_bundle(principal, *, agent_id, steps, pinned=None):
         try:
             plugin, action, params = _command(step.get("plugin"), step.get("action"), step.get("params"))
             _gated(plugin, action, targets)  # the one agent held back by a group's kill switch refuses the bundle
-            specs.append(_check_plugin(plugin, action, params, targets) or {})
+            specs.append(_check_plugin(plugin, action, params, targets)[0] or {})  # its one agent refusing raises
         except YuzuError as exc:
             raise invalid(f"steps[{i}]: {exc.message}", exc.remediation) from None
         orders.append(Order(plugin, action, params, targets))

@@ -318,7 +318,8 @@ BUNDLE_TASK = TaskHooks(id_field="bundle_id", state=_bundle_task_state,
       description="Dispatches plugin.action (e.g. os.info) with params to agents: by `scope` expression XOR "
                   "`agent_ids`; omit both for all agents you may execute on. Returns at once with execution_id; "
                   "poll get_execution_status (honour retry_after_ms) and read query_responses. "
-                  "status:no_agents_reached means nothing was sent. With _meta.progressToken you get "
+                  "status:no_agents_reached means nothing was sent; catalogue_refused_agents counts agents left "
+                  "out because their declared catalogue refuses the command. With _meta.progressToken you get "
                   "notifications/progress (agents responded / targeted). Approval-gated on the supervised tier.",
       input_schema=obj({
           "plugin": string(128, minLength=1), "action": string(128, minLength=1),

@@ -1,7 +1,8 @@
 """The JSON Schemas an agent declares (its plugin catalogue) are untrusted input: the server never retrieves a
 remote ``$ref`` (a real HTTP listener proves no request is made), a register or an ``agent.plugins`` inventory
 frame drops the actions whose schemas are unusable, a schema stored before those checks is refused with a 4xx
-naming the agent and plugin (never a 500), and no catalogue can veto the agent's own quarantine."""
+naming the agent and plugin (never a 500), no catalogue can veto the agent's own quarantine, and an agent whose
+catalogue refuses a command is left out of a wider execution rather than blocking it."""
 
 import http.server
 import json
@@ -13,9 +14,9 @@ from channels.db import database_sync_to_async
 from prometheus_client import REGISTRY
 
 from fleet.agent.plugins import catalogue
-from fleet.executions import start_execution
+from fleet.executions import CatalogueRefusal, plan_execution, start_execution
 from fleet.inventory import quarantine_device
-from fleet.models import Agent, AgentInventory, Execution
+from fleet.models import Agent, AgentExecStatus, AgentInventory, Execution
 from mcp.schema import first_error
 from operations.models import PluginConfig
 from tests.support.agent_ws import enrolled_agent, mint_device_token, until
@@ -161,13 +162,61 @@ def test_an_inventory_frame_for_the_catalogue_gets_the_register_checks():
 @pytest.mark.parametrize("schema", list(UNUSABLE.values()), ids=list(UNUSABLE))
 def test_a_stored_unusable_schema_is_a_409_naming_the_agent_not_a_500(schema, mint, client):
     stored("a1", with_params("os.info", schema))
-    stored("a2", catalogue())
     raw = mint("op-rest", role="Operator", tier="")
     r = client.post("/api/v1/executions", {"plugin": "os", "action": "info", "params": {}},
                     content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert r.status_code == 409, r.content
     body = r.json()
     assert "host-a1 (a1)" in body["error"]["message"] and "os.info" in body["error"]["message"]
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize("schema", list(UNUSABLE.values()), ids=list(UNUSABLE))
+def test_an_agent_with_an_unusable_schema_is_left_out_of_a_wider_execution(schema, mint, client):
+    stored("a1", with_params("os.info", schema))
+    stored("a2", catalogue())
+    raw = mint("op-rest", role="Operator", tier="")
+    r = client.post("/api/v1/executions", {"plugin": "os", "action": "info", "params": {}},
+                    content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 202, r.content
+    data = r.json()["data"]
+    assert data["agents_reached"] == 1 and data["catalogue_refused_agents"] == 1
+    assert list(AgentExecStatus.objects.values_list("agent_id", flat=True)) == ["a2"]
+
+
+# --- one agent cannot veto a command for the rest of its scope ---------------------------------------
+
+REFUSERS = {
+    "no such action": {k: v for k, v in catalogue().items() if k != "os.info"},
+    "a schema refusing everything": with_params("os.info", {"not": {}}),
+    "a schema refusing these params": with_params("os.info", {"type": "object", "required": ["nonce"]}),
+}
+
+
+@pytest.mark.parametrize("plugins", list(REFUSERS.values()), ids=list(REFUSERS))
+def test_a_refusing_agent_is_left_out_and_the_rest_of_the_scope_runs(plugins, principal):
+    op = principal("op", "Operator")
+    stored("bad", plugins)
+    for honest in ("h1", "h2"):
+        stored(honest, catalogue())
+    plan = plan_execution(op, plugin="os", action="info", params={}, scope="hostname != nobody")
+    assert plan.value.targets == ["h1", "h2"] and plan.pins == {"agents": ["h1", "h2"]}
+    refused = plan.facts["catalogue_refused_agents"]
+    assert refused["count"] == 1 and list(refused["agents"]) == ["bad"]
+    assert "1 more left out: their declared catalogue refuses it" in plan.summary
+    out = start_execution(op, plugin="os", action="info", params={}, scope="hostname != nobody")
+    assert out["agents_reached"] == 2 and out["catalogue_refused_agents"] == 1
+    assert sorted(AgentExecStatus.objects.values_list("agent_id", flat=True)) == ["h1", "h2"]
+
+
+def test_params_every_agent_refuses_are_still_refused_before_any_row(principal):
+    op = principal("op", "Operator")
+    for a in ("h1", "h2"):
+        stored(a, catalogue())
+    with pytest.raises(CatalogueRefusal, match="params do not match os.info's parameter schema"):
+        plan_execution(op, plugin="os", action="info", params={"surplus": 1}, agent_ids=["h1", "h2"])
+    with pytest.raises(CatalogueRefusal, match="unknown plugin/action: os.reboot"):
+        start_execution(op, plugin="os", action="reboot", params={}, agent_ids=["h1", "h2"])
     assert not Execution.objects.exists()
 
 
