@@ -26,6 +26,7 @@ from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, PermissionDenied, YuzuEr
 from yuzu.models import ApiToken, Role, RoleAssignment, hash_secret
 from yuzu.plans import Plan
 from yuzu.stepup import require_fresh_mfa
+from yuzu.text import check_label
 
 from .models import ENGINE_PREFIX, ROTATION_SECRET, EnginePrincipal, EngineRotation, epoch, is_engine_user
 
@@ -194,11 +195,12 @@ def plan_mint_engine_credential(principal: rbac.Principal, principal_id: str, na
     _active(ep)
     if not 1 <= ttl_days <= MAX_TTL_DAYS:
         raise YuzuError(f"ttl_days must be 1..{MAX_TTL_DAYS}")
+    name = check_label("name", name or f"{principal_id} credential", ApiToken.NAME_LENGTH)
     if ep.active_credentials().exists():
         raise YuzuError(f"{principal_id} already holds an active credential: rotate it instead "
                         "(rotate_engine_credential), or revoke the principal")
     return Plan(summary=f"Issue a read-only credential for {principal_id}, valid {ttl_days} days",
-                value=(principal_id, name or f"{principal_id} credential", ttl_days), risk="additive",
+                value=(principal_id, name, ttl_days), risk="additive",
                 facts={"principal_id": principal_id, "ttl_days": ttl_days})
 
 

@@ -10,6 +10,8 @@ from django.core.exceptions import ValidationError
 from django.db import connection, models
 from django.utils import timezone
 
+from .text import check_label
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
@@ -95,10 +97,11 @@ class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
 class ApiToken(models.Model):
     AUDIENCE_API = "api"
     AUDIENCE_BRIDGE = "bridge"
+    NAME_LENGTH = 256
 
     id = models.CharField(primary_key=True, max_length=24, default=new_hex_id, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=256)
+    name = models.CharField(max_length=NAME_LENGTH)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=16, editable=False, help_text="First characters, for recognising a token")
     created_at = models.DateTimeField(default=timezone.now)
@@ -128,8 +131,11 @@ class ApiToken(models.Model):
     def mint(cls, owner: "User", name: str, *, mcp_tier: str = "", expires_at: datetime | None = None,
              scope_service: str = "", audience: str = AUDIENCE_API,
              now: datetime | None = None) -> tuple["ApiToken", str]:
-        """Create a token; returns (token, raw). The raw value is shown once and never stored."""
+        """Create a token; returns (token, raw). The raw value is shown once and never stored. Every way a token
+        is made (REST, MCP, OAuth, the bridge, governance, the admin command) passes its name through here:
+        approvers and token lists show it, so it may not hide or reorder text (yuzu.text.check_label)."""
         now = now or timezone.now()
+        check_label("name", name, cls.NAME_LENGTH)
         validate_token_fields(mcp_tier, expires_at, now)
         raw = TOKEN_PREFIX + secrets.token_hex(32)
         token = cls.objects.create(

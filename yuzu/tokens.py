@@ -103,7 +103,7 @@ def list_tokens(principal: Principal) -> list[JsonObject]:
 def plan_create_token(principal: Principal, *, name: str, expires_at: str | int | float | None = None,
                       scope_service: str = "", mcp_tier: str = "",
                       pinned: JsonObject | None = None) -> Plan[TokenFields]:
-    check_label("name", name, 256)
+    check_label("name", name, ApiToken.NAME_LENGTH)
     expires = parse_expiry(expires_at)
     check_ceiling(principal, mcp_tier or "", expires, permission="ApiToken:Write")
     validate_token_fields(mcp_tier or "", expires, timezone.now())

@@ -105,6 +105,9 @@ def test_bad_input_is_refused_before_anything_happens(admin):
     assert err(admin.call("rotate_engine_credential", {"principal_id": "engine:patch-bot"}))["code"] == -32602
     assert err(admin.call("mint_engine_credential", {"principal_id": "engine:patch-bot", "ttl_days": 91}))["code"] \
         == -32602
+    sly = err(admin.call("mint_engine_credential", {"principal_id": "engine:patch-bot", "name": "nightly\u202egol"}))
+    assert sly["code"] == -32602 and "U+202E" in sly["message"]
+    assert not ApiToken.objects.filter(owner__username="engine:patch-bot").exists()
     assert err(admin.call("transfer_engine_principal_owner", {"principal_id": "engine:patch-bot",
                                                               "new_owner": "engine:patch-bot"}))["code"] == -32602
     ok(admin.call("mint_engine_credential", {"principal_id": "engine:patch-bot"}))

@@ -9,6 +9,7 @@ from django.utils import timezone
 from yuzu.audit import audit
 from yuzu.models import MCP_TIERS, MCP_TOKEN_MAX_DAYS, ApiToken, Role
 from yuzu.rbac import assign_role
+from yuzu.text import check_label
 
 
 class Command(BaseCommand):
@@ -24,6 +25,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: str, user: str, name: str, role: str | None, tier: str, expires_days: int | None,
                service: str, **opts: object) -> None:
+        try:  # before the user is created: a refused name leaves nothing behind
+            check_label("name", name, ApiToken.NAME_LENGTH)
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from None
         User = get_user_model()
         account = User.objects.filter(username=user).first()
         if account is None:
