@@ -229,16 +229,9 @@ def _verdict(name, spec, params, targets):
 def _unusable(name, schema, targets, why):
     """The refusal for a declared parameter schema that cannot be applied (one stored before the register
     checks of fleet.catalogue, or that fails only on these parameters), naming the agents that declared it."""
-    declaring = []
-    rows = AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
-    for agent_id, data in rows.values_list("agent_id", "data").iterator():
-        spec = data.get(name) if isinstance(data, dict) else None
-        if isinstance(spec, dict) and (spec.get("params") or {}) == schema:
-            declaring.append(agent_id)
-            if len(declaring) == 3:
-                break
-    hosts = dict(Agent.objects.filter(pk__in=declaring).values_list("agent_id", "hostname"))
-    who = ", ".join(f"{hosts.get(a) or a} ({a})" for a in declaring) or "a targeted agent"
+    declaring, who = catalogue.declaring_agents(
+        lambda data: isinstance(data.get(name), dict) and (data[name].get("params") or {}) == schema, targets)
+    who = who or "a targeted agent"
     return CatalogueRefusal(f"{who} declared an unusable parameter schema for {name}: {why}", status=409,
                             remediation="leave that agent out of the target (agent_ids or a narrower scope) until it "
                                         "registers again: a register drops actions with unusable schemas",

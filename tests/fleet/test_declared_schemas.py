@@ -1,18 +1,23 @@
 """The JSON Schemas an agent declares (its plugin catalogue) are untrusted input: the server never retrieves a
 remote ``$ref`` (a real HTTP listener proves no request is made), a register or an ``agent.plugins`` inventory
 frame drops the actions whose schemas are unusable, a schema stored before those checks is refused with a 4xx
-naming the agent and plugin (never a 500), no catalogue can veto the agent's own quarantine, and an agent whose
-catalogue refuses a command is left out of a wider execution rather than blocking it."""
+naming the agent and plugin (never a 500), their patterns run on a linear-time engine (RE2: no ReDoS), no
+catalogue can veto the agent's own quarantine, and an agent whose catalogue refuses a command is left out of a
+wider execution rather than blocking it."""
 
 import http.server
 import json
+import signal
 import threading
+import time
+from contextlib import contextmanager
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from prometheus_client import REGISTRY
 
+from fleet import catalogue as declared
 from fleet.agent.plugins import catalogue
 from fleet.executions import CatalogueRefusal, plan_execution, start_execution
 from fleet.inventory import quarantine_device
@@ -113,6 +118,8 @@ UNUSABLE = {
     "remote ref": {"$ref": "http://127.0.0.1:9/schema.json"},
     "ref to nothing": {"$ref": "#/$defs/missing"},
     "ref loop": {"$ref": "#"},
+    "lookahead pattern": {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(?!admin)"}}},
+    "backreference in patternProperties": {"type": "object", "patternProperties": {"^(a)\\1$": {}}},
     "not a schema": 5,
 }
 
@@ -218,6 +225,137 @@ def test_params_every_agent_refuses_are_still_refused_before_any_row(principal):
     with pytest.raises(CatalogueRefusal, match="unknown plugin/action: os.reboot"):
         start_execution(op, plugin="os", action="reboot", params={}, agent_ids=["h1", "h2"])
     assert not Execution.objects.exists()
+
+
+# --- patterns: a linear-time engine (RE2), so no declared pattern can stall a server worker (ReDoS) -----
+
+HOSTILE = "a" * 5000 + "!"  # against ^(a+)+$ Python's backtracking re doubles its work with every "a"
+EVIL = "^(a+)+$"
+REDOS = {  # every keyword an agent's schema may match a regex in: (schema, instance)
+    "pattern": ({"type": "object", "properties": {"x": {"type": "string", "pattern": EVIL}}}, {"x": HOSTILE}),
+    "propertyNames": ({"type": "object", "propertyNames": {"pattern": EVIL}}, {HOSTILE: 1}),
+    "behind a $ref": ({"$defs": {"evil": {"type": "string", "pattern": EVIL}}, "type": "object",
+                       "properties": {"x": {"$ref": "#/$defs/evil"}}}, {"x": HOSTILE}),
+}
+
+
+@contextmanager
+def within(seconds):
+    """Fail the test (instead of hanging it) when the block runs longer than ``seconds`` — Python's re checks
+    for signals while it backtracks, so the alarm interrupts a catastrophic match — and time the block."""
+
+    def expired(*_):
+        raise AssertionError(f"still running after {seconds * 5} s: the pattern backtracks")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds * 5)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < seconds
+
+
+@pytest.mark.parametrize(("schema", "instance"), list(REDOS.values()), ids=list(REDOS))
+def test_a_backtracking_pattern_validates_in_linear_time(schema, instance):
+    assert declared.schema_problem(schema) is None  # ^(a+)+$ is valid RE2: the engine, not a ban, defuses it
+    with within(1):
+        error = declared.first_error(schema, instance)
+    assert error is not None and "does not match" in error.message
+
+
+def test_patterns_keep_search_semantics():
+    """Like jsonschema's re.search: unanchored unless the pattern anchors itself."""
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "b+"}},
+              "propertyNames": {"pattern": "^(x|n_)"}}
+    assert declared.first_error(schema, {"x": "abbc", "n_1": 5}) is None
+    assert "does not match" in declared.first_error(schema, {"x": "ac"}).message
+    assert declared.first_error(schema, {"m_1": 5}) is not None  # a name the pattern refuses
+
+
+def test_a_value_that_is_not_valid_unicode_is_refused_not_a_crash():
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": "^[a-z]*$"}},
+              "propertyNames": {"pattern": "^[xy]"}}
+    assert declared.first_error(schema, {"x": "ab\ud800"}) is not None
+    assert declared.first_error(schema, {"y\udfff": 1}) is None
+
+
+PATTERN_PROPERTIES = {
+    "at the top": {"type": "object", "patternProperties": {EVIL: {}}, "additionalProperties": False},
+    "in $defs": {"$defs": {"p": {"patternProperties": {"^a": {}}, "unevaluatedProperties": False}}},
+    "under a keyword no validator reads, reached by a $ref": {"x-hidden": {"patternProperties": {EVIL: {}},
+                                                                           "additionalProperties": False},
+                                                              "$ref": "#/x-hidden"},
+}
+
+
+@pytest.mark.parametrize("schema", list(PATTERN_PROPERTIES.values()), ids=list(PATTERN_PROPERTIES))
+def test_pattern_properties_are_refused_wherever_they_are(schema):
+    """jsonschema matches patternProperties' regexes with Python's re in three keywords; agents may not declare
+    them (propertyNames does the job), so none of those matches ever runs."""
+    assert declared.schema_problem(schema).startswith("patternProperties is not supported")
+    with pytest.raises(declared.BadSchema), within(1):
+        declared.first_error(schema, {HOSTILE: 1})
+
+
+@pytest.mark.parametrize("pattern", ["^(?!admin)", "(?<=a)b", "(?<!a)b", "x(?=y)", r"(a)\1", r"(?P<n>a)(?P=n)"])
+@pytest.mark.parametrize("keyword", ["pattern", "propertyNames"])
+def test_a_pattern_only_a_backtracking_engine_runs_is_refused_clearly(pattern, keyword):
+    schema = ({"type": "string", "pattern": pattern} if keyword == "pattern"
+              else {"type": "object", "propertyNames": {"pattern": pattern}})
+    assert declared.schema_problem(schema).startswith(
+        f"pattern '{pattern}' is not supported: agent-declared patterns must be linear-time (RE2 syntax: no "
+        "lookaround or backreferences) — RE2: ")
+
+
+def test_a_repetition_re2_cannot_count_is_refused_with_re2s_reason():
+    assert declared.schema_problem({"type": "string", "pattern": "^.{0,4096}$"}).endswith(
+        "— RE2: invalid repetition size: {0,4096}")
+
+
+def test_a_pattern_that_compiles_nowhere_is_no_schema():
+    assert declared.schema_problem({"pattern": "("}).startswith("not a valid JSON Schema (Draft 2020-12)")
+
+
+def test_a_register_drops_an_action_whose_pattern_needs_backtracking():
+    token = mint_device_token()
+    lookaround = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(?!root$)"}}}
+    plugins = {**with_params("service.status", lookaround), "os.evil": {"risk": "read", "params": REDOS["pattern"][0]}}
+    before = dropped_count()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token, plugins=plugins)
+        await comm.disconnect()
+        return agent_id
+
+    kept = AgentInventory.objects.get(agent_id=async_to_sync(scenario)(), plugin=AgentInventory.CATALOGUE).data
+    assert "service.status" not in kept and dropped_count() - before == 1
+    assert kept["os.evil"]["params"] == REDOS["pattern"][0]  # kept: RE2 runs it in linear time
+
+
+def test_an_execution_with_a_hostile_value_is_refused_promptly(mint, client):
+    stored("a1", {**catalogue(), "os.evil": {"risk": "read", "params": REDOS["pattern"][0]}})
+    raw = mint("op-rest", role="Operator", tier="")
+    with within(1):
+        r = client.post("/api/v1/executions", {"plugin": "os", "action": "evil", "params": {"x": HOSTILE}},
+                        content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 400, r.content
+    assert "does not match" in r.json()["error"]["message"] and not Execution.objects.exists()
+
+
+def test_a_hostile_configuration_value_is_refused_promptly(mint, client):
+    plugins = catalogue()
+    plugins["process.list"] = {**plugins["process.list"], "config": {"default_limit": {"type": "string",
+                                                                                       "pattern": EVIL}}}
+    stored("a1", plugins)
+    raw = mint("admin-rest", role="Administrator", tier="")
+    with within(1):
+        r = client.put("/api/v1/plugin-config/process/default_limit", {"value": HOSTILE},
+                       content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 400, r.content
+    assert "does not match" in r.json()["error"]["message"] and not PluginConfig.objects.exists()
 
 
 # --- quarantine does not depend on the agent's catalogue ---------------------------------------------
