@@ -11,7 +11,7 @@ import logging
 
 from django.db import DatabaseError, transaction
 
-from fleet.catalogue import BadSchema
+from fleet.catalogue import BadSchema, declaring_agents
 from fleet.catalogue import first_error as declared_schema_error
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, AgentInventory, ManagementGroup
@@ -85,27 +85,51 @@ def check_action(action):
 
 
 def declared_plugins():
-    """{plugin: {key: JSON Schema}} from the catalogues the agents declared on register (the ``config`` of
-    each plugin's actions), the plugins without configuration included with {}."""
+    """{plugin: {key: [JSON Schema, …]}} from the catalogues the agents declared on register (the ``config`` of
+    each plugin's actions), the plugins without configuration included with {}. Agents may declare different
+    schemas for one key (versions, or a hostile agent): every distinct one is kept, ordered by its text, so
+    the answer does not depend on the order the database returns the catalogues in and no agent can replace
+    the schema another declared."""
     out = {}
     rows = AgentInventory.objects.filter(plugin=AgentInventory.CATALOGUE).values_list("data", flat=True)
     for catalogue in rows.distinct()[:256]:
         for name, spec in (catalogue or {}).items():
             if not isinstance(name, str) or "." not in name:
                 continue
-            schema = out.setdefault(name.split(".", 1)[0], {})
+            keys = out.setdefault(name.split(".", 1)[0], {})
             config = (spec or {}).get("config") if isinstance(spec, dict) else None
             if isinstance(config, dict):
-                schema.update({k: v for k, v in config.items() if isinstance(v, dict)})
-    return out
+                for key, schema in config.items():
+                    if isinstance(schema, dict):
+                        keys.setdefault(key, {})[json.dumps(schema, sort_keys=True)] = schema
+    return {plugin: {key: [schemas[text] for text in sorted(schemas)] for key, schemas in keys.items()}
+            for plugin, keys in out.items()}
 
 
-def config_schema(plugin):
+def declared_config(plugin):
+    """{key: [every distinct JSON Schema the agents declared for it]} for ``plugin``; unknown plugin: 400."""
     plugins = declared_plugins()
     if plugin not in plugins:
         raise invalid(f"unknown plugin: {plugin} (no agent declared it)",
                       "discover_plugins lists the plugins the agents declared")
     return plugins[plugin]
+
+
+def config_schema(plugin):
+    """{key: JSON Schema} for ``plugin``: the schema the agents declared for a key, or, when they declared
+    different ones, their ``allOf`` (what a value must satisfy)."""
+    return {key: schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+            for key, schemas in declared_config(plugin).items()}
+
+
+def _declaring(plugin, key, schema):
+    """The agents that declared ``schema`` for ``plugin``.``key`` (the first three), and their names."""
+    def declares(catalogue):
+        return any(isinstance(spec, dict) and isinstance(spec.get("config"), dict)
+                   and spec["config"].get(key) == schema
+                   for name, spec in catalogue.items() if isinstance(name, str) and name.startswith(f"{plugin}."))
+    agent_ids, who = declaring_agents(declares)
+    return agent_ids, who or "an agent"
 
 
 def check_value(plugin, key, value):
@@ -115,20 +139,26 @@ def check_value(plugin, key, value):
         raise invalid(f"value exceeds {MAX_VALUE_BYTES} bytes")
     if "\x00" in value:
         raise invalid("value must not contain NUL characters")
-    schema = config_schema(plugin)
-    if key not in schema:
-        declared = ", ".join(sorted(schema)) or "none"
+    config = declared_config(plugin)
+    if key not in config:
+        declared = ", ".join(sorted(config)) or "none"
         raise invalid(f"plugin {plugin} declares no configuration key '{key}' (declared: {declared})",
                       "get the plugin's configuration keys from discover_plugins (config)")
-    try:
-        error = declared_schema_error(schema[key], value)
-    except BadSchema as exc:
-        raise YuzuError(f"the schema the agents declared for {plugin}.{key} cannot be applied: {exc}", status=409,
-                        rpc_code=-32602, remediation="nothing was changed; the agent that declared it must register "
-                                                     "again (a register drops unusable schemas)",
-                        extra={"plugin": plugin, "key": key}) from None
-    if error is not None:
-        raise invalid(f"value for {plugin}.{key} does not match the plugin's schema: {error.message}")
+    for schema in config[key]:  # every schema any agent declared for the key: none may refuse the value
+        try:
+            error = declared_schema_error(schema, value)
+        except BadSchema as exc:
+            agent_ids, who = _declaring(plugin, key, schema)
+            raise YuzuError(f"the schema {who} declared for {plugin}.{key} cannot be applied: {exc}", status=409,
+                            rpc_code=-32602, remediation="nothing was changed; the agent that declared it must "
+                                                         "register again (a register drops unusable schemas)",
+                            extra={"plugin": plugin, "key": key, "agent_ids": agent_ids}) from None
+        if error is not None:
+            agent_ids, who = _declaring(plugin, key, schema)
+            of = f" (one of {len(config[key])} different schemas agents declared for it)" if len(config[key]) > 1 else ""
+            raise invalid(f"value for {plugin}.{key} does not match the plugin's schema as {who} declared it{of}: "
+                          f"{error.message}",
+                          agent_ids=agent_ids, schema=schema)
     return value
 
 

@@ -2,6 +2,8 @@
 schema validation against the plugin's declared schema, write-only sealed secrets, not_found never a silent
 success, the kill switch as a dispatch gate (and failing closed), audit rows, nothing half-written."""
 
+import json
+
 import pytest
 from django.db import DatabaseError
 
@@ -33,6 +35,53 @@ def test_set_plugin_config_refuses_bad_input_and_writes_nothing(agent, mcp, args
     assert result is None and error["code"] == -32602 and needle in error["message"], error
     assert not PluginConfig.objects.exists()
     assert not AuditEvent.objects.filter(action="plugin_config.set").exists()
+
+
+LENIENT = {"type": "string"}  # what a hostile agent declares for process.default_limit to get "lots" through
+
+
+def other_agent(agent_id, default_limit):
+    plugins = catalogue()
+    plugins["process.list"] = {**plugins["process.list"], "config": {"default_limit": default_limit}}
+    a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", connected=True)
+    AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugins)
+
+
+@pytest.mark.parametrize("hostile_first", [True, False])
+def test_no_agent_can_replace_the_schema_another_declared_for_a_key(db, mcp, hostile_first):
+    """Whatever order the database returns the catalogues in, a value must satisfy every distinct schema the
+    agents declared for the key; the refusal names the agents whose schema refused it."""
+    if hostile_first:
+        other_agent("a0", LENIENT)
+    Agent.objects.create(agent_id="a1", hostname="a1.example", os="linux", connected=True)
+    AgentInventory.objects.create(agent_id="a1", plugin=AgentInventory.CATALOGUE, data=catalogue())
+    if not hostile_first:
+        other_agent("a2", LENIENT)
+    result, error = mcp().tool("set_plugin_config", {"plugin": "process", "key": "default_limit", "value": "lots"})
+    assert result is None and "does not match the plugin's schema as a1.example (a1) declared it" in error["message"]
+    assert "one of 2 different schemas" in error["message"]
+    assert not PluginConfig.objects.exists()
+    with pytest.raises(YuzuError) as info:
+        plugins.check_value("process", "default_limit", "lots")
+    assert info.value.extra["agent_ids"] == ["a1"] and info.value.extra["schema"]["pattern"] == "^[0-9]{1,5}$"
+    assert plugins.check_value("process", "default_limit", "25") == "25"  # every schema accepts it
+
+
+def test_a_stricter_schema_refuses_naming_the_agent_and_the_schema_shows_as_all_of(agent):
+    strict = {"type": "string", "maxLength": 1}
+    other_agent("a2", strict)
+    other_agent("a3", strict)
+    with pytest.raises(YuzuError) as info:
+        plugins.check_value("process", "default_limit", "25")
+    assert "a2.example (a2), a3.example (a3) declared it" in info.value.message
+    assert info.value.extra["agent_ids"] == ["a2", "a3"]
+    assert plugins.check_value("process", "default_limit", "5") == "5"
+    honest = catalogue()["process.list"]["config"]["default_limit"]
+    shown = plugins.config_schema("process")["default_limit"]
+    assert sorted(shown["allOf"], key=lambda s: json.dumps(s, sort_keys=True)) == shown["allOf"]
+    assert shown["allOf"] in ([honest, strict], [strict, honest])
+    AgentInventory.objects.filter(agent_id__in=["a2", "a3"]).delete()
+    assert plugins.config_schema("process")["default_limit"] == honest  # one schema: shown as it is
 
 
 def test_config_round_trip_and_not_found(agent, mcp):
