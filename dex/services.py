@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, ManagementGroup, Tag, heartbeat_interval
-from fleet.services import visible_agents
+from fleet.services import in_service, visible_agents
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, YuzuError
@@ -51,8 +51,7 @@ def visible(principal):
     token reads only the devices tagged service=<its service> (docs/tokens-and-rbac.md)."""
     qs = None if rbac.group_scope(principal, "Infrastructure", "Read") is None else visible_agents(principal)
     if principal.scope_service:
-        qs = (Agent.objects.all() if qs is None else qs).filter(
-            pk__in=Tag.objects.filter(key="service", value=principal.scope_service.strip().lower()).values("agent_id"))
+        qs = in_service(principal, Agent.objects.all() if qs is None else qs)
     return qs
 
 

@@ -37,6 +37,16 @@ def visible_agents(principal, securable="Infrastructure", operation="Read"):
     return agents_in_groups(scope)
 
 
+def in_service(principal, qs):
+    """``qs`` (agents) as far as a service-scoped token reaches: the devices tagged service=<its service>
+    (docs/tokens-and-rbac.md); ``qs`` itself for any other caller. For the tools of the "confined" service-scope
+    class, which the MCP pipeline lets such a token into."""
+    if not principal.scope_service:
+        return qs
+    tagged = Tag.objects.filter(key="service", value=principal.scope_service.strip().lower())
+    return qs.filter(pk__in=tagged.values("agent_id"))
+
+
 # (connected, limit) → the SQL and parameters of the fleet-wide list (a reader with a global grant). The same text
 # every call, so the ORM compiles it once per shape, not on every call (that compile was a quarter of the
 # call's CPU). At most 3 × 1000 entries: the tool's schema bounds limit.

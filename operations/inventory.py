@@ -14,7 +14,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from fleet.models import Agent
-from fleet.services import visible_agents
+from fleet.services import in_service, visible_agents
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, YuzuError
@@ -218,8 +218,9 @@ def query_installed_software(principal, *, name=None, agent_id=None, version=Non
             qs = qs.filter(agent_id=agent_id)
         if source:
             qs = qs.filter(source=source)
-        mine = set(visible_agents(principal, "Inventory", "Read").values_list("agent_id", flat=True)) \
-            if rbac.group_scope(principal, "Inventory", "Read") is not None else None
+        confined = rbac.group_scope(principal, "Inventory", "Read") is not None or principal.scope_service
+        mine = set(in_service(principal, visible_agents(principal, "Inventory", "Read"))
+                   .values_list("agent_id", flat=True)) if confined else None
         rows, omitted, truncated, scanned = [], set(), False, 0
         cap = 1000 * 50 if version_op or counts else limit + 1
         wanted = version_key(version) if version is not None else None
@@ -258,7 +259,8 @@ def software_summary():
 
 
 def query_software_licenses(principal, agent_id, *, cid="", with_user=False, surface="mcp"):
-    """Checked per device: an agent outside the caller's groups is -32003. An unknown agent: no records."""
+    """Checked per device: an agent outside the caller's groups is -32003. An unknown agent, or one outside a
+    service-scoped token's service, reads alike: no records."""
     known = Agent.objects.filter(pk=agent_id).exists()
     if known and not rbac.may(principal, "SoftwareLicensing", "Read", agent=agent_id):
         raise rbac.denial(principal, "SoftwareLicensing", "Read", agent=agent_id)
@@ -270,7 +272,8 @@ def query_software_licenses(principal, agent_id, *, cid="", with_user=False, sur
         raise YuzuError("the audit row could not be stored", status=503, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS)
     try:
-        rows = list(DetectedLicense.objects.filter(agent_id=agent_id).order_by("product")[:5000]) if known else []
+        reached = known and in_service(principal, Agent.objects.filter(pk=agent_id)).exists()
+        rows = list(DetectedLicense.objects.filter(agent_id=agent_id).order_by("product")[:5000]) if reached else []
     except DatabaseError:
         raise degraded() from None
     out = {"agent_id": agent_id, "count": len(rows), "licenses": [r.to_dict(with_user) for r in rows]}

@@ -192,7 +192,8 @@ SOFTWARE = obj({"agent_id": string(64), "name": string(256), "version": string(1
       description="Find installed software packages across devices by exact name and/or device (the agents' daily "
                   "dpkg/rpm/pip/npm inventory). version + version_op (lt, le, eq, ge, gt, ne) compare versions the "
                   "way dpkg does; counts=true adds devices per version. Empty software means no visible device "
-                  "reported a match; devices_omitted counts devices outside your management groups.",
+                  "reported a match; devices_omitted counts devices outside your management groups (or outside a "
+                  "service-scoped token's service).",
       input_schema=obj({"name": string(256, "Exact package name"), "agent_id": string(64, "Exact agent id"),
                         "version": string(128, "Compare with version_op"),
                         "version_op": enum(tuple(inventory.COMPARATORS), "How to compare with version"),
@@ -221,7 +222,8 @@ LICENSE = obj({"product": string(256), "vendor": string(256), "version": string(
       description="List the software licences detected on one device (machine-level facts only, no user "
                   "identities). An empty licenses list means no licence was detected there, or the device has "
                   "not sent its daily licence scan yet — not that it runs nothing licensed. An unknown agent "
-                  "answers count 0; a device outside your management groups -32003.",
+                  "answers count 0, and so does a device outside a service-scoped token's service; a device "
+                  "outside your management groups -32003.",
       input_schema=obj({"agent_id": string(256, "The device", minLength=1)}, ["agent_id"]),
       output_schema=obj({"agent_id": string(256), "count": integer(), "licenses": array(LICENSE),
                          "audit_persisted": boolean()}, ["agent_id", "count", "licenses"]))

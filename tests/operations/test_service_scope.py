@@ -1,0 +1,65 @@
+"""A service-scoped token reads the software and licences of its service's devices only (docs/tokens-and-rbac.md:
+"scope_service confines the token to one service's devices"). Both tools are of the "confined" class: the
+pipeline lets the token through, so the service functions must do the confining."""
+
+import pytest
+
+from fleet.models import Agent, Tag
+from operations import inventory
+from tests.operations.conftest import Caller
+
+pytestmark = pytest.mark.django_db
+HASH = "b" * 64
+
+
+def pkg(name, version):
+    return {"name": name, "version": version, "publisher": "", "install_date": "", "source": "dpkg"}
+
+
+LICENCE = {"product": "rhel", "vendor": "Red Hat", "version": "9", "license_type": "subscription",
+           "state": "subscription_active", "channel": "entitlement", "expiry_at": 1893456000,
+           "detector": "entitlement_cert", "confidence": "authoritative", "key_hint": "ab12", "exe_hints": []}
+
+
+@pytest.fixture
+def fleet(agent):
+    """a1 is tagged service=payments; b2 belongs to another service."""
+    Agent.objects.create(agent_id="b2", hostname="b2", os="linux", connected=True)
+    Tag.objects.create(agent=agent, key="service", value="payments")
+    Tag.objects.create(agent_id="b2", key="service", value="hr")
+    for aid in ("a1", "b2"):
+        inventory.receive_software(aid, {"hash": HASH, "page": 0, "pages": 1, "packages": [pkg("openssl", "3.0.2")]})
+        inventory.receive_licenses(aid, {"licenses": [LICENCE]})
+
+
+@pytest.fixture
+def payments(mint):
+    return Caller(mint("svc", role="Viewer", tier="readonly", scope_service="payments"))
+
+
+def test_a_service_scoped_token_finds_software_only_on_its_service_devices(fleet, payments):
+    out, error = payments.tool("query_installed_software", {"name": "openssl"})
+    assert error is None
+    assert [r["agent_id"] for r in out["software"]] == ["a1"]
+    assert out["devices_omitted"] == 1
+    out, _ = payments.tool("query_installed_software", {"agent_id": "b2"})
+    assert out["software"] == [] and out["count"] == 0
+    out, _ = payments.tool("query_installed_software", {"name": "openssl", "counts": True})
+    assert out["versions"] == [{"name": "openssl", "version": "3.0.2", "devices": 1}]
+
+
+def test_a_service_scoped_token_reads_another_services_device_licences_as_an_unknown_device(fleet, payments):
+    out, _ = payments.tool("query_software_licenses", {"agent_id": "a1"})
+    assert out["count"] == 1
+    other, error = payments.tool("query_software_licenses", {"agent_id": "b2"})
+    missing, _ = payments.tool("query_software_licenses", {"agent_id": "zz"})
+    assert error is None
+    assert other == {"agent_id": "b2", "count": 0, "licenses": []}
+    assert missing == {"agent_id": "zz", "count": 0, "licenses": []}
+
+
+def test_an_unscoped_token_still_reads_every_device(fleet, mint):
+    c = Caller(mint("all", role="Viewer", tier="readonly"))
+    out, _ = c.tool("query_installed_software", {"name": "openssl"})
+    assert [r["agent_id"] for r in out["software"]] == ["a1", "b2"] and "devices_omitted" not in out
+    assert c.tool("query_software_licenses", {"agent_id": "b2"})[0]["count"] == 1
