@@ -7,6 +7,7 @@ column of a YAML or CEL syntax error). Expressions are CEL (cel-python), compile
 with the check's JSON result bound as ``result`` — never Python ``eval``."""
 
 import json
+import math
 import re
 from functools import lru_cache
 
@@ -91,6 +92,20 @@ class _NoAliases(yaml.SafeLoader):
             raise DocumentError("YAML aliases (*name) are not allowed in policy documents",
                                 line=mark.line + 1, column=mark.column + 1)
         return super().compose_node(parent, index)
+
+    def construct_yaml_float(self, node):
+        """Finite numbers only: .inf, .nan and 1.0e+999 (which overflows to inf) pass the schemas' "number",
+        and no JSON column stores them (PostgreSQL refuses 'Infinity', SQLite's JSON check fails the row)."""
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            mark = node.start_mark
+            raise DocumentError(f"{node.value[:32]!r} at line {mark.line + 1} is not a finite number; numbers must "
+                                "be finite (no .inf, .nan or values beyond the float range)",
+                                line=mark.line + 1, column=mark.column + 1)
+        return value
+
+
+_NoAliases.add_constructor("tag:yaml.org,2002:float", _NoAliases.construct_yaml_float)
 
 
 def load(text):

@@ -51,6 +51,15 @@ BAD_DOCUMENTS = [
      "expected_schema"),
     ("a: &x [1, 2]\nb: *x\n", "YAML aliases (*name) are not allowed", "line"),
     ("- just\n- a list\n", "must be a YAML mapping", None),
+    # YAML's .inf / .nan (and 1.0e+999, which overflows to inf) passed the schema's "number" and reached the
+    # database: SQLite's JSON check refused the row, answered as 409 "a fragment named … exists already"
+    # (none did); PostgreSQL's jsonb refuses 'Infinity' with a DataError (a 500)
+    (FRAGMENT.replace('parameters: {path: "${path}"}', 'parameters: {path: "${path}", n: .inf}'),
+     "'.inf' at line 10 is not a finite number", "line"),
+    (FRAGMENT.replace('parameters: {path: "${path}"}', 'parameters: {path: "${path}", n: .nan}'),
+     "'.nan' at line 10 is not a finite number", "column"),
+    (FRAGMENT.replace('parameters: {path: "${path}"}', 'parameters: {path: "${path}", n: -1.0e+999}'),
+     "'-1.0e+999' at line 10 is not a finite number", None),
     ("apiVersion: yuzu.io/v1alpha1\nkind: PolicyFragment\nmetadata: {name: x}\nspec: {check: {}}\n" + "#" * 70000,
      "exceeds 65536 bytes", None),
 ]
@@ -83,6 +92,8 @@ def test_a_bad_policy_is_refused_and_leaves_no_row(mint):
         (POLICY.replace("spec:", "spec:\n  managementGroups: [nope]"), "unknown management group 'nope'"),
         (POLICY.replace("type: interval", "type: hourly"), "does not match its schema at 'spec/triggers/0/type'"),
         (POLICY.replace("kind: Policy", "kind: PolicyFragment"), "kind must be 'Policy'"),
+        (POLICY.replace("inputs: {path: /tmp/marker}", "inputs: {path: .nan}"),
+         "'.nan' at line 7 is not a finite number"),
     ]
     for text, message in cases:
         r = c.post("/api/v1/policies", {"yaml_source": text}, content_type="application/json")
