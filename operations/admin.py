@@ -193,6 +193,18 @@ class InstructionScheduleAdmin(ServiceAdmin):
     def has_change_permission(self, request, obj=None):
         return False if obj is not None else super().has_change_permission(request, obj)
 
+    def get_fields(self, request, obj=None):
+        """An existing schedule is only viewed: its parameters as shown_parameters (secrets redacted)."""
+        fields = list(super().get_fields(request, obj))
+        return [("shown_parameters" if f == "parameters" else f) for f in fields] if obj is not None else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("shown_parameters",) if obj is not None else ()
+
+    @admin.display(description="parameters")
+    def shown_parameters(self, obj):
+        return obj.shown_parameters()
+
     def save_model(self, request, obj, form, change):
         d = {f: form.cleaned_data.get(f) for f in ScheduleForm.Meta.fields}
         d["start_at"] = d["start_at"].isoformat() if d.get("start_at") else None

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from django.db import models
 from django.utils import timezone
 
+from yuzu.plans import redact
 from yuzu.secrets import sealed_column
 
 PLUGIN_RE = re.compile(r"[a-z0-9_][a-z0-9_-]{0,63}")
@@ -336,12 +337,17 @@ class InstructionSchedule(models.Model):
             day += timedelta(days=1)
         return None
 
+    def shown_parameters(self):
+        """The parameters as every reader sees them (REST, the admin): a value whose name marks a secret is
+        [redacted], as an execution's is. The row keeps the value: each run sends it to the agents."""
+        return redact(self.parameters or {})
+
     def to_dict(self):
         return {"id": self.id, "name": self.name, "definition_id": self.definition_id,
                 "frequency_type": self.frequency_type, "interval_minutes": self.interval_minutes,
                 "time_of_day": self.time_of_day, "time_zone": self.time_zone, "day_of_week": self.day_of_week,
                 "day_of_month": self.day_of_month, "scope_expression": self.scope_expression,
-                "parameters": self.parameters, "requires_approval": self.requires_approval,
+                "parameters": self.shown_parameters(), "requires_approval": self.requires_approval,
                 "approval_id": self.approval_id, "approval_state": self.approval_state, "enabled": self.enabled,
                 "next_execution_at": self.next_execution_at.isoformat() if self.next_execution_at else None,
                 "last_executed_at": self.last_executed_at.isoformat() if self.last_executed_at else None,

@@ -14,6 +14,7 @@ from operations import inventory, schedules
 from operations.models import DetectedLicense, InstalledSoftware, InstructionSchedule, InventoryState
 from tests.operations.conftest import Caller
 from tests.support.agent_ws import enrolled_agent, mint_device_token, until
+from yuzu.models import AuditEvent
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
@@ -237,3 +238,24 @@ def test_licences_per_device_never_user_ref_on_mcp(agent, mcp, mint):
         inventory.receive_licenses("a1", {"licenses": [{"product": "x", "license_type": "stolen", "state": "unknown",
                                                         "detector": "heuristic", "confidence": "heuristic"}]})
     assert DetectedLicense.objects.count() == 1
+
+
+def test_a_schedules_secret_parameters_are_never_shown(agent, definition, principal, mint, client, make_user):
+    """A schedule keeps its parameters to replay them at each run, but a parameter whose name marks a secret is
+    shown as [redacted] — as an execution's are — to every reader: REST, the MCP-tier token over REST, the admin.
+    It was returned in clear to any Schedule:Read holder (every Viewer)."""
+    from tests.compliance.test_admin import admin_session
+
+    row = schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "nightly", "definition_id": "up", "frequency_type": "daily", "time_of_day": "03:00",
+        "parameters": {"db_password": "hunter2-pw", "api.token": "hunter2-tok", "path": "/var/log"}})
+    assert row["parameters"] == {"db_password": "[redacted]", "api.token": "[redacted]", "path": "/var/log"}
+    r = client.get("/api/v1/schedules", HTTP_AUTHORIZATION=f"Bearer {mint('v', role='Viewer', tier='readonly')}")
+    assert r.status_code == 200 and b"hunter2" not in r.content
+    assert r.json()["data"]["schedules"][0]["parameters"]["path"] == "/var/log"
+    page = admin_session(make_user, "staff-viewer", "Viewer").get(
+        f"/admin/operations/instructionschedule/{row['id']}/change/")
+    assert page.status_code == 200 and b"hunter2" not in page.content and b"[redacted]" in page.content
+    assert not AuditEvent.objects.filter(detail__contains="hunter2").exists()
+    # what runs is the real value
+    assert InstructionSchedule.objects.get(pk=row["id"]).parameters["db_password"] == "hunter2-pw"
