@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, ManagementGroup, Tag, heartbeat_interval
-from fleet.services import in_service, visible_agents
+from fleet.services import in_service, visible_agents, visible_groups
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, YuzuError
@@ -184,8 +184,10 @@ def _key(key, field="key"):
     return key
 
 
-def cohorts_of(agent_ids, key):
-    """{agent_id: [cohort values]} for a tag key or a pseudo key; an agent without the key is in cohort ""."""
+def cohorts_of(principal, agent_ids, key):
+    """{agent_id: [cohort values]} for a tag key or a pseudo key; an agent without the key is in cohort "".
+    yuzu:group names only the groups the caller reads (Infrastructure:Read on it or an ancestor): a membership
+    of another group counts as none, so its name never shows."""
     out = defaultdict(list)
     ids = list(agent_ids)
     if key == "yuzu:os":
@@ -195,8 +197,11 @@ def cohorts_of(agent_ids, key):
         for aid, v in Agent.objects.filter(pk__in=ids).values_list("pk", "agent_version"):
             out[aid].append(v or "")
     elif key == "yuzu:group":
-        for aid, name in ManagementGroup.members.through.objects.filter(agent_id__in=ids).values_list(
-                "agent_id", "managementgroup__name"):
+        memberships = ManagementGroup.members.through.objects.filter(agent_id__in=ids)
+        if rbac.group_scope(principal, "Infrastructure", "Read") is not None:
+            memberships = memberships.filter(
+                managementgroup__in=visible_groups(principal, securable="Infrastructure").values("pk"))
+        for aid, name in memberships.values_list("agent_id", "managementgroup__name"):
             out[aid].append(name)
     else:
         for aid, v in Tag.objects.filter(agent_id__in=ids, key=key).values_list("agent_id", "value"):
@@ -211,8 +216,8 @@ def _cohort_stats(rows, metrics):
             **{m: stats.stat(getattr(r, m) for r in rows) for m in metrics}}
 
 
-def _group_rows(rows, key):
-    membership = cohorts_of([r.agent_id for r in rows], key)
+def _group_rows(principal, rows, key):
+    membership = cohorts_of(principal, [r.agent_id for r in rows], key)
     groups = defaultdict(list)
     for r in rows:
         for c in membership[r.agent_id]:
@@ -226,7 +231,7 @@ PERF_COLS = tuple(PERF_METRICS.values())
 def perf_cohorts(principal, key=None):
     key = _key(key)
     rows = [r for r in current(principal) if r.has_perf]
-    groups, _ = _group_rows(rows, key)
+    groups, _ = _group_rows(principal, rows, key)
     cohorts = [{"cohort": c, **_cohort_stats(rs, PERF_COLS)} for c, rs in sorted(groups.items())]
     keys = sorted(set(Tag.objects.filter(agent_id__in=[r.agent_id for r in rows]).values_list("key", flat=True)))
     return {"key": key, "floor": COHORT_FLOOR, "cohorts": cohorts, "available_keys": [*PSEUDO_KEYS, *keys][:200]}
@@ -242,7 +247,7 @@ def _cohort_value(value, field):
 def perf_cohort_diff(principal, a, b, key=None):
     key, a, b = _key(key), _cohort_value(a, "a"), _cohort_value(b, "b")
     rows = [r for r in current(principal) if r.has_perf]
-    groups, _ = _group_rows(rows, key)
+    groups, _ = _group_rows(principal, rows, key)
     slot = {c: _cohort_stats(groups[c], PERF_COLS) if c in groups else None for c in (a, b)}
     sa, sb = slot[a], slot[b]
     delta = {}
@@ -271,7 +276,7 @@ def _choice(value, choices, field, default):
 def _not_reporting(principal, reporting_ids, key, cohort_value, limit):
     qs = _online(principal, PERF_PLATFORMS).exclude(pk__in=reporting_ids).order_by("agent_id")
     ids = list(qs.values_list("pk", flat=True)[:MEMBER_CAP])
-    membership = cohorts_of(ids, key)
+    membership = cohorts_of(principal, ids, key)
     out = []
     for aid in ids:
         if cohort_value is not None and cohort_value not in membership[aid]:
@@ -296,7 +301,7 @@ def perf_devices(principal, metric=None, filter=None, cohort_key=None, cohort_va
         devices = [{"agent_id": aid, "cohort": _cohort_label(c, cohort_value)}
                    for aid, c in _not_reporting(principal, [r.agent_id for r in rows], key, cohort_value, limit)]
     else:
-        membership = cohorts_of([r.agent_id for r in rows], key)
+        membership = cohorts_of(principal, [r.agent_id for r in rows], key)
         ranked = sorted(v for v in (getattr(r, column) for r in rows) if v is not None)
         if cohort_value is not None:
             rows = [r for r in rows if cohort_value in membership[r.agent_id]]
@@ -354,12 +359,12 @@ def network_devices(principal, metric=None, filter=None, cooc=None, key=None, co
     if filter == "not_reporting":
         qs = _online(principal).exclude(pk__in=[r.agent_id for r in rows]).order_by("agent_id")
         ids = list(qs.values_list("pk", "os")[:MEMBER_CAP])
-        membership = cohorts_of([i for i, _ in ids], key)
+        membership = cohorts_of(principal, [i for i, _ in ids], key)
         devices = [{"agent_id": aid, "platform": os or "", "cohort": _cohort_label(membership[aid], cohort_value),
                     "net_degraded": None, "under_pressure": False, "app_unstable": False}
                    for aid, os in ids if cohort_value is None or cohort_value in membership[aid]][:limit]
     else:
-        membership = cohorts_of([r.agent_id for r in rows], key)
+        membership = cohorts_of(principal, [r.agent_id for r in rows], key)
         ranked = sorted(v for v in (getattr(r, column) for r in rows) if v is not None)
         if cooc is not None:
             rows = [r for r in rows if _in_band(r, cooc)]

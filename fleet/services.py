@@ -165,10 +165,10 @@ def group_view(g):
             "created_by": g.created_by, "created_at": g.created_at.isoformat(), "updated_at": g.updated_at.isoformat()}
 
 
-def visible_groups(principal, operation="Read"):
-    """The groups the principal may see for ManagementGroup:<operation>: all with a fleet-wide grant,
-    otherwise the groups it holds the grant on and their descendants."""
-    scope = rbac.group_scope(principal, "ManagementGroup", operation)
+def visible_groups(principal, operation="Read", securable="ManagementGroup"):
+    """The groups the principal may see for <securable>:<operation> (ManagementGroup by default): all with a
+    fleet-wide grant, otherwise the groups it holds the grant on and their descendants."""
+    scope = rbac.group_scope(principal, securable, operation)
     if scope is None:
         return ManagementGroup.objects.all()
     children, seen, todo = {}, set(), list(scope)

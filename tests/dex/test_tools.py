@@ -1,6 +1,7 @@
 """The 13 DEX tools through the MCP pipeline (in process) and their REST twins: results as spec/dex.md gives them,
 what empty and missing mean, management-group confinement of every per-device row, and hostile arguments."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from django.utils import timezone
 
 from dex import services
 from dex.models import DeviceFacts
+from fleet.models import ManagementGroup
 from tests.dex.conftest import agent, app_day, observe
 from tests.support.mcp_http import McpClient
 from yuzu.models import AuditEvent
@@ -193,6 +195,25 @@ def test_every_per_device_row_is_confined_to_the_callers_groups(world, confined)
     app_day(world["agents"][20], "secret-app", "1", timezone.now().date(), cpu=5.0)
     assert sc(c, "list_dex_perf_apps")["apps"] == []
     assert sc(c, "get_dex_app_perf", {"app": "secret-app"})["points"] == []
+
+
+def test_the_group_cohort_names_only_groups_the_caller_reads(world, confined):
+    """yuzu:group cohorts come from the visible devices' memberships: a device of the caller's group that is also
+    in a group the caller cannot read named that group (its name, and how many of the caller's devices are in
+    it), which list_management_groups and every by-id read hide. Such a membership now counts as no group."""
+    secret = ManagementGroup.objects.create(name="mergers-and-acquisitions")
+    for a in world["agents"][:12]:
+        secret.members.add(a)
+    c = client(confined("dex-grouped", world["in"]))
+    by_group = sc(c, "get_dex_perf_cohorts", {"key": "yuzu:group"})
+    assert [(x["cohort"], x["devices"]) for x in by_group["cohorts"]] == [("dex-in", 15)]
+    assert "mergers" not in json.dumps(by_group)
+    diff = sc(c, "get_dex_perf_cohort_diff", {"key": "yuzu:group", "a": "mergers-and-acquisitions", "b": "dex-in"})
+    assert diff["found_a"] is False and diff["a"] is None
+    devices = sc(c, "list_dex_perf_devices", {"cohort_key": "yuzu:group", "limit": 500})["devices"]
+    assert {d["cohort"] for d in devices} == {"dex-in"}
+    assert sc(c, "list_network_devices", {"key": "yuzu:group", "cohort_value": "mergers-and-acquisitions"})[
+        "devices"] == []
 
 
 def test_service_scoped_tokens(world, mint):
