@@ -284,7 +284,8 @@ def query_software_licenses(principal, agent_id, *, cid="", with_user=False, sur
 
 def decommission_agent_inventory(principal, agent_id, *, cid=""):
     """DELETE /sle/agents/{id}: SoftwareLicensing, Inventory and GuaranteedState Delete on the device; audit
-    first (fail closed), then erase every per-agent inventory store."""
+    first (fail closed), then erase every per-agent inventory store. A device outside a service-scoped token's
+    service reads like an unknown one: nothing to erase."""
     for securable in ("SoftwareLicensing", "Inventory", "GuaranteedState"):
         if not rbac.may(principal, securable, "Delete", agent=agent_id):
             raise rbac.denial(principal, securable, "Delete", agent=agent_id)
@@ -292,6 +293,8 @@ def decommission_agent_inventory(principal, agent_id, *, cid=""):
                  correlation_id=cid):
         raise YuzuError("the audit row could not be stored; nothing was erased", status=503, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS)
+    if principal.scope_service and not in_service(principal, Agent.objects.filter(pk=agent_id)).exists():
+        return {"agent_id": agent_id, "erased_rows": 0}
     with transaction.atomic():
         n = DetectedLicense.objects.filter(agent_id=agent_id).delete()[0]
         n += InstalledSoftware.objects.filter(agent_id=agent_id).delete()[0]

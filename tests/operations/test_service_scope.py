@@ -6,6 +6,7 @@ import pytest
 
 from fleet.models import Agent, Tag
 from operations import inventory
+from operations.models import DetectedLicense, InstalledSoftware
 from tests.operations.conftest import Caller
 
 pytestmark = pytest.mark.django_db
@@ -63,3 +64,17 @@ def test_an_unscoped_token_still_reads_every_device(fleet, mint):
     out, _ = c.tool("query_installed_software", {"name": "openssl"})
     assert [r["agent_id"] for r in out["software"]] == ["a1", "b2"] and "devices_omitted" not in out
     assert c.tool("query_software_licenses", {"agent_id": "b2"})[0]["count"] == 1
+
+
+def test_a_service_scoped_token_cannot_erase_another_services_device_inventory(fleet, mint, client):
+    """DELETE /api/v1/sle/agents/{id} erased any device's software, licence and sync rows for a token scoped to
+    another service. Another service's device now reads like an unknown one: nothing to erase."""
+    raw = mint("svc-admin", role="Administrator", scope_service="payments")
+    other = client.delete("/api/v1/sle/agents/b2", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    missing = client.delete("/api/v1/sle/agents/zz", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert other.status_code == missing.status_code == 200
+    assert other.json()["data"]["erased_rows"] == missing.json()["data"]["erased_rows"] == 0
+    assert InstalledSoftware.objects.filter(agent_id="b2").exists()
+    assert DetectedLicense.objects.filter(agent_id="b2").exists()
+    own = client.delete("/api/v1/sle/agents/a1", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert own.json()["data"]["erased_rows"] > 0 and not InstalledSoftware.objects.filter(agent_id="a1").exists()
