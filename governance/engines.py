@@ -55,6 +55,7 @@ def _authorize(principal: rbac.Principal, securable: str, operation: str) -> Non
     """Engine principals are the whole install's: a fleet-wide grant (a grant held on one management group
     does not reach them); writes from a browser session need a fresh authenticator code."""
     deny_engine(principal, f"{securable}:{operation}")
+    rbac.refuse_service_scoped(principal, securable, operation)
     if not rbac.may(principal, securable, operation):
         raise rbac.denial(principal, securable, operation)
     if operation != "Read":

@@ -41,6 +41,7 @@ def max_live_versions() -> int:
 
 def _authorize(principal: rbac.Principal, operation: str) -> None:
     deny_engine(principal, f"Security:{operation}")
+    rbac.refuse_service_scoped(principal, "Security", operation)
     if not rbac.may(principal, "Security", operation):
         raise rbac.denial(principal, "Security", operation)
     if operation != "Read":

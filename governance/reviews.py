@@ -40,6 +40,7 @@ def _now_ms() -> int:
 
 def _authorize(principal: rbac.Principal, operation: str) -> None:
     deny_engine(principal, f"AccessReview:{operation}")
+    rbac.refuse_service_scoped(principal, "AccessReview", operation)
     if not rbac.may(principal, "AccessReview", operation):
         raise rbac.denial(principal, "AccessReview", operation)
     if operation != "Read":

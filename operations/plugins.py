@@ -163,7 +163,9 @@ def check_value(plugin, key, value):
 
 
 def _fleet_wide(principal, securable, operation):
-    """The plugin store is the whole install's: a grant confined to management groups does not reach it."""
+    """The plugin store is the whole install's: neither a grant confined to management groups nor a
+    service-scoped token reaches it."""
+    rbac.refuse_service_scoped(principal, securable, operation)
     if rbac.group_scope(principal, securable, operation) is not None:
         raise rbac.denial(principal, securable, operation)
 
@@ -325,6 +327,7 @@ def _switch_scope(principal, group_ref, operation):
     if group_ref in (None, ""):
         _fleet_wide(principal, "PluginConfig", operation)
         return None
+    rbac.refuse_service_scoped(principal, "PluginConfig", operation)  # a group is not a service
     if not isinstance(group_ref, str) or len(group_ref) > 256:
         raise invalid("group must be a management group id or name", "list_management_groups gives them")
     group = (ManagementGroup.objects.filter(pk=group_ref).first()

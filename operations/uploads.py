@@ -60,6 +60,7 @@ def invalid(message):
 
 def plan_mint(principal, agent_id, declared_max_size, source_path="", expected_sha256="", retention_class="standard",
               ttl_secs=None):
+    rbac.refuse_service_scoped(principal, "UploadGrant", "Write")
     if not rbac.has_any(principal, "UploadGrant", "Write"):
         raise rbac.denial(principal, "UploadGrant", "Write")
     if not isinstance(agent_id, str) or not 1 <= len(agent_id) <= 256:
@@ -99,6 +100,7 @@ def mint_upload_grant(principal, *, cid="", plan=None, **request):
 
 
 def list_upload_grants(principal):
+    rbac.refuse_service_scoped(principal, "UploadGrant", "Read")
     if not rbac.has_any(principal, "UploadGrant", "Read"):
         raise rbac.denial(principal, "UploadGrant", "Read")
     qs = UploadGrant.objects.all()
@@ -108,6 +110,7 @@ def list_upload_grants(principal):
 
 
 def plan_revoke(principal, grant_id, pinned=None):
+    rbac.refuse_service_scoped(principal, "UploadGrant", "Delete")
     if not rbac.has_any(principal, "UploadGrant", "Delete"):
         raise rbac.denial(principal, "UploadGrant", "Delete")
     if not isinstance(grant_id, str) or not GRANT_ID_RE.fullmatch(grant_id):

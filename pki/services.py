@@ -20,7 +20,8 @@ MAX_ACTIVE_PER_SIGNER = 20
 
 def _fleet_wide(principal, operation):
     """The CA is the whole install's: its certificates need a fleet-wide Security grant (a grant held on
-    one management group does not reach them)."""
+    one management group does not reach them, nor does a service-scoped token)."""
+    rbac.refuse_service_scoped(principal, "Security", operation)
     if not rbac.may(principal, "Security", operation):
         raise rbac.denial(principal, "Security", operation)
 

@@ -261,6 +261,18 @@ def tier_denial(principal: Principal, securable: str, operation: str) -> Permiss
                                         f"{mint_token_hint(principal, floor)}")
 
 
+def refuse_service_scoped(principal: Principal, securable: str, operation: str) -> None:
+    """A capability that reaches beyond one service's devices (the install's stores, fleet-wide identities): a
+    service-scoped token is refused it on every face — over MCP its tool's class is "denied"; its REST twin
+    calls this from the capability's own check."""
+    if principal.scope_service:
+        perm = f"{securable}:{operation}"
+        raise PermissionDenied(perm, f"service-scoped tokens may not {perm}: it reaches beyond one service's "
+                                     f"devices (this token is scoped to service '{principal.scope_service}')",
+                               extra={"scope_service": principal.scope_service},
+                               remediation="use a token without a service scope")
+
+
 def denial(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
            group: Model | str | None = None) -> PermissionDenied:
     """RBAC's refusal, saying what the caller holds: no grant at all (and the built-in roles that carry one),

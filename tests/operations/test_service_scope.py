@@ -78,3 +78,33 @@ def test_a_service_scoped_token_cannot_erase_another_services_device_inventory(f
     assert DetectedLicense.objects.filter(agent_id="b2").exists()
     own = client.delete("/api/v1/sle/agents/a1", HTTP_AUTHORIZATION=f"Bearer {raw}")
     assert own.json()["data"]["erased_rows"] > 0 and not InstalledSoftware.objects.filter(agent_id="a1").exists()
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("get", "/api/v1/plugin-config", None),
+    ("get", "/api/v1/plugin-config/process/default_limit", None),
+    ("put", "/api/v1/plugin-config/process/default_limit", {"value": "5"}),
+    ("put", "/api/v1/plugin-config/process/api.token/secret", {"value": "s3cret"}),
+    ("get", "/api/v1/plugin-config/os/kill-switch", None),
+    ("put", "/api/v1/plugin-config/os/kill-switch", {"enabled": False}),
+    ("put", "/api/v1/plugin-config/os/kill-switch?group=g", {"enabled": False}),
+    ("get", "/api/v1/upload-grants", None),
+    ("post", "/api/v1/upload-grants", {"agent_id": "b2", "declared_max_size": 10}),
+    ("delete", "/api/v1/upload-grants/abcdef", None),
+])
+def test_the_rest_twins_of_tools_closed_to_service_scopes_refuse_them_too(fleet, mint, client, method, path, body):
+    """Over MCP these tools refuse a service-scoped token outright (their class is "denied": they reach beyond one
+    service's devices). Their REST twins let it through: a token scoped to service=payments minted an upload
+    grant for hr's device, rewrote fleet-wide plugin configuration and flipped kill switches."""
+    from fleet.models import ManagementGroup
+    from operations.models import PluginConfig, PluginKillSwitch, PluginSecret, UploadGrant
+
+    ManagementGroup.objects.create(name="g")
+    raw = mint("svc-admin", role="Administrator", scope_service="payments")
+    kw = {"content_type": "application/json"} if body is not None else {}
+    r = getattr(client, method)(path, *([body] if body is not None else []), HTTP_AUTHORIZATION=f"Bearer {raw}",
+                                **kw)
+    assert r.status_code == 403, r.content
+    assert "service-scoped" in r.json()["error"]["message"]
+    assert not (PluginConfig.objects.exists() or PluginSecret.objects.exists() or PluginKillSwitch.objects.exists()
+                or UploadGrant.objects.exists())
