@@ -133,6 +133,13 @@ def pre_checks(ctx: ToolContext, name: object, arguments: object) -> tuple[Tool,
         message = schema_error_message(error) if error else "arguments must be an object"
         _deny(ctx, rpc.INVALID_PARAMS, message, result="failure", detail="args_invalid", stamp_cid=True,
               remediation="fix the argument named in the message; see the tool's inputSchema in tools/list")
+    nul = jsondata.nul_at(arguments)
+    if nul is not None:
+        MCP_TOOL_ARGS_INVALID.labels(tool.name).inc()
+        where = nul[0][:128].replace("\x00", "\\u0000")
+        _deny(ctx, rpc.INVALID_PARAMS, f"arguments hold a NUL character: U+0000 at offset {nul[1]} of '{where}' "
+              "(no stored text may contain it)", result="failure", detail="args_invalid", stamp_cid=True,
+              remediation="remove the NUL character (\\u0000) from the argument")
     args = {k: v for k, v in arguments.items() if k != "approval_id"} if tool.gate_capable else dict(arguments)
     try:
         # RBAC; a tool's object permission may also answer "not found" for an object outside the caller's

@@ -72,6 +72,25 @@ def loads(data: str | bytes) -> Any:
     return value
 
 
+def nul_at(value: Any) -> tuple[str, int] | None:
+    """(where, offset) of the first NUL character (U+0000) in any string of ``value`` — keys included — or None.
+    PostgreSQL stores NUL in no text or jsonb column: a lookup or a write carrying one fails deep inside a request
+    (DataError: a 500, its audit row lost), so the faces refuse it where the request comes in."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return where or "(value)", v.index("\x00")
+        elif isinstance(v, dict):
+            for k, child in v.items():
+                stack.append((f"{where}/{k}" if where else str(k), child))
+                stack.append((f"{where}/{k} (the key)" if where else f"{k} (the key)", k))
+        elif isinstance(v, list):
+            stack.extend((f"{where}/{i}", child) for i, child in enumerate(v))
+    return None
+
+
 def dumps(value: Any, default: Callable[[Any], Any] | None = None, option: int = 0) -> bytes:
     """Compact UTF-8 JSON. orjson writes it about ten times faster than the json module (a 50-agent list_agents
     reply: ~35 µs against ~380 µs); what orjson refuses (integers beyond 64 bits, lone surrogates) goes through

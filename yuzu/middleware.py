@@ -34,6 +34,24 @@ class CorrelationMiddleware:
         return response
 
 
+class NulGuardMiddleware:
+    """A NUL character (U+0000) in a REST path or query — ``/api/v1/agents/a%00b``, ``?group=a%00b`` — is a 400
+    here: PostgreSQL stores it in no text column, so the lookup it reached failed deep in the view (a 500 on
+    PostgreSQL, its audit row lost). Bodies: yuzu.jsondata; MCP arguments: mcp.pipeline."""
+
+    def __init__(self, get_response: GetResponse) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        if request.path.startswith("/api/") and ("\x00" in request.path or any(
+                "\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists())):
+            from .api.handlers import bad_request_response  # the envelope of every other API error
+
+            return bad_request_response(request, "the path or query holds a NUL character (%00)",
+                                        "remove the %00 from the URL")
+        return self.get_response(request)
+
+
 class MetricsMiddleware:
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response

@@ -45,5 +45,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return _resp(request, 500, "internal error")
 
 
+def bad_request_response(request: HttpRequest, message: str, remediation: str | None = None) -> HttpResponse:
+    return _resp(request, 400, message, remediation)
+
+
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return _resp(request, 400, "bad request")
