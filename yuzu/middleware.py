@@ -3,6 +3,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase
 
+from .api.handlers import bad_request_response  # the envelope of every other API error
 from .errors import correlation_id
 from .metrics import HTTP_LATENCY, HTTP_REQUESTS
 
@@ -45,8 +46,6 @@ class NulGuardMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         if request.path.startswith("/api/") and ("\x00" in request.path or any(
                 "\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists())):
-            from .api.handlers import bad_request_response  # the envelope of every other API error
-
             return bad_request_response(request, "the path or query holds a NUL character (%00)",
                                         "remove the %00 from the URL")
         return self.get_response(request)
