@@ -8,7 +8,6 @@ from yuzu import rbac
 from yuzu.api.contract import contract, tool_output
 from yuzu.api.envelope import cid_of, ok
 from yuzu.api.views import int_param, principal_of
-from yuzu.errors import PermissionDenied
 
 from . import services
 
@@ -20,11 +19,7 @@ LIMIT = ("limit", int, "1-500, default 50")
 
 def _gate(request, service_scoped=True):
     p = principal_of(request)
-    rbac.check(p, "GuaranteedState", "Read", any_scope=True)
-    if not service_scoped and p.scope_service:
-        raise PermissionDenied("GuaranteedState:Read", "service-scoped tokens may not read fleet-wide agent ids "
-                               f"(this token is scoped to service '{p.scope_service}')",
-                               remediation="use a token without a service scope")
+    rbac.check(p, "GuaranteedState", "Read", any_scope=True, confined=service_scoped)
     return p
 
 

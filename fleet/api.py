@@ -108,7 +108,7 @@ def executions_view(request):
         q = request.query_params
         return ok(executions.list_executions(p, definition_id=q.get("definition_id"), status=q.get("status"),
                                              limit=int_param(request, "limit", 50, 1, 500)))
-    rbac.check(p, "Execution", "Execute", any_scope=True)
+    rbac.check(p, "Execution", "Execute", any_scope=True, confined=True)
     return ok(executions.start_execution(p, cid=cid_of(request), **payload(request, EXECUTE)), status=202)
 
 
@@ -153,7 +153,7 @@ def execution_aggregate(request, execution_id):
 @api_view(["POST"])
 def bundles_view(request):
     p = principal_of(request)
-    rbac.check(p, "Execution", "Execute", any_scope=True)
+    rbac.check(p, "Execution", "Execute", any_scope=True, confined=True)
     return ok(executions.start_bundle(p, cid=cid_of(request), **payload(request, BUNDLE)), status=202)
 
 
@@ -186,7 +186,7 @@ def tags_view(request):
         if q.get("agent_id"):
             return ok(services.get_tags(p, q["agent_id"]))
         return ok(services.search_agents_by_tag(p, q.get("key", ""), q.get("value")))
-    rbac.check(p, "Tag", "Write", any_scope=True)
+    rbac.check(p, "Tag", "Write", any_scope=True, confined=True)
     d = payload(request, SET_TAG)
     return ok(services.set_tag(p, d["agent_id"], d["key"], d["value"], cid=cid_of(request)))
 
@@ -195,7 +195,7 @@ def tags_view(request):
 @api_view(["DELETE"])
 def tag_detail(request, agent_id, key):
     p = principal_of(request)
-    rbac.check(p, "Tag", "Delete", any_scope=True)
+    rbac.check(p, "Tag", "Delete", any_scope=True, confined=True)
     return ok(services.delete_tag(p, agent_id, key, cid=cid_of(request)))
 
 
@@ -266,7 +266,7 @@ def discover_view(request, kind):
 @api_view(["POST"])
 def quarantine_view(request):
     p = principal_of(request)
-    rbac.check(p, "Security", "Execute", any_scope=True)
+    rbac.check(p, "Security", "Execute", any_scope=True, confined=True)
     d = payload(request, QUARANTINE)
     return ok(inventory.quarantine_device(p, d["agent_id"], reason=d.get("reason", ""), whitelist=d.get("whitelist", ""),
                                           cid=cid_of(request)))

@@ -1,9 +1,21 @@
-"""Management-group membership: static members, or every agent a scope expression matches."""
+"""Management-group membership: static members, or every agent a scope expression matches; and a service's
+devices (those tagged service=<name>), the reach of a service-scoped token (docs/tokens-and-rbac.md)."""
 
 from django.db.models import Q
 
-from .models import Agent, ManagementGroup
+from .models import Agent, ManagementGroup, Tag
 from .scope import to_q
+
+
+def service_agent_ids(service):
+    """The ids of the devices tagged service=<service>, as a subquery."""
+    return Tag.objects.filter(key="service", value=service.strip().lower()).values("agent_id")
+
+
+def in_service(service, agent):
+    """Whether the device (an Agent or its id) is tagged service=<service>."""
+    return Tag.objects.filter(agent_id=getattr(agent, "pk", agent), key="service",
+                              value=service.strip().lower()).exists()
 
 
 def agent_group_ids(agent):

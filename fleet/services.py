@@ -15,7 +15,7 @@ from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
 from yuzu.plans import Plan
 
-from .groups import agents_in_groups, group_agents
+from .groups import agents_in_groups, group_agents, service_agent_ids
 from .models import Agent, ManagementGroup, Tag, normalise_tag
 from .push import push_tags
 from .scope import ScopeError, parse
@@ -30,21 +30,18 @@ def agent_view(a):
 
 
 def visible_agents(principal, securable="Infrastructure", operation="Read"):
-    """Agents the principal may see for ``securable:operation`` (global grant = all; group grant = its devices)."""
+    """Agents the principal may see for ``securable:operation`` (global grant = all; group grant = its devices),
+    and of those, for a service-scoped token, its service's devices only."""
     scope = rbac.group_scope(principal, securable, operation)
-    if scope is None:
-        return Agent.objects.all()
-    return agents_in_groups(scope)
+    return in_service(principal, Agent.objects.all() if scope is None else agents_in_groups(scope))
 
 
 def in_service(principal, qs):
     """``qs`` (agents) as far as a service-scoped token reaches: the devices tagged service=<its service>
-    (docs/tokens-and-rbac.md); ``qs`` itself for any other caller. For the tools of the "confined" service-scope
-    class, which the MCP pipeline lets such a token into."""
+    (docs/tokens-and-rbac.md); ``qs`` itself for any other caller."""
     if not principal.scope_service:
         return qs
-    tagged = Tag.objects.filter(key="service", value=principal.scope_service.strip().lower())
-    return qs.filter(pk__in=tagged.values("agent_id"))
+    return qs.filter(pk__in=service_agent_ids(principal.scope_service))
 
 
 # (connected, limit) → the SQL and parameters of the fleet-wide list (a reader with a global grant). The same text

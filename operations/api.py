@@ -235,7 +235,7 @@ def schedule_enable(request, schedule_id):
 @api_view(["GET"])
 def software_view(request):
     p = principal_of(request)
-    rbac.check(p, "Inventory", "Read", any_scope=True)
+    rbac.check(p, "Inventory", "Read", any_scope=True, confined=True)
     q = request.query_params
     op = q.get("version_op")
     if op is not None and op not in inventory.COMPARATORS:
@@ -255,8 +255,8 @@ def software_view(request):
 def sle_agent(request, agent_id):
     p = principal_of(request)
     if request.method == "GET":
-        rbac.check(p, "SoftwareLicensing", "Read", any_scope=True)
+        rbac.check(p, "SoftwareLicensing", "Read", any_scope=True, confined=True)
         return ok(inventory.query_software_licenses(p, agent_id, cid=cid_of(request), with_user=True,
                                                     surface="rest"))
-    rbac.check(p, "SoftwareLicensing", "Delete", any_scope=True)
+    rbac.check(p, "SoftwareLicensing", "Delete", any_scope=True, confined=True)
     return ok(inventory.decommission_agent_inventory(p, agent_id, cid=cid_of(request)))

@@ -219,8 +219,8 @@ def query_installed_software(principal, *, name=None, agent_id=None, version=Non
         if source:
             qs = qs.filter(source=source)
         confined = rbac.group_scope(principal, "Inventory", "Read") is not None or principal.scope_service
-        mine = set(in_service(principal, visible_agents(principal, "Inventory", "Read"))
-                   .values_list("agent_id", flat=True)) if confined else None
+        mine = set(visible_agents(principal, "Inventory", "Read").values_list("agent_id", flat=True)) \
+            if confined else None
         rows, omitted, truncated, scanned = [], set(), False, 0
         cap = 1000 * 50 if version_op or counts else limit + 1
         wanted = version_key(version) if version is not None else None
@@ -261,7 +261,7 @@ def software_summary():
 def query_software_licenses(principal, agent_id, *, cid="", with_user=False, surface="mcp"):
     """Checked per device: an agent outside the caller's groups is -32003. An unknown agent, or one outside a
     service-scoped token's service, reads alike: no records."""
-    known = Agent.objects.filter(pk=agent_id).exists()
+    known = in_service(principal, Agent.objects.filter(pk=agent_id)).exists()  # another service's: unknown
     if known and not rbac.may(principal, "SoftwareLicensing", "Read", agent=agent_id):
         raise rbac.denial(principal, "SoftwareLicensing", "Read", agent=agent_id)
     if not known and not rbac.has_any(principal, "SoftwareLicensing", "Read"):
@@ -272,8 +272,7 @@ def query_software_licenses(principal, agent_id, *, cid="", with_user=False, sur
         raise YuzuError("the audit row could not be stored", status=503, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS)
     try:
-        reached = known and in_service(principal, Agent.objects.filter(pk=agent_id)).exists()
-        rows = list(DetectedLicense.objects.filter(agent_id=agent_id).order_by("product")[:5000]) if reached else []
+        rows = list(DetectedLicense.objects.filter(agent_id=agent_id).order_by("product")[:5000]) if known else []
     except DatabaseError:
         raise degraded() from None
     out = {"agent_id": agent_id, "count": len(rows), "licenses": [r.to_dict(with_user) for r in rows]}
@@ -284,8 +283,8 @@ def query_software_licenses(principal, agent_id, *, cid="", with_user=False, sur
 
 def decommission_agent_inventory(principal, agent_id, *, cid=""):
     """DELETE /sle/agents/{id}: SoftwareLicensing, Inventory and GuaranteedState Delete on the device; audit
-    first (fail closed), then erase every per-agent inventory store. A device outside a service-scoped token's
-    service reads like an unknown one: nothing to erase."""
+    first (fail closed), then erase every per-agent inventory store. A service-scoped token is refused any device
+    outside its service (rbac.may), an unknown one alike."""
     for securable in ("SoftwareLicensing", "Inventory", "GuaranteedState"):
         if not rbac.may(principal, securable, "Delete", agent=agent_id):
             raise rbac.denial(principal, securable, "Delete", agent=agent_id)
@@ -293,8 +292,6 @@ def decommission_agent_inventory(principal, agent_id, *, cid=""):
                  correlation_id=cid):
         raise YuzuError("the audit row could not be stored; nothing was erased", status=503, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS)
-    if principal.scope_service and not in_service(principal, Agent.objects.filter(pk=agent_id)).exists():
-        return {"agent_id": agent_id, "erased_rows": 0}
     with transaction.atomic():
         n = DetectedLicense.objects.filter(agent_id=agent_id).delete()[0]
         n += InstalledSoftware.objects.filter(agent_id=agent_id).delete()[0]

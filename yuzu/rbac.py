@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from django.contrib.auth import get_user_model
 from django.db.models import Model, Q, QuerySet
 
-from fleet.groups import agent_group_ids
+from fleet.groups import agent_group_ids, in_service
 from fleet.models import ManagementGroup
 
 from .errors import NotFound, PermissionDenied
@@ -169,6 +169,8 @@ def may(principal: Principal, securable: str, operation: str, *, agent: Model | 
         group: Model | str | None = None) -> bool:
     """RBAC alone (no tier): a global grant allows everything; a group grant allows the devices of that
     group (``agent``) or the group itself (``group``)."""
+    if agent is not None and principal.scope_service and not in_service(principal.scope_service, agent):
+        return False  # a service-scoped token reaches its service's devices only, whatever its grants
     scope = _held_on(principal, securable, operation)
     if scope is None:
         return True
@@ -232,8 +234,13 @@ def check_tier(principal: Principal, securable: str, operation: str, *, surface:
 
 
 def check(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
-          group: Model | str | None = None, surface: str = "rest", any_scope: bool = False) -> None:
-    """The REST face's gate: the tier ceiling first (check_tier), then RBAC."""
+          group: Model | str | None = None, surface: str = "rest", any_scope: bool = False,
+          confined: bool = False) -> None:
+    """The REST face's gate, in the MCP pipeline's order: a service-scoped token is refused unless the route is
+    the twin of a "confined" tool (``confined``: its service function keeps to the token's service), then the
+    tier ceiling (check_tier), then RBAC."""
+    if not confined:
+        refuse_service_scoped(principal, securable, operation)
     check_tier(principal, securable, operation, surface=surface)
     allowed = has_any(principal, securable, operation) if any_scope else may(
         principal, securable, operation, agent=agent, group=group)

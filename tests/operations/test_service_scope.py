@@ -68,12 +68,13 @@ def test_an_unscoped_token_still_reads_every_device(fleet, mint):
 
 def test_a_service_scoped_token_cannot_erase_another_services_device_inventory(fleet, mint, client):
     """DELETE /api/v1/sle/agents/{id} erased any device's software, licence and sync rows for a token scoped to
-    another service. Another service's device now reads like an unknown one: nothing to erase."""
+    another service. Now another service's device is refused, exactly as an unknown one is (rbac.may keeps a
+    service-scoped token to its service's devices)."""
     raw = mint("svc-admin", role="Administrator", scope_service="payments")
     other = client.delete("/api/v1/sle/agents/b2", HTTP_AUTHORIZATION=f"Bearer {raw}")
     missing = client.delete("/api/v1/sle/agents/zz", HTTP_AUTHORIZATION=f"Bearer {raw}")
-    assert other.status_code == missing.status_code == 200
-    assert other.json()["data"]["erased_rows"] == missing.json()["data"]["erased_rows"] == 0
+    assert other.status_code == missing.status_code == 403
+    assert other.json()["error"]["message"] == missing.json()["error"]["message"]
     assert InstalledSoftware.objects.filter(agent_id="b2").exists()
     assert DetectedLicense.objects.filter(agent_id="b2").exists()
     own = client.delete("/api/v1/sle/agents/a1", HTTP_AUTHORIZATION=f"Bearer {raw}")
