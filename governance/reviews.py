@@ -22,8 +22,9 @@ from django.db.models import Max
 
 from yuzu import rbac
 from yuzu.audit import audit
-from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
+from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, PermissionDenied, YuzuError
 from yuzu.models import ApiToken, RoleAssignment
+from yuzu.policy import requires_approval
 from yuzu.stepup import require_fresh_mfa
 
 from .engines import deny_engine
@@ -245,8 +246,17 @@ def close_access_review(principal: rbac.Principal, campaign_id: str, *, cid: str
         campaign = _campaign(campaign_id, lock=True)
         if campaign.status == AccessReviewCampaign.Status.CLOSED:
             raise YuzuError("campaign is closed")
+        flagged = campaign.attestations.filter(decision=Att.Decision.FLAGGED_REVOKE, assignment_id__isnull=False)
+        if requires_approval(principal.tier, "UserManagement", "Write") and flagged.exists():
+            # Removing a grant is UserManagement:Write, which this tier may do only with a human's approval:
+            # closing may not be the way round it.
+            raise PermissionDenied(
+                "UserManagement:Write", f"closing this campaign would revoke flagged grants, which needs a human "
+                f"approval on tier '{principal.tier}'; nothing was changed",
+                extra={"tier": principal.tier}, remediation="a person closes it in the admin (Access reviews), or "
+                "records its flagged rows as attested first")
         revoked = 0
-        for att in campaign.attestations.filter(decision=Att.Decision.FLAGGED_REVOKE, assignment_id__isnull=False):
+        for att in flagged:
             ra = None if att.assignment_id is None else RoleAssignment.objects.filter(pk=att.assignment_id).select_related("role", "group", "user").first()
             if ra is None or ra.user.get_username() != att.principal_id or role_label(ra) != att.role_name:
                 continue  # already gone (or the id now names another grant): nothing to revoke

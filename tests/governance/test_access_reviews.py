@@ -91,3 +91,32 @@ def test_reviewer_role_and_engine_callers(make_user, mint):
     with pytest.raises(Exception, match="AccessReview:Attest"):
         reviews.open_access_review(viewer, "no")
     assert reviews.list_access_reviews(viewer)["count"] == 1  # Viewer reads every securable
+
+
+@pytest.mark.django_db(transaction=True)  # the MCP calls run in the server's own thread and connection
+def test_a_supervised_token_cannot_revoke_grants_by_closing_a_review(mint, make_user):
+    """Removing a grant is UserManagement:Write, approval-gated on the supervised tier; a Reviewer's supervised
+    MCP token flagged an Administrator's grant and closed the campaign, and the grant was gone with no human.
+    Now that close is refused before anything changes; a close with nothing flagged, and a person's, still work."""
+    from tests.support.mcp_http import McpClient
+
+    make_user("root-admin", "Administrator")
+    bot = McpClient(mint("reviewer-bot", role="Reviewer", tier="supervised"))
+    bot.initialize()
+
+    def call(name, args):
+        body = bot.call(name, args).json()
+        return body.get("error") or body["result"]["structuredContent"]
+
+    campaign = call("open_access_review", {"title": "q4"})["campaign_id"]
+    assert call("record_attestation", {"campaign_id": campaign, "principal_type": "user", "principal_id": "root-admin",
+                                       "role_name": "Administrator", "decision": "flagged_revoke"}) == {"recorded": True}
+    refused = call("close_access_review", {"campaign_id": campaign})
+    assert refused["code"] == -32003 and "needs a human approval" in refused["message"], refused
+    assert RoleAssignment.objects.filter(user__username="root-admin").exists()
+    assert reviews.get_access_review(Principal(user=RoleAssignment.objects.get(user__username="root-admin").user),
+                                     campaign)["campaign"]["status"] == "open"
+    call("record_attestation", {"campaign_id": campaign, "principal_type": "user", "principal_id": "root-admin",
+                                "role_name": "Administrator", "decision": "attested"})
+    assert call("close_access_review", {"campaign_id": campaign}) == {"closed": True, "revocations_applied": 0}
+    assert RoleAssignment.objects.filter(user__username="root-admin").exists()
