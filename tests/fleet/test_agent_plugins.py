@@ -13,6 +13,7 @@ import pytest
 import websockets
 
 from fleet.agent.client import AgentClient
+from fleet.agent.inventory_sync import InventorySync
 from fleet.agent.plugins import PLUGINS, Context, allowed, catalogue, execute
 
 
@@ -396,3 +397,15 @@ def test_a_result_query_is_answered_from_what_the_agent_kept_and_a_malformed_one
     running = [m["command_id"] for _, m in frames if m.get("status") == "RUNNING"]
     assert sorted(running) == ["c-quick", "c-slow"]
     assert [n for n, m in frames if m.get("command_id") == "c-slow" and m.get("status") == "SUCCESS"] == [2]
+
+
+def test_the_software_sync_state_is_owner_only(tmp_path):
+    """var/agent/software-sync.json was written 0644: the start-up check (yuzu.W001) reported it on a fresh make run."""
+    path = tmp_path / "software-sync.json"
+    path.write_text("{}")
+    os.chmod(path, 0o644)  # an install from before the fix: rewritten private
+    sync = InventorySync(None, path, "a1", {})
+    sync._save({"hash": "abc"})
+    assert sync._state() == {"hash": "abc"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["software-sync.json"]
