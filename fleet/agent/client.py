@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from . import __version__, signing
+from . import __version__, signing, write_private
 from .control import PluginControl
 from .dex import Telemetry
 from .guardian import Guardian
@@ -182,11 +182,7 @@ class AgentClient:
     def _write(self, path, data):
         """Owner-only (0600) in a 0700 directory, written to a temporary file and renamed over."""
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_private(path, data)
 
     @property
     def key_path(self):

@@ -8,11 +8,10 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import random
 import time
 
-from . import software
+from . import software, write_private
 
 log = logging.getLogger("yuzu.agent")
 DAY_S = 86400
@@ -47,13 +46,9 @@ class InventorySync:
             return {}
 
     def _save(self, state):
-        # Owner-only like the agent's other state (client.py _write): under var/agent/ a 0644 file is what
-        # serve's start-up check (yuzu.W001) reports on a fresh install.
-        tmp = self.state_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(state))
-        os.replace(tmp, self.state_path)
+        # Owner-only like the agent's other state: under var/agent/ a 0644 file is what serve's start-up check
+        # (yuzu.W001) reports on a fresh install.
+        write_private(self.state_path, json.dumps(state).encode())
 
     def resync(self):
         """The server could not match our hash: send the full list now."""
