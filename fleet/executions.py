@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
@@ -59,30 +60,32 @@ REDACTED = "[redacted]"
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
 
 
-#: Callables ``(plugin, action, targets)`` installed by other apps in their AppConfig.ready (operations: plugin
-#: kill switches): each raises a YuzuError to refuse the whole dispatch, or returns the targets it holds back
-#: ({agent_id: why}), which the dispatch leaves out. Run when a command's targets are known (its plan) and again
-#: when it is launched, whatever path it came by (tools, bundles, policies, schedules).
-DISPATCH_GATES: list[Callable[[str, str, Sequence[str]], dict[str, str]]] = []
+#: Callables ``(plugin, action, targets, principal)`` installed by other apps in their AppConfig.ready
+#: (operations: plugin kill switches): each raises a YuzuError to refuse the whole dispatch, or returns the
+#: targets it holds back ({agent_id: why}), which the dispatch leaves out. Run when a command's targets are known
+#: (its plan) and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
+#: ``principal`` is the caller a refusal is said to (None: the server's own dispatch), so that it names only
+#: what that caller may read.
+DISPATCH_GATES: list[Callable[[str, str, Sequence[str], Any], dict[str, str]]] = []
 
 
-def dispatch_gate(plugin, action, targets=()):
+def dispatch_gate(plugin, action, targets=(), principal=None):
     """The targets held back ({agent_id: why}); raises when the dispatch is refused."""
     held = {}
     for gate in DISPATCH_GATES:
-        held.update(gate(plugin, action, targets))
+        held.update(gate(plugin, action, targets, principal))
     return held
 
 
-def _gated(plugin, action, targets):
+def _gated(plugin, action, targets, principal=None):
     """(the targets that may receive plugin.action, how many were held back)."""
-    held = dispatch_gate(plugin, action, targets)
+    held = dispatch_gate(plugin, action, targets, principal)
     return [t for t in targets if t not in held], len(held)
 
 
-def gate(order):
+def gate(order, principal=None):
     """The order without the targets the dispatch gates hold back now (raises when they refuse it)."""
-    targets, held = _gated(order.plugin, order.action, order.targets)
+    targets, held = _gated(order.plugin, order.action, order.targets, principal)
     return replace(order, targets=targets, held=order.held + held) if held else order
 
 
@@ -276,7 +279,7 @@ def plan_execution(principal, *, plugin, action, params=None, scope=None, agent_
     if not isinstance(expires_in, int) or isinstance(expires_in, bool) or not 1 <= expires_in <= MAX_EXPIRES_IN:
         raise invalid(f"expires_in must be an integer of 1-{MAX_EXPIRES_IN} seconds")
     pinned_ids = (pinned or {}).get("agents") if pinned is not None else None
-    targets, held = _gated(plugin, action, _targets(principal, tree, agent_ids, pinned_ids))
+    targets, held = _gated(plugin, action, _targets(principal, tree, agent_ids, pinned_ids), principal)
     spec, targets, refused = _check_plugin(plugin, action, params, targets)
     spec = spec or {}
     order = Order(plugin, action, params, targets, scope or "", expires_in, held, len(refused))
@@ -307,7 +310,7 @@ def start_execution(principal, *, cid="", plan=None, definition_id="", **request
 def launch(principal, order, *, cid="", definition_id="", bundle_id="", bundle_step=None):
     """Create the rows, then enqueue dispatch. Sensitive parameter values are stored redacted and reach
     the dispatch task only through its message."""
-    order = gate(order)  # a switch may have been flipped since the plan
+    order = gate(order, principal)  # a switch may have been flipped since the plan
     plugin, action, params, targets = order.plugin, order.action, order.params, order.targets
     scope, expires_in, held, refused = order.scope, order.expires_in, order.held, order.refused
     sensitive = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
@@ -514,7 +517,7 @@ def plan_bundle(principal, *, agent_id, steps, pinned=None):
             raise invalid(f"steps[{i}] must be an object with plugin, action and optional params")
         try:
             plugin, action, params = _command(step.get("plugin"), step.get("action"), step.get("params"))
-            _gated(plugin, action, targets)  # the one agent held back by a group's kill switch refuses the bundle
+            _gated(plugin, action, targets, principal)  # the one agent held back by a group's kill switch refuses the bundle
             specs.append(_check_plugin(plugin, action, params, targets)[0] or {})  # its one agent refusing raises
         except YuzuError as exc:
             raise invalid(f"steps[{i}]: {exc.message}", exc.remediation) from None

@@ -389,7 +389,11 @@ def _off(rows, plugin, action):
     return row if row is not None and not row.enabled else None
 
 
-def _why(row):
+def _why(row, principal=None):
+    """Why a switch holds a dispatch, said to ``principal``: a group's switch is named (group, who, reason) only to
+    one who may read that group's switches — to anyone else another group's reads as absent."""
+    if row.group_id and principal is not None and not rbac.may(principal, "PluginConfig", "Read", group=row.group_id):
+        return f"{row.switch} is switched off by the kill switch of a management group the agent is in"
     where = f" in group {row.group.name}" if row.group_id else ""
     return f"{row.switch} is switched off{where} by {row.set_by}" + (f": {row.reason}" if row.reason else "")
 
@@ -402,7 +406,7 @@ def _scopes(plugin):
     return scopes
 
 
-def _held(scopes, plugin, action, targets):
+def _held(scopes, plugin, action, targets, principal=None):
     """{agent_id: why} for the targets a group's switch holds back (the group's agents and its subgroups')."""
     held = {}
     if not targets:
@@ -411,7 +415,7 @@ def _held(scopes, plugin, action, targets):
         row = gid is not None and _off(rows, plugin, action)
         if row:
             for agent_id in agents_in_groups([gid]).filter(pk__in=targets).values_list("agent_id", flat=True):
-                held.setdefault(agent_id, _why(row))
+                held.setdefault(agent_id, _why(row, principal))
     return held
 
 
@@ -422,14 +426,14 @@ def _refuse(plugin, action, why):
                     extra={"reason": "kill_switched"}, audit_result="denied")
 
 
-def dispatch_gate(plugin, action, targets=()):
+def dispatch_gate(plugin, action, targets=(), principal=None):
     """fleet.executions' hook: refuse a dispatch to a plugin or action switched off fleet-wide, or one whose every
     target a group's switch holds back; otherwise return the targets held back ({agent_id: why}), which are left
     out of the dispatch."""
     try:  # one query for the plugin's switches, whatever their scope
         scopes = _scopes(plugin)
         off = _off(scopes.get(None, {}), plugin, action)
-        held = {} if off else _held(scopes, plugin, action, targets)
+        held = {} if off else _held(scopes, plugin, action, targets, principal)
     except DatabaseError:  # fail closed, and say what it is: a store fault (503 / -32603, retry), not a switch
         raise store_fault() from None
     if off:

@@ -219,6 +219,20 @@ def reached(admin, **target):
                        .values_list("agent_id", flat=True))
 
 
+def test_a_group_switch_is_named_only_to_a_caller_who_may_read_it(lab, mcp, mint):
+    """An Operator of another group that shares an agent with lab learns that a group's switch holds it back —
+    not which group, who set it, or why (another group's switch reads as absent, as the group does)."""
+    mcp().tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab",
+                                          "reason": "deal Zeta closing"})
+    ops = ManagementGroup.objects.create(name="ops")
+    ops.members.add(Agent.objects.get(pk="a2"))
+    other = Caller(mint("ops-operator", role="Operator", tier="operator", group=ops))
+    _, error = other.tool("execute_instruction", {"plugin": "os", "action": "info", "agent_ids": ["a2"]})
+    assert error["data"]["reason"] == "kill_switched", error
+    assert "a management group the agent is in" in error["message"]
+    assert "lab" not in error["message"] and "Zeta" not in error["message"] and "administrator" not in error["message"]
+
+
 def test_a_group_switch_holds_back_its_agents_and_its_subgroups(lab, mcp):
     admin = mcp()
     row, error = admin.tool("set_plugin_kill_switch", {"plugin": "os", "enabled": False, "group": "lab",
