@@ -3,6 +3,7 @@ kill switches (one store); upload grants and their sessions; instruction schedul
 inventory and the detected licences each agent reports."""
 
 import hashlib
+import json
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -11,8 +12,8 @@ from zoneinfo import ZoneInfo
 from django.db import models
 from django.utils import timezone
 
-from yuzu.plans import redact
-from yuzu.secrets import sealed_column
+from yuzu.plans import SENSITIVE_KEY_RE, redact
+from yuzu.secrets import seal, sealed_column, unseal
 
 PLUGIN_RE = re.compile(r"[a-z0-9_][a-z0-9_-]{0,63}")
 RESERVED_PLUGIN_RE = re.compile(r"__[a-z0-9_]{1,64}__")  # kill-switch tools only
@@ -286,7 +287,9 @@ class InstructionSchedule(models.Model):
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200)
     definition_id = models.CharField(max_length=128)
-    parameters = models.JSONField(default=dict, blank=True)
+    parameters = models.JSONField(default=dict, blank=True, help_text="a secret's value is [redacted] here")
+    secrets_sealed = models.BinaryField(null=True, blank=True, editable=False,
+                                        help_text="the secret parameters, envelope-encrypted (yuzu.secrets)")
     frequency_type = models.CharField(max_length=16, choices=Frequency.choices)
     interval_minutes = models.PositiveIntegerField(default=60)
     time_of_day = models.CharField(max_length=5, blank=True, default="", help_text="HH:MM")
@@ -337,9 +340,24 @@ class InstructionSchedule(models.Model):
             day += timedelta(days=1)
         return None
 
+    def seal_parameters(self, params):
+        """Keep ``params`` for the runs (the row needs its pk): each value whose name marks a secret is
+        [redacted] in ``parameters`` and sealed, bound to this row, in ``secrets_sealed`` — no secret lies in a
+        column in clear (docs/governance.md, secrets at rest)."""
+        hidden = {k: v for k, v in params.items() if SENSITIVE_KEY_RE.search(k)}
+        self.parameters = redact(params)
+        self.secrets_sealed = seal(json.dumps(hidden), SCHEDULE_SECRETS.where(self.pk)) if hidden else None
+
+    def run_parameters(self):
+        """The parameters a run sends, the sealed secrets opened (yuzu.secrets.SecretError when they cannot be)."""
+        params = dict(self.parameters or {})
+        if self.secrets_sealed:
+            params.update(json.loads(unseal(bytes(self.secrets_sealed), SCHEDULE_SECRETS.where(self.pk))))
+        return params
+
     def shown_parameters(self):
         """The parameters as every reader sees them (REST, the admin): a value whose name marks a secret is
-        [redacted], as an execution's is. The row keeps the value: each run sends it to the agents."""
+        [redacted], as an execution's is."""
         return redact(self.parameters or {})
 
     def to_dict(self):
@@ -354,3 +372,6 @@ class InstructionSchedule(models.Model):
                 "last_execution_id": self.last_execution_id, "last_error": self.last_error,
                 "execution_count": self.execution_count, "created_by": self.created_by,
                 "created_at": self.created_at.isoformat()}
+
+
+SCHEDULE_SECRETS = sealed_column("operations", InstructionSchedule, "secrets_sealed")

@@ -21,7 +21,9 @@ from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, YuzuError
 from yuzu.jsondata import instant
+from yuzu.plans import redact
 from yuzu.rbac import Principal
+from yuzu.secrets import SecretError
 
 from .metrics import SCHEDULE_FIRES
 from .models import InstructionSchedule
@@ -117,7 +119,7 @@ def create_schedule(principal, d, *, cid=""):
     definition, tree, start_at = validate(d)
     needs_approval = bool(d.get("requires_approval")) or principal.tier == "supervised"
     row = InstructionSchedule(
-        name=d["name"].strip(), definition_id=definition.id, parameters=d.get("parameters") or {},
+        name=d["name"].strip(), definition_id=definition.id, parameters=redact(d.get("parameters") or {}),
         frequency_type=d["frequency_type"], interval_minutes=d.get("interval_minutes", 60),
         time_of_day=d.get("time_of_day", ""), time_zone=d.get("time_zone") or "UTC",
         day_of_week=d.get("day_of_week", 0), day_of_month=d.get("day_of_month", 1), start_at=start_at,
@@ -127,6 +129,8 @@ def create_schedule(principal, d, *, cid=""):
     row.next_execution_at = start_at or (now if row.frequency_type == "interval" else row.next_after(now))
     with transaction.atomic():
         row.save()
+        row.seal_parameters(d.get("parameters") or {})  # with its pk: the sealing is bound to the row
+        row.save(update_fields=["parameters", "secrets_sealed"])
         if needs_approval:
             targets = _targets(principal, tree)
             ticket = Approval.objects.create(
@@ -227,12 +231,14 @@ def fire(row, now):
         try:
             tree = parse(row.scope_expression) if row.scope_expression.strip() else None
             targets = _targets(actor, tree, row.pinned_agents if row.requires_approval else None)
-            receipt = launch(actor, Order(definition.plugin, definition.action, dict(row.parameters), targets,
+            receipt = launch(actor, Order(definition.plugin, definition.action, row.run_parameters(), targets,
                                           row.scope_expression), definition_id=definition.id)
             row.last_execution_id, row.last_error = receipt["execution_id"], ""
             row.execution_count += 1
         except (YuzuError, ScopeError) as exc:
             row.last_error, outcome = str(exc)[:1024], "refused"
+        except SecretError as exc:  # the key its secrets were sealed under is gone: nothing is sent without them
+            row.last_error, outcome = f"its secret parameters cannot be unsealed: {exc}"[:1024], "refused"
     row.last_executed_at = now
     row.next_execution_at = row.next_after(now)  # missed runs coalesce: the next one is after now
     return outcome

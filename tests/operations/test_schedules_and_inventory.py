@@ -257,5 +257,63 @@ def test_a_schedules_secret_parameters_are_never_shown(agent, definition, princi
         f"/admin/operations/instructionschedule/{row['id']}/change/")
     assert page.status_code == 200 and b"hunter2" not in page.content and b"[redacted]" in page.content
     assert not AuditEvent.objects.filter(detail__contains="hunter2").exists()
-    # what runs is the real value
-    assert InstructionSchedule.objects.get(pk=row["id"]).parameters["db_password"] == "hunter2-pw"
+    # no column holds it in clear; what runs is the real value
+    stored = InstructionSchedule.objects.get(pk=row["id"])
+    assert stored.parameters["db_password"] == "[redacted]" and b"hunter2" not in bytes(stored.secrets_sealed)
+    assert stored.run_parameters() == {"db_password": "hunter2-pw", "api.token": "hunter2-tok", "path": "/var/log"}
+
+
+def sent_secrets(monkeypatch):
+    """What each launch hands its dispatch task (the secret values travel only there)."""
+    from fleet import executions
+
+    sent = []
+    monkeypatch.setattr(executions, "_enqueue", lambda execution_id, sensitive: sent.append(sensitive))
+    return sent
+
+
+def test_a_run_sends_the_sealed_secret_and_stores_it_nowhere_in_clear(agent, definition, principal, monkeypatch,
+                                                                     django_capture_on_commit_callbacks):
+    sent = sent_secrets(monkeypatch)
+    row = schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "s", "definition_id": "up", "frequency_type": "interval", "interval_minutes": 1,
+        "parameters": {"db_password": "hunter2-pw", "path": "/var/log"}})
+    with django_capture_on_commit_callbacks(execute=True):  # the dispatch follows the rows' commit
+        schedules.tick()
+    assert sent == [{"db_password": "hunter2-pw"}]
+    assert Execution.objects.get().parameter_values == {"db_password": "[redacted]", "path": "/var/log"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_seals_the_secrets_of_existing_schedules():
+    """operations 0003: a schedule written before secrets were sealed keeps its runs' values, none in clear."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("operations", "0002_kill_switch_per_group")], [("operations", "0003_schedule_secrets_sealed")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    Old = executor.loader.project_state(before).apps.get_model("operations", "InstructionSchedule")
+    old = Old.objects.create(name="s", definition_id="up", frequency_type="interval", created_by="boss",
+                             creator_key="k", parameters={"db_password": "hunter2-pw", "path": "/var/log"})
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(after)
+    stored = InstructionSchedule.objects.get(pk=old.pk)
+    assert stored.parameters == {"db_password": "[redacted]", "path": "/var/log"}
+    assert b"hunter2" not in bytes(stored.secrets_sealed)
+    assert stored.run_parameters() == {"db_password": "hunter2-pw", "path": "/var/log"}
+
+
+def test_a_secret_that_cannot_be_unsealed_sends_nothing(agent, definition, principal, monkeypatch):
+    sent = sent_secrets(monkeypatch)
+    row = schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "s", "definition_id": "up", "frequency_type": "interval", "interval_minutes": 1,
+        "parameters": {"db_password": "hunter2-pw"}})
+    blob = bytearray(InstructionSchedule.objects.get(pk=row["id"]).secrets_sealed)
+    blob[-1] ^= 1  # tampered with (or sealed under a key that is gone)
+    InstructionSchedule.objects.filter(pk=row["id"]).update(secrets_sealed=bytes(blob))
+    schedules.tick()
+    stored = InstructionSchedule.objects.get(pk=row["id"])
+    assert sent == [] and not Execution.objects.exists()
+    assert stored.last_error.startswith("its secret parameters cannot be unsealed")
