@@ -3,6 +3,7 @@ devices and the signals of the last 24 h, for staff whose roles grant Guaranteed
 what dex.services.dashboard returns (the same confinement as the tools)."""
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
 from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
@@ -22,6 +23,10 @@ class DashboardAdmin(ReadOnlyAdmin):
     securable = "GuaranteedState"
 
     def changelist_view(self, request, extra_context=None):
+        # This replaces Django's changelist, and with it the changelist's own permission check: without this line
+        # any staff user read the dashboard (an Approver every device's hostname and load).
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         data = services.dashboard(session_principal(request))
         rows = lambda spec, group: [  # noqa: E731
             {"label": label, "unit": unit, "stat": data[group][key]} for key, label, unit in spec]

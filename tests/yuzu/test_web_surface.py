@@ -1,0 +1,51 @@
+"""The human-facing web surface attacked as a hostile user would: admin pages a lesser role should not reach,
+admin actions that bypass a service's refusal or the step-up, bad input (a NUL character) turning into 500s, and
+request metadata an anonymous client controls reaching the metrics. Each test here failed before its fix."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.messages import get_messages
+from django.test import Client
+from django_otp.plugins.otp_totp.models import TOTPDevice
+
+from tests.support.otp import code
+from yuzu.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "pw-long-enough-1"
+
+
+def staff_client(make_user, username, role=None, group=None, superuser=False):
+    """A browser signed in to the admin (password + authenticator code) as a staff user holding ``role``."""
+    user = make_user(username, role, group=group, superuser=superuser, password=PASSWORD)
+    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    c = Client(raise_request_exception=False)
+    r = c.post("/admin/login/?next=/admin/", {"username": username, "password": PASSWORD, "otp_token": code(device)})
+    assert r.status_code == 302, r.content[:500]
+    c.device = device
+    return c
+
+
+def messages_of(c, response):
+    """The texts the admin flashed for a response that redirected (read on the page it redirects to)."""
+    page = c.get(response["Location"]) if response.status_code == 302 else response
+    return [str(m) for m in get_messages(page.wsgi_request)] if page.status_code == 302 else \
+        [str(m) for m in page.context["messages"]] if page.context and "messages" in page.context else []
+
+
+# --- the DEX dashboard -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("role", ["Approver", None])
+def test_the_dex_dashboard_needs_guaranteedstate_read(make_user, role):
+    """Found by this probe: the dashboard page overrode the changelist and skipped its permission check, so any
+    staff user reached it — an Approver (fleet-wide Infrastructure:Read, no GuaranteedState:Read) read every
+    device's hostname and performance, which the DEX tools and REST refuse them."""
+    c = staff_client(make_user, "pry", role)
+    r = c.get("/admin/dex/devicefacts/")
+    assert r.status_code == 403
+    assert not AuditEvent.objects.filter(action="dex.dashboard.view").exists()
+    viewer = staff_client(make_user, "vera", "Viewer")  # fleet-wide GuaranteedState:Read: still welcome
+    assert viewer.get("/admin/dex/devicefacts/").status_code == 200
+
