@@ -151,19 +151,24 @@ class PluginKillSwitchAdmin(ServiceAdmin):
         obj.scope_key = PluginKillSwitch.key_of(obj.plugin, obj.action or "", obj.group_id or "")
 
     def _flip(self, request, queryset, enabled):
+        flipped = 0
         for row in queryset:
             try:
                 plugins.set_plugin_kill_switch(session_principal(request), row.plugin, enabled, row.action,
                                                row.reason if not enabled else "", row.group_id or "", surface="rest")
             except YuzuError as exc:
                 self.message_error(request, exc)
-        self.message_user(request, f"{queryset.count()} switch(es) turned {'on' if enabled else 'off'}")
+            else:
+                flipped += 1
+        if flipped:  # only what changed: a refusal is its own message, never counted as done
+            self.message_user(request, f"{flipped} switch(es) turned {'on' if enabled else 'off'}")
 
-    @admin.action(description="Switch the selected plugins/actions OFF (refuse every dispatch)")
+    # Offered only to those who may change switches (Django offers an action without permissions to every reader).
+    @admin.action(description="Switch the selected plugins/actions OFF (refuse every dispatch)", permissions=["change"])
     def switch_off(self, request, queryset):
         self._flip(request, queryset, False)
 
-    @admin.action(description="Switch the selected plugins/actions back ON")
+    @admin.action(description="Switch the selected plugins/actions back ON", permissions=["change"])
     def switch_on(self, request, queryset):
         self._flip(request, queryset, True)
 
@@ -214,15 +219,21 @@ class InstructionScheduleAdmin(ServiceAdmin):
     def delete_model(self, request, obj):
         schedules.delete_schedule(session_principal(request), obj.pk)
 
-    @admin.action(description="Enable the selected schedules")
-    def enable(self, request, queryset):
+    def _enable(self, request, queryset, enabled):
         for row in queryset:
-            schedules.enable_schedule(session_principal(request), row.pk, True)
+            try:
+                schedules.enable_schedule(session_principal(request), row.pk, enabled)
+            except YuzuError as exc:  # a refusal is a message on the page, never a 500
+                self.message_error(request, exc)
 
-    @admin.action(description="Disable the selected schedules")
+    # Offered only to those who may change schedules (a reader posting it anyway got the service's refusal as a 500).
+    @admin.action(description="Enable the selected schedules", permissions=["change"])
+    def enable(self, request, queryset):
+        self._enable(request, queryset, True)
+
+    @admin.action(description="Disable the selected schedules", permissions=["change"])
     def disable(self, request, queryset):
-        for row in queryset:
-            schedules.enable_schedule(session_principal(request), row.pk, False)
+        self._enable(request, queryset, False)
 
 
 @admin.register(UploadGrant)

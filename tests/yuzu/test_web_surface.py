@@ -49,3 +49,62 @@ def test_the_dex_dashboard_needs_guaranteedstate_read(make_user, role):
     viewer = staff_client(make_user, "vera", "Viewer")  # fleet-wide GuaranteedState:Read: still welcome
     assert viewer.get("/admin/dex/devicefacts/").status_code == 200
 
+
+# --- admin actions -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def schedule():
+    from operations.models import InstructionSchedule
+
+    return InstructionSchedule.objects.create(name="nightly", definition_id="demo.ping", frequency_type="interval",
+                                              enabled=False, created_by="someone", creator_key="u1.s")
+
+
+@pytest.fixture
+def switch():
+    from operations.models import PluginKillSwitch
+
+    return PluginKillSwitch.objects.create(scope_key="demo", plugin="demo", enabled=True, set_by="someone")
+
+
+@pytest.mark.parametrize("action", ["enable", "disable"])
+def test_a_schedule_action_by_a_reader_is_refused_not_a_500(make_user, schedule, action):
+    """Found by this probe: a Viewer (Schedule:Read) posting the changelist's Enable/Disable action got a 500 —
+    the service's refusal escaped the admin action. The actions are offered only to those who may change."""
+    c = staff_client(make_user, "vera", "Viewer")
+    page = c.get("/admin/operations/instructionschedule/").content.decode()
+    assert 'value="enable"' not in page and 'value="disable"' not in page
+    r = c.post("/admin/operations/instructionschedule/", {"action": action, "_selected_action": [schedule.pk]})
+    assert r.status_code in (200, 302), r.status_code
+    schedule.refresh_from_db()
+    assert schedule.enabled is False
+    assert not AuditEvent.objects.filter(action="schedule.enable").exists()
+
+
+def test_a_kill_switch_action_by_a_reader_changes_nothing_and_says_so(make_user, switch):
+    """A Viewer (PluginConfig:Read) was offered "Switch OFF"; posting it was refused by the service, yet the page
+    said "1 switch(es) turned off"."""
+    c = staff_client(make_user, "vera", "Viewer")
+    page = c.get("/admin/operations/pluginkillswitch/").content.decode()
+    assert 'value="switch_off"' not in page
+    r = c.post("/admin/operations/pluginkillswitch/", {"action": "switch_off", "_selected_action": [switch.pk]})
+    assert r.status_code in (200, 302)
+    switch.refresh_from_db()
+    assert switch.enabled is True
+    assert not any("turned off" in m for m in messages_of(c, r))
+
+
+def test_a_kill_switch_action_counts_only_the_switches_it_flipped(make_user, switch, monkeypatch):
+    from operations import plugins
+    from yuzu.errors import YuzuError
+
+    c = staff_client(make_user, "root", superuser=True)
+
+    def refuse(*args, **kwargs):
+        raise YuzuError("store unavailable", status=503)
+
+    monkeypatch.setattr(plugins, "set_plugin_kill_switch", refuse)
+    r = c.post("/admin/operations/pluginkillswitch/", {"action": "switch_off", "_selected_action": [switch.pk]})
+    said = messages_of(c, r)
+    assert "store unavailable" in " ".join(said) and not any("1 switch" in m for m in said), said
+
