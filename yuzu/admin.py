@@ -18,14 +18,17 @@ from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import URLPattern, URLResolver, path
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
+from . import tokens
 from .accounts import record_failure
+from .admin_rbac import session_principal
 from .audit import audit
 from .auth import MFA_SESSION_KEY
+from .errors import YuzuError
+from .middleware import request_cid
 from .models import (
     AccountLockout,
     ApiToken,
@@ -40,6 +43,7 @@ from .stepup import (
     CODE_THROTTLED,
     CODE_WRONG,
     code_was_used,
+    mfa_is_fresh,
     prove,
 )
 
@@ -198,14 +202,25 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     def has_delete_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
         return False
 
-    @admin.action(description="Revoke selected tokens", permissions=["view"])
+    @admin.action(description="Revoke selected tokens (needs a fresh authenticator code)", permissions=["view"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        ids = list(queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True))
-        ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=timezone.now())
-        for token_id in ids:
-            audit(request.user, "api_token.revoke", "success", target_type="ApiToken", target_id=token_id,
-                  detail="admin revoke")
-        messages.success(request, f"Revoked {len(ids)} token{'s' if len(ids) != 1 else ''}.")
+        """The token service's revoke, token by token: the same step-up as REST's DELETE (a fresh authenticator
+        code, checked before anything changes), the same rule on whose tokens (one's own, or anyone's with
+        UserManagement:Write) and the same audit row."""
+        principal = session_principal(request)
+        if not mfa_is_fresh(principal):
+            messages.error(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter the "
+                                    "current code, then revoke again. Nothing was revoked.")
+            return
+        revoked = 0
+        for token_id in queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True):
+            try:
+                tokens.revoke_token(principal, token_id, cid=request_cid(request))
+            except YuzuError as exc:
+                messages.error(request, f"{token_id}: {exc.message}")
+            else:
+                revoked += 1
+        messages.success(request, f"Revoked {revoked} token{'s' if revoked != 1 else ''}.")
 
 
 @admin.register(AuditEvent)

@@ -2,14 +2,17 @@
 admin actions that bypass a service's refusal or the step-up, bad input (a NUL character) turning into 500s, and
 request metadata an anonymous client controls reaching the metrics. Each test here failed before its fix."""
 
+import time
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.test import Client
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from tests.support.otp import code
-from yuzu.models import AuditEvent
+from tests.support.otp import code, next_code
+from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import ApiToken, AuditEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -107,4 +110,29 @@ def test_a_kill_switch_action_counts_only_the_switches_it_flipped(make_user, swi
     r = c.post("/admin/operations/pluginkillswitch/", {"action": "switch_off", "_selected_action": [switch.pk]})
     said = messages_of(c, r)
     assert "store unavailable" in " ".join(said) and not any("1 switch" in m for m in said), said
+
+
+# --- API tokens in the admin ----------------------------------------------------------------------------------
+
+def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
+    """docs/security.md: a step-up code (≤ 5 min old) for revoking tokens from the browser. The admin's Revoke
+    action asked for none (REST's DELETE does), so a browser left signed in revoked every token in the install."""
+    c = staff_client(make_user, "root", superuser=True)
+    owner = make_user("olive", "Operator")
+    token, _ = ApiToken.mint(owner, "ci")
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time() - 3600
+    s.save()
+    r = c.post("/admin/yuzu/apitoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert r.status_code in (200, 302)
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert any("authenticator code" in m for m in messages_of(c, r))
+    assert not AuditEvent.objects.filter(action="api_token.revoke").exists()
+
+    assert c.post("/admin/stepup/", {"otp_token": next_code(c.device), "next": "/admin/"}).status_code == 302
+    r = c.post("/admin/yuzu/apitoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    assert AuditEvent.objects.filter(action="api_token.revoke", principal="root", target_id=token.pk).count() == 1
 
