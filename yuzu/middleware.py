@@ -3,7 +3,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase
 
-from .api.handlers import bad_request_response  # the envelope of every other API error
+from .api.handlers import nul_refused
 from .errors import correlation_id
 from .metrics import HTTP_LATENCY, HTTP_REQUESTS
 
@@ -35,19 +35,35 @@ class CorrelationMiddleware:
         return response
 
 
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def holds_nul(request: HttpRequest) -> bool:
+    """True when the path, a query parameter or a form field (name or value) holds a NUL character. No URL or
+    form of yuzu's means one, and PostgreSQL refuses it in text: looked up, it made a 500 of every admin page
+    and REST route that reads a text key."""
+    if "\x00" in request.path or _nul_in(request.GET):
+        return True
+    if request.method != "POST" or request.content_type not in FORM_TYPES:
+        return False
+    _ = request.body  # read whole (bounded: yuzu.bodylimit) before the form parser, so a view can still read it
+    return _nul_in(request.POST)
+
+
+def _nul_in(data: object) -> bool:
+    lists = getattr(data, "lists", None)
+    return lists is not None and any("\x00" in key or any("\x00" in str(v) for v in values) for key, values in lists())
+
+
 class NulGuardMiddleware:
-    """A NUL character (U+0000) in a REST path or query — ``/api/v1/agents/a%00b``, ``?group=a%00b`` — is a 400
-    here: PostgreSQL stores it in no text column, so the lookup it reached failed deep in the view (a 500 on
-    PostgreSQL, its audit row lost). Bodies: yuzu.jsondata; MCP arguments: mcp.pipeline."""
+    """400 for a request whose URL or form holds a NUL character (`holds_nul`), before any view reads it."""
 
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        if request.path.startswith("/api/") and ("\x00" in request.path or any(
-                "\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists())):
-            return bad_request_response(request, "the path or query holds a NUL character (%00)",
-                                        "remove the %00 from the URL")
+        if holds_nul(request):
+            return nul_refused(request)
         return self.get_response(request)
 
 

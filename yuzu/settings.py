@@ -108,8 +108,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "yuzu.middleware.CorrelationMiddleware",
-    "yuzu.middleware.NulGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "yuzu.middleware.NulGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -136,3 +136,47 @@ def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user
     assert token.revoked_at is not None
     assert AuditEvent.objects.filter(action="api_token.revoke", principal="root", target_id=token.pk).count() == 1
 
+
+# --- bad input ---------------------------------------------------------------------------------------------
+
+NUL_GETS = [
+    "/admin/operations/pluginconfig/?plugin=a%00b",       # a list filter
+    "/admin/operations/pluginsecret/a%00b/change/",        # a change page of a text primary key
+    "/api/v1/agents/a%00b",
+    "/api/v1/audit?principal=%00",
+    "/api/v1/management-groups/a%00",
+    "/api/v1/rbac/roles/a%00/permissions",
+    "/api/v1/inventory?agent_id=%00",
+]
+
+
+@pytest.mark.parametrize("url", NUL_GETS)
+def test_a_nul_character_in_a_url_is_a_400(make_user, mint, url):
+    """Found by this probe on PostgreSQL (which refuses NUL in text): a %00 in a path segment or a query
+    parameter reached a query and answered 500 on every admin page and REST route that looks a text key up."""
+    raw = mint("adm", role="Administrator")
+    c = staff_client(make_user, "root", superuser=True) if url.startswith("/admin/") else \
+        Client(raise_request_exception=False, headers={"Authorization": f"Bearer {raw}"})
+    r = c.get(url)
+    assert r.status_code == 400, (url, r.status_code, r.content[:200])
+    assert b"Traceback" not in r.content and b"NUL" in r.content
+
+
+@pytest.mark.parametrize("path,data", [
+    ("/admin/operations/pluginkillswitch/", {"action": "switch_off", "_selected_action": ["a\x00"]}),
+    ("/admin/yuzu/apitoken/", {"action": "revoke", "_selected_action": ["a\x00"]}),
+    ("/admin/fleet/agent/", {"action": "delete_selected", "_selected_action": ["a\x00"]}),
+])
+def test_a_nul_character_in_an_admin_form_is_a_400(make_user, path, data):
+    c = staff_client(make_user, "root", superuser=True)
+    r = c.post(path, data)
+    assert r.status_code == 400, (path, r.status_code)
+
+
+def test_unlocking_a_nul_user_leaves_no_audit_row(mint):
+    raw = mint("adm", role="Administrator")
+    c = Client(raise_request_exception=False, headers={"Authorization": f"Bearer {raw}"})
+    before = AuditEvent.objects.count()
+    assert c.post("/api/v1/users/a%00/unlock").status_code == 400
+    assert AuditEvent.objects.count() == before
+

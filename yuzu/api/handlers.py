@@ -45,9 +45,15 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return _resp(request, 500, "internal error")
 
 
-def bad_request_response(request: HttpRequest, message: str, remediation: str | None = None) -> HttpResponse:
-    return _resp(request, 400, message, remediation)
-
-
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return _resp(request, 400, "bad request")
+
+
+def nul_refused(request: HttpRequest) -> HttpResponse:
+    """A URL or form holding a NUL character (yuzu.middleware.NulGuardMiddleware); OAuth's endpoints answer in
+    OAuth's error shape (RFC 6749 §5.2), as their own check (oauth.views.refuse_nul) does."""
+    if request.path.startswith("/oauth/"):
+        return JsonResponse({"error": "invalid_request", "error_description": "a parameter contains a NUL character"},
+                            status=400)
+    return _resp(request, 400, "bad request: the URL or the form holds a NUL character (%00)",
+                 "remove the NUL character and retry")
