@@ -67,6 +67,15 @@ class NulGuardMiddleware:
         return self.get_response(request)
 
 
+#: the methods counted by name; any other a client sends is counted as "other" (/metrics is public, and a label
+#: value per invented method grew every process's series, and every scrape, for good)
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str | None) -> str:
+    return method if method in HTTP_METHODS else "other"
+
+
 class MetricsMiddleware:
     def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
@@ -76,6 +85,7 @@ class MetricsMiddleware:
         response = self.get_response(request)
         match = getattr(request, "resolver_match", None)
         route = match.route if match is not None else "unmatched"
-        HTTP_REQUESTS.labels(request.method, route, str(response.status_code)).inc()
-        HTTP_LATENCY.labels(request.method, route).observe(time.perf_counter() - start)
+        method = method_label(request.method)
+        HTTP_REQUESTS.labels(method, route, str(response.status_code)).inc()
+        HTTP_LATENCY.labels(method, route).observe(time.perf_counter() - start)
         return response

@@ -180,3 +180,17 @@ def test_unlocking_a_nul_user_leaves_no_audit_row(mint):
     assert c.post("/api/v1/users/a%00/unlock").status_code == 400
     assert AuditEvent.objects.count() == before
 
+
+# --- metrics -----------------------------------------------------------------------------------------------
+
+def test_an_invented_http_method_does_not_grow_the_metrics():
+    """Found by this probe: /metrics is public, and each request's method became a label value as sent — an
+    anonymous client inventing a method per request added a counter and a histogram (16 series) to every
+    process for good, and to every scrape."""
+    c = Client(raise_request_exception=False)
+    for i in range(5):
+        c.generic(f"PROBE{i}X", "/healthz")
+    body = c.get("/metrics").content.decode()
+    assert "PROBE" not in body
+    assert 'method="other",route="healthz"' in body
+
