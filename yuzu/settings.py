@@ -261,6 +261,7 @@ STATIC_ROOT = VAR_DIR / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/admin/"  # where a sign-in lands when its next= is missing or unsafe (not Django's /accounts/profile/)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 OTP_TOTP_ISSUER = "yuzu"

@@ -194,3 +194,14 @@ def test_an_invented_http_method_does_not_grow_the_metrics():
     assert "PROBE" not in body
     assert 'method="other",route="healthz"' in body
 
+
+# --- login -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nxt", ["https://evil.example/", "//evil.example/", "/\\evil.example"])
+def test_a_login_with_an_unsafe_next_lands_on_the_admin(make_user, nxt):
+    """An unsafe next= is dropped (no open redirect); the person then lands on the admin, not on Django's
+    default /accounts/profile/ (a 404 page here)."""
+    user = make_user("boss", "Administrator", superuser=True, password=PASSWORD)
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    r = Client().post(f"/admin/login/?next={nxt}", {"username": "boss", "password": PASSWORD, "otp_token": code(device)})
+    assert r.status_code == 302 and r["Location"] == "/admin/"
