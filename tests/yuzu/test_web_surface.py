@@ -173,6 +173,26 @@ def test_a_nul_character_in_an_admin_form_is_a_400(make_user, path, data):
     assert r.status_code == 400, (path, r.status_code)
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/api/v1/management-groups", {"name": "a\x00"}),
+    ("/api/v1/rbac/check", {"securable_type": "a\x00", "operation": "Read"}),
+    ("/api/v1/scope/validate", {"expression": 'hostname = "a\x00"'}),
+    ("/api/v1/quarantine", {"agent_id": "a\x00"}),
+    ("/api/v1/management-groups", {"name\x00": "a"}),
+])
+def test_a_nul_character_in_a_json_body_is_a_400(mint, path, body):
+    """Found by this probe on PostgreSQL: "\u0000" in a JSON string reached a write or a lookup — a 500 (a group
+    created with it, a permission checked for it, a scope previewed). The strict parser refuses it with a 400."""
+    from fleet.models import ManagementGroup
+
+    raw = mint("adm", role="Administrator")
+    c = Client(raise_request_exception=False, headers={"Authorization": f"Bearer {raw}"})
+    r = c.post(path, body, content_type="application/json")
+    assert r.status_code == 400, (path, r.status_code, r.content[:200])
+    assert "NUL" in r.json()["error"]["message"]
+    assert not ManagementGroup.objects.exists()
+
+
 def test_unlocking_a_nul_user_leaves_no_audit_row(mint):
     raw = mint("adm", role="Administrator")
     c = Client(raise_request_exception=False, headers={"Authorization": f"Bearer {raw}"})
