@@ -3,16 +3,36 @@ allows it (Policy:* and GuaranteedState:*), verdicts and drift events browsable 
 policy's page showing its compliance (counts and the percentage of its evaluated agents that comply)."""
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from yuzu.admin_rbac import RbacAdmin
+from yuzu.admin_rbac import RbacAdmin, session_principal
 from yuzu.audit import audit
+from yuzu.errors import YuzuError
 
-from . import guardian
+from . import guardian, services
 from .documents import DocumentError
 from .models import GuardianEvent, GuardRule, Policy, PolicyAgentStatus, PolicyFragment
+
+
+class ServiceDeleteAdmin(RbacAdmin):
+    """Deletes — one row, or the changelist's "Delete selected" (Django's bulk delete is one queryset.delete(),
+    which skipped delete_model and so the audit row and the fleet cache) — go through the service's delete, one
+    row at a time: its audit row, its side effects."""
+
+    def service_delete(self, principal, obj):
+        raise NotImplementedError
+
+    def delete_model(self, request, obj):
+        try:
+            self.service_delete(session_principal(request), obj)
+        except YuzuError as exc:
+            self.message_user(request, f"{obj}: {exc.message}", messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
 
 
 class ReadOnlyAdmin(RbacAdmin):
@@ -72,7 +92,7 @@ class PolicyForm(YamlForm):
 
 
 @admin.register(PolicyFragment)
-class PolicyFragmentAdmin(RbacAdmin):
+class PolicyFragmentAdmin(ServiceDeleteAdmin):
     securable = "Policy"
     form = FragmentForm
     list_display = ("name", "check_instruction", "fix_instruction", "updated_at")
@@ -85,9 +105,12 @@ class PolicyFragmentAdmin(RbacAdmin):
         audit(request.user, f"policy.fragment.{'update' if change else 'create'}", "success",
               target_type="PolicyFragment", target_id=obj.pk, detail=f"name={obj.name} via=admin")
 
+    def service_delete(self, principal, obj):
+        services.delete_fragment(principal, obj.pk)
+
 
 @admin.register(Policy)
-class PolicyAdmin(RbacAdmin):
+class PolicyAdmin(ServiceDeleteAdmin):
     securable = "Policy"
     form = PolicyForm
     list_display = ("name", "fragment", "enabled", "interval_seconds", "compliance_pct", "last_dispatch_at")
@@ -121,10 +144,8 @@ class PolicyAdmin(RbacAdmin):
         audit(request.user, f"policy.{'update' if change else 'create'}", "success", target_type="Policy",
               target_id=policy.pk, detail=f"name={policy.name} via=admin")
 
-    def delete_model(self, request, obj):
-        audit(request.user, "policy.delete", "success", target_type="Policy", target_id=obj.pk,
-              detail=f"name={obj.name} via=admin")
-        super().delete_model(request, obj)
+    def service_delete(self, principal, obj):
+        services.delete_policy(principal, obj.pk)
 
 
 @admin.register(PolicyAgentStatus)
@@ -152,7 +173,7 @@ class GuardRuleForm(forms.ModelForm):
 
 
 @admin.register(GuardRule)
-class GuardRuleAdmin(RbacAdmin):
+class GuardRuleAdmin(ServiceDeleteAdmin):
     securable = "GuaranteedState"
     form = GuardRuleForm
     list_display = ("name", "assertion", "enforcement_mode", "severity", "os_target", "enabled", "version")
@@ -172,10 +193,8 @@ class GuardRuleAdmin(RbacAdmin):
         audit(request.user, f"guaranteed_state.rule.{'update' if change else 'create'}", "success",
               target_type="GuardRule", target_id=obj.pk, detail=f"name={obj.name} via=admin")
 
-    def delete_model(self, request, obj):
-        audit(request.user, "guaranteed_state.rule.delete", "success", target_type="GuardRule", target_id=obj.pk,
-              detail=f"name={obj.name} via=admin")
-        super().delete_model(request, obj)
+    def service_delete(self, principal, obj):
+        services.delete_rule(principal, obj.pk)
 
 
 @admin.register(GuardianEvent)

@@ -112,6 +112,35 @@ def test_a_kill_switch_action_counts_only_the_switches_it_flipped(make_user, swi
     assert "store unavailable" in " ".join(said) and not any("1 switch" in m for m in said), said
 
 
+def test_deleting_compliance_rows_in_the_admin_is_audited_one_by_one(make_user):
+    """Found by this probe: the changelist's "Delete selected" is Django's one queryset.delete(), which skipped
+    the pages' delete_model — a PlatformEngineer deleted every Guardian rule and policy with no audit row (and a
+    fragment deleted from its own page left none either)."""
+    from compliance.models import GuardRule, Policy, PolicyFragment
+    from tests.support.compliance import make_policy
+
+    spec = {"spark": {"type": "file-change"}, "assertion": {"type": "file-exists", "params": {"path": "/etc/passwd"}},
+            "remediation": {"type": "alert-only"}}
+    rules = [GuardRule.objects.create(name=f"r{i}", spec_json=spec) for i in range(2)]
+    policy = make_policy()
+    c = staff_client(make_user, "pete", "PlatformEngineer")
+    r = c.post("/admin/compliance/guardrule/", {"action": "delete_selected", "post": "yes",
+                                               "_selected_action": [x.pk for x in rules]})
+    assert r.status_code == 302 and not GuardRule.objects.exists()
+    deleted = AuditEvent.objects.filter(action="guaranteed_state.rule.delete", principal="pete")
+    assert sorted(deleted.values_list("target_id", flat=True)) == sorted(x.pk for x in rules)
+
+    r = c.post("/admin/compliance/policy/", {"action": "delete_selected", "post": "yes", "_selected_action": [policy.pk]})
+    assert r.status_code == 302 and not Policy.objects.exists()
+    assert AuditEvent.objects.filter(action="policy.delete", principal="pete", target_id=policy.pk).count() == 1
+
+    fragment = PolicyFragment.objects.get()
+    r = c.post(f"/admin/compliance/policyfragment/{fragment.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302 and not PolicyFragment.objects.exists()
+    assert AuditEvent.objects.filter(action="policy.fragment.delete", principal="pete",
+                                     target_id=fragment.pk).count() == 1
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
