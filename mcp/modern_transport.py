@@ -17,7 +17,7 @@ from django.http import parse_cookie
 from yuzu.audit import audit
 from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
-from yuzu.metrics import MCP_REQUESTS
+from yuzu.metrics import MCP_REQUESTS, mcp_method_label
 
 from . import jsonrpc as rpc
 from .modern import Listen, handle, ladder, modern_error, stamp, streamed
@@ -62,7 +62,7 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
     if "method" not in msg or "id" not in msg:
         # Notifications (notifications/cancelled included: on HTTP the client cancels by closing the response,
         # and a caller-chosen id could name another client's request) and posted responses: nothing to do.
-        MCP_REQUESTS.labels(msg.get("method") or "response", "accepted").inc()
+        MCP_REQUESTS.labels(mcp_method_label(msg.get("method")), "accepted").inc()
         return Reply(202)
     try:
         ladder(msg, conn.headers, raw_headers)

@@ -14,7 +14,7 @@ from yuzu.audit import audit
 from yuzu.auth import AuthError, authenticate, bearer_challenge, last_principal_key, step_up_scope
 from yuzu.errors import correlation_id
 from yuzu.jsondata import JsonObject
-from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED
+from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED, mcp_method_label
 from yuzu.policy import tier_allows
 from yuzu.provisional import StaleGrant, defer, provisionally
 
@@ -236,7 +236,7 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
         if method == "notifications/cancelled" and session is not None:
             # Detach the named request's stream (in whichever process holds it); never cancel its work.
             cancel(ring_key(principal.key, session.id), (msg.get("params") or {}).get("requestId"))
-        MCP_REQUESTS.labels(method or "response", "accepted").inc()
+        MCP_REQUESTS.labels(mcp_method_label(method), "accepted").inc()
         return Reply(202)
     ctx = ToolContext(principal=principal, cid=correlation_id(), catalogue=req.catalogue,
                       session_id=session.id if session else None, request_id=req_id)
@@ -246,7 +246,7 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
     try:
         result = _dispatch(ctx, req, method, msg.get("params") or {})
     except rpc.RpcError as err:
-        MCP_REQUESTS.labels(method, "error").inc()
+        MCP_REQUESTS.labels(mcp_method_label(method, METHODS), "error").inc()
         return error_reply(req_id, insufficient_scope(principal, req, err))
     if isinstance(result, Continuation):
         result.req_id = req_id

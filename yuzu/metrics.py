@@ -1,12 +1,26 @@
 """Prometheus metric families. Every family the product exports is declared here, in one place,
 so /metrics and docs/metrics.md agree."""
 
+from collections.abc import Container
+
 from prometheus_client import Counter, Gauge, Histogram
 
 HTTP_REQUESTS = Counter("yuzu_http_requests_total", "HTTP requests served by Django views", ["method", "route", "status"])
 HTTP_LATENCY = Histogram("yuzu_http_request_duration_seconds", "Django view latency", ["method", "route"])
 
 MCP_REQUESTS = Counter("yuzu_mcp_requests_total", "MCP JSON-RPC requests", ["method", "outcome"])
+#: the notifications a client may send (MCP), counted by name
+MCP_NOTIFICATIONS = frozenset({"notifications/initialized", "notifications/cancelled", "notifications/progress",
+                               "notifications/roots/list_changed", "notifications/tasks/status"})
+
+
+def mcp_method_label(method: object, known: Container[str] = ()) -> str:
+    """MCP_REQUESTS' method label: ``response`` for a client's JSON-RPC response (no method), a method this server
+    answers (``known``) or a notification by its name, anything else ``unknown`` — the method is the client's
+    text, and a label value per invented one grew every process's series (and the public /metrics) for good."""
+    if method is None:
+        return "response"
+    return method if isinstance(method, str) and (method in known or method in MCP_NOTIFICATIONS) else "unknown"
 MCP_TOOL_CALLS = Counter("yuzu_mcp_tool_calls_total", "MCP tools/call by tool and audit result", ["tool", "result"])
 MCP_TOOL_LATENCY = Histogram("yuzu_mcp_tool_call_duration_seconds", "MCP tools/call latency", ["tool"])
 MCP_SESSIONS_ACTIVE = Gauge("yuzu_mcp_sessions_active", "Live MCP sessions in this process")

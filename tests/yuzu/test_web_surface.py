@@ -244,6 +244,25 @@ def test_an_invented_http_method_does_not_grow_the_metrics():
     assert 'method="other",route="healthz"' in body
 
 
+@pytest.mark.django_db(transaction=True)  # the MCP endpoint runs in-process on other threads
+def test_an_invented_mcp_method_does_not_grow_the_metrics(mint):
+    """The same on the MCP endpoint, for any token holder (a readonly one): each unknown method and each invented
+    notification name became a label value of yuzu_mcp_requests_total, for good."""
+    from prometheus_client import generate_latest
+
+    from tests.support.mcp_http import McpClient, request
+
+    c = McpClient(mint("alice", role="Viewer", tier="readonly"))
+    c.initialize()
+    for i in range(3):
+        assert c.rpc(f"probeX{i}").error["code"] == -32601
+        assert request(body={"jsonrpc": "2.0", "method": f"notifications/probeY{i}"}, headers=c.headers()).status == 202
+    body = generate_latest().decode()
+    assert "probe" not in body
+    assert 'yuzu_mcp_requests_total{method="unknown",outcome="error"}' in body
+    assert 'yuzu_mcp_requests_total{method="unknown",outcome="accepted"}' in body
+
+
 # --- login -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("nxt", ["https://evil.example/", "//evil.example/", "/\\evil.example"])
