@@ -290,6 +290,10 @@ SPECTACULAR_SETTINGS = {
 
 # Approval notifications (docs/approvals.md#notifications). Links in them point at YUZU_PUBLIC_URL.
 YUZU_PUBLIC_URL = os.environ.get("YUZU_PUBLIC_URL", f"http://{YUZU_BIND}").rstrip("/")
+# Served over TLS (YUZU_PUBLIC_URL https://…, a TLS proxy in front): the admin's session and CSRF cookies go over
+# HTTPS only — the session cookie is a signed-in admin's credential, and a browser sent it over plain HTTP to any
+# http:// link to the host. YUZU_COOKIE_SECURE=0/1 overrides.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_flag("YUZU_COOKIE_SECURE", YUZU_PUBLIC_URL.startswith("https://"))
 # Django's email settings, from YUZU_EMAIL_*. Email notifications are on once a mail server (or a backend)
 # is configured; YUZU_APPROVAL_EMAIL=0/1 forces them off/on.
 EMAIL_BACKEND = os.environ.get("YUZU_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")

@@ -273,3 +273,28 @@ def test_a_login_with_an_unsafe_next_lands_on_the_admin(make_user, nxt):
     device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
     r = Client().post(f"/admin/login/?next={nxt}", {"username": "boss", "password": PASSWORD, "otp_token": code(device)})
     assert r.status_code == 302 and r["Location"] == "/admin/"
+
+
+# --- cookies -----------------------------------------------------------------------------------------------
+
+def settings_under(**env):
+    """The cookie settings a fresh process computes from ``env``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code_ = ("import django, json; django.setup(); from django.conf import settings as s; "
+             "print(json.dumps([s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE]))")
+    base = {k: v for k, v in os.environ.items() if k not in ("YUZU_PUBLIC_URL", "YUZU_COOKIE_SECURE")}
+    out = subprocess.run([sys.executable, "-c", code_], env={**base, "DJANGO_SETTINGS_MODULE": "yuzu.settings", **env},
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_behind_tls_the_admin_cookies_are_secure():
+    """With YUZU_PUBLIC_URL https://… (a TLS proxy in front) the session cookie still had no Secure flag: the
+    browser sent a signed-in admin's session over plain HTTP to any http:// link to the host."""
+    assert settings_under(YUZU_PUBLIC_URL="https://yuzu.example.com") == [True, True]
+    assert settings_under() == [False, False]  # embedded, plain http on 127.0.0.1
+    assert settings_under(YUZU_PUBLIC_URL="https://yuzu.example.com", YUZU_COOKIE_SECURE="0") == [False, False]
