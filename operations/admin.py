@@ -181,6 +181,8 @@ class ScheduleForm(ServiceForm):
                   "enabled"]
 
     def service_check(self, data):
+        # The service's RBAC too, before the save: refused there, the save raised out of the admin (a 500).
+        schedules.check_may_create(session_principal(self.request))
         d = dict(data)
         d["start_at"] = data["start_at"].isoformat() if data.get("start_at") else None
         schedules.validate(d)

@@ -111,11 +111,16 @@ def _targets(principal, tree, pinned=None):
     return sorted(qs.values_list("agent_id", flat=True))
 
 
-def create_schedule(principal, d, *, cid=""):
+def check_may_create(principal):
+    """Who may create a schedule: Schedule:Write, and Execution:Execute somewhere (its runs execute). RBAC only: a
+    supervised token may create a schedule; its runs then wait for one approval (create_schedule)."""
     rbac.check(principal, "Schedule", "Write", any_scope=True)
-    # RBAC only: a supervised token may create a schedule; its runs then wait for one approval (below).
     if not rbac.has_any(principal, "Execution", "Execute"):
         raise rbac.denial(principal, "Execution", "Execute")
+
+
+def create_schedule(principal, d, *, cid=""):
+    check_may_create(principal)
     definition, tree, start_at = validate(d)
     needs_approval = bool(d.get("requires_approval")) or principal.tier == "supervised"
     row = InstructionSchedule(

@@ -112,6 +112,25 @@ def test_a_kill_switch_action_counts_only_the_switches_it_flipped(make_user, swi
     assert "store unavailable" in " ".join(said) and not any("1 switch" in m for m in said), said
 
 
+def test_a_schedule_its_creator_may_not_run_is_a_form_error_not_a_500(make_user):
+    """A custom role with Schedule:Write but no Execution:Execute: the add form validated, then the service refused
+    in save_model and the refusal escaped the admin as a 500. The form now asks the service's RBAC first."""
+    from fleet.models import InstructionDefinition
+    from operations.models import InstructionSchedule
+    from yuzu.models import Role, RolePermission
+
+    InstructionDefinition.objects.create(id="up", name="uptime", plugin="system", action="uptime")
+    role = Role.objects.create(name="Scheduler")
+    for op in ("Read", "Write"):
+        RolePermission.objects.create(role=role, securable="Schedule", operation=op)
+    c = staff_client(make_user, "sam", "Scheduler")
+    r = c.post("/admin/operations/instructionschedule/add/", {
+        "name": "n", "definition_id": "up", "parameters": "{}", "frequency_type": "interval", "interval_minutes": "60",
+        "time_zone": "UTC", "day_of_week": "0", "day_of_month": "1", "enabled": "on"})
+    assert r.status_code == 200 and "Execution:Execute" in r.content.decode()
+    assert not InstructionSchedule.objects.exists()
+
+
 def test_deleting_compliance_rows_in_the_admin_is_audited_one_by_one(make_user):
     """Found by this probe: the changelist's "Delete selected" is Django's one queryset.delete(), which skipped
     the pages' delete_model — a PlatformEngineer deleted every Guardian rule and policy with no audit row (and a
