@@ -66,6 +66,11 @@ class LoginForm(OTPAdminAuthenticationForm):  # type: ignore[misc]  # django-otp
     show_devices = False
 
     def _chosen_device(self, user: User) -> Any:  # a django_otp Device, or None
+        chosen = self.cleaned_data.get("otp_device")
+        if chosen and chosen not in {pid for pid, _ in self.device_choices(user)}:
+            # Not one of this user's devices: django-otp loads whatever model the posted label names, and one that
+            # is no device ("auth.user/1") crashed the sign-in with a 500. Treated as no choice.
+            self.cleaned_data["otp_device"] = ""
         device = super()._chosen_device(user)
         if device is None and not self.cleaned_data.get("otp_device"):
             # Runs inside clean_otp's transaction: lock the device as django-otp does for a chosen one.

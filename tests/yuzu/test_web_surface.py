@@ -294,6 +294,23 @@ def test_a_login_with_an_unsafe_next_lands_on_the_admin(make_user, nxt):
     assert r.status_code == 302 and r["Location"] == "/admin/"
 
 
+@pytest.mark.parametrize("chosen", ["auth.user/1", "yuzu.apitoken/1", "sessions.session/x"])
+def test_a_login_naming_a_model_that_is_no_authenticator_is_no_500(make_user, chosen):
+    """Found by this probe: the login form's otp_device is "<app>.<model>/<id>"; django-otp loads whatever model it
+    names, and one that is no device crashed the sign-in (a 500, the password already checked). It is ignored now:
+    the code is checked against the account's own authenticator."""
+    user = make_user("boss", "Administrator", superuser=True, password=PASSWORD)
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    c = Client(raise_request_exception=False)
+    r = c.post("/admin/login/?next=/admin/", {"username": "boss", "password": PASSWORD, "otp_token": "000000",
+                                              "otp_device": chosen})
+    assert r.status_code == 200 and b"authenticator code is not right" in r.content
+    device.throttle_reset()
+    r = c.post("/admin/login/?next=/admin/", {"username": "boss", "password": PASSWORD, "otp_token": code(device),
+                                              "otp_device": chosen})
+    assert r.status_code == 302 and r["Location"] == "/admin/"
+
+
 # --- cookies -----------------------------------------------------------------------------------------------
 
 def settings_under(**env):
