@@ -160,6 +160,15 @@ def test_deleting_compliance_rows_in_the_admin_is_audited_one_by_one(make_user):
                                      target_id=fragment.pk).count() == 1
 
 
+@pytest.mark.parametrize("lookup", ["secret_sha256__startswith=a", "secret_sha256=x", "secret_sha256__regex=."])
+def test_a_hidden_column_is_no_filter_either(make_user, lookup):
+    """Found by this probe: the upload-grant page hides the grant secret's hash (exclude), yet a reader filtered the
+    list on it from the query string (?secret_sha256__startswith=a), reading the hash a prefix at a time."""
+    c = staff_client(make_user, "vera", "Viewer")
+    assert c.get(f"/admin/operations/uploadgrant/?{lookup}").status_code == 400
+    assert c.get("/admin/operations/uploadgrant/?state__exact=minted").status_code == 200
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
