@@ -275,7 +275,7 @@ def sent_secrets(monkeypatch):
 def test_a_run_sends_the_sealed_secret_and_stores_it_nowhere_in_clear(agent, definition, principal, monkeypatch,
                                                                      django_capture_on_commit_callbacks):
     sent = sent_secrets(monkeypatch)
-    row = schedules.create_schedule(principal("boss", "Administrator"), {
+    schedules.create_schedule(principal("boss", "Administrator"), {
         "name": "s", "definition_id": "up", "frequency_type": "interval", "interval_minutes": 1,
         "parameters": {"db_password": "hunter2-pw", "path": "/var/log"}})
     with django_capture_on_commit_callbacks(execute=True):  # the dispatch follows the rows' commit
