@@ -2,6 +2,7 @@ import time
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponseBase
+from django.http.multipartparser import MultiPartParserError
 
 from .api.handlers import nul_refused
 from .errors import correlation_id
@@ -44,10 +45,13 @@ def holds_nul(request: HttpRequest) -> bool:
     and REST route that reads a text key."""
     if "\x00" in request.path or _nul_in(request.GET):
         return True
-    if request.method != "POST" or request.content_type not in FORM_TYPES:
-        return False
+    if request.method != "POST" or request.content_type not in FORM_TYPES or request.path.startswith(("/api/", "/mcp")):
+        return False  # the API and MCP take JSON only (their parser refuses NUL): a form there is theirs to refuse
     _ = request.body  # read whole (bounded: yuzu.bodylimit) before the form parser, so a view can still read it
-    return _nul_in(request.POST)
+    try:
+        return _nul_in(request.POST)
+    except MultiPartParserError:  # not a form the parser reads: the view answers it as it would anyway
+        return False
 
 
 def _nul_in(data: object) -> bool:
