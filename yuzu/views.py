@@ -1,5 +1,7 @@
 """Health, readiness and metrics."""
 
+from functools import cache
+
 import redis
 from django.conf import settings
 from django.db import connection
@@ -9,6 +11,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
+
+
+@cache
+def _redis(url: str) -> redis.Redis:
+    """One client per process (its pool keeps the connection): /readyz is anonymous, and a client per request
+    opened a connection per request — a probe loop, or anyone, churned Redis's connections."""
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
@@ -21,7 +30,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = "unavailable"
     if settings.REDIS_URL:
         try:
-            redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+            _redis(settings.REDIS_URL).ping()
             checks["redis"] = "ok"
         except Exception:
             checks["redis"] = "unavailable"

@@ -219,6 +219,22 @@ def test_health_ready_metrics():
     assert m.status_code == 200 and b"yuzu_http_requests_total" in m.content
 
 
+def test_readyz_keeps_one_redis_connection(tmp_path):
+    """/readyz is anonymous: each request opened a new Redis connection (Redis's total_connections_received grew
+    by one per probe). It reuses one now. A private redis-server, so that nothing else's connections count."""
+    import redis
+    from django.test import override_settings
+
+    from tests.faults.services import private_redis
+
+    with private_redis(tmp_path) as server, override_settings(REDIS_URL=server.url):
+        probe = redis.Redis.from_url(server.url)
+        before = probe.info("stats")["total_connections_received"]
+        for _ in range(20):
+            assert Client().get("/readyz").json()["checks"]["redis"] == "ok"
+        assert probe.info("stats")["total_connections_received"] - before == 1
+
+
 def test_admin_static_files_are_served_by_the_asgi_app():
     from asgiref.sync import async_to_sync
 
