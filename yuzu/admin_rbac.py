@@ -40,9 +40,12 @@ class RbacAdmin(admin.ModelAdmin[Any]):
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         """A column the page hides (``exclude``: a secret's hash) is no filter either: Django admits a lookup on any
-        local column from the query string, so ?secret_sha256__startswith=a read a hidden hash a prefix at a time."""
+        local column from the query string, so ?secret_sha256__startswith=a read a hidden hash a prefix at a time.
+        Nor is a regular expression of the reader's (``__regex``), which the database runs against every row."""
         if lookup.split("__", 1)[0] in (self.exclude or ()):
             return False
+        if lookup.rsplit("__", 1)[-1] in ("regex", "iregex"):
+            return False  # a reader's own regular expression, run by the database on every row: no
         return super().lookup_allowed(lookup, value, request)
 
     def has_module_permission(self, request: HttpRequest) -> bool:

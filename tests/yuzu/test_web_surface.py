@@ -169,6 +169,14 @@ def test_a_hidden_column_is_no_filter_either(make_user, lookup):
     assert c.get("/admin/operations/uploadgrant/?state__exact=minted").status_code == 200
 
 
+def test_a_readers_regular_expression_is_no_filter(make_user):
+    """?minted_by__regex=(a+)+$ had the database run a reader's pattern on every row of a visible column."""
+    c = staff_client(make_user, "vera", "Viewer")
+    assert c.get("/admin/operations/uploadgrant/?minted_by__regex=(a%2B)%2B$").status_code == 400
+    assert c.get("/admin/operations/uploadgrant/?minted_by__iregex=x").status_code == 400
+    assert c.get("/admin/operations/uploadgrant/?minted_by__exact=x").status_code == 200
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
