@@ -61,8 +61,10 @@ class PluginConfigForm(ServiceForm):
         fields = ["plugin", "key", "value"]
 
     def service_check(self, data):
-        plugins.check_plugin(data.get("plugin")), plugins.check_key(data.get("key"))
-        plugins.check_value(data["plugin"], data["key"], data.get("value", ""))
+        # on a change, plugin and key are read-only (not in the form): the row's own
+        plugin, key = data.get("plugin", self.instance.plugin), data.get("key", self.instance.key)
+        plugins.check_plugin(plugin), plugins.check_key(key)
+        plugins.check_value(plugin, key, data.get("value", ""))
 
 
 @admin.register(PluginConfig)
@@ -72,6 +74,11 @@ class PluginConfigAdmin(ServiceAdmin):
     list_display = ("plugin", "key", "value", "updated_by", "updated_at_ms")
     list_filter = ("plugin",)
     search_fields = ("plugin", "key")
+
+    def get_readonly_fields(self, request, obj=None):
+        """A value is changed in place; its plugin and key name the row (changing them in the form made a new
+        row and left the old one set)."""
+        return ("plugin", "key") if obj is not None else ()
 
     def save_model(self, request, obj, form, change):
         plugins.set_plugin_config(session_principal(request), obj.plugin, obj.key, obj.value, surface="rest")

@@ -177,6 +177,22 @@ def test_a_readers_regular_expression_is_no_filter(make_user):
     assert c.get("/admin/operations/uploadgrant/?minted_by__exact=x").status_code == 200
 
 
+def test_a_config_values_change_form_changes_that_value_only(make_user):
+    """Editing the plugin or key in a value's change form wrote a new row and left the old value set."""
+    from fleet.agent.plugins import catalogue
+    from fleet.models import Agent, AgentInventory
+    from operations.models import PluginConfig
+
+    a = Agent.objects.create(agent_id="a1", hostname="a1", os="linux", connected=True)
+    AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=catalogue())
+    row = PluginConfig.objects.create(plugin="process", key="default_limit", value="5", updated_by="x")
+    c = staff_client(make_user, "root", superuser=True)
+    r = c.post(f"/admin/operations/pluginconfig/{row.pk}/change/",
+               {"plugin": "content_dist", "key": "note", "value": "7"})
+    assert r.status_code == 302, r.content[:2000]
+    assert list(PluginConfig.objects.values_list("plugin", "key", "value")) == [("process", "default_limit", "7")]
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
