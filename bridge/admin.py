@@ -4,6 +4,8 @@ never through a tool); members, turns, messages and inbox items are read-only re
 from django import forms
 from django.contrib import admin
 
+from yuzu.admin_rbac import AuditedAdmin
+
 from .models import InboxItem, Member, Message, Profile, Turn, _validate_env
 
 
@@ -32,7 +34,7 @@ class ProfileForm(forms.ModelForm):
 
 
 @admin.register(Profile)
-class ProfileAdmin(admin.ModelAdmin):
+class ProfileAdmin(AuditedAdmin):
     form = ProfileForm
     list_display = ("name", "agent_kind", "is_default", "enabled", "blocked_injectable", "requires_api_base_url",
                     "spawnable")

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.utils import timezone
 
+from yuzu.admin_rbac import AuditedAdmin
 from yuzu.audit import audit
 
 from .models import (
@@ -22,7 +23,7 @@ class TagInline(admin.TabularInline):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AuditedAdmin):
     list_display = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
     list_filter = ("connected", "os", "quarantined", "simulated")
     search_fields = ("agent_id", "hostname")
@@ -31,13 +32,13 @@ class AgentAdmin(admin.ModelAdmin):
 
 
 @admin.register(ManagementGroup)
-class ManagementGroupAdmin(admin.ModelAdmin):
+class ManagementGroupAdmin(AuditedAdmin):
     list_display = ("name", "membership_type", "parent", "created_by", "updated_at")
     filter_horizontal = ("members",)
 
 
 @admin.register(DeviceToken)
-class DeviceTokenAdmin(admin.ModelAdmin):
+class DeviceTokenAdmin(AuditedAdmin):
     list_display = ("name", "created_by", "created_at", "expires_at", "revoked_at", "uses", "max_uses")
     readonly_fields = ("token_hash", "uses")
     actions = ["revoke"]
@@ -52,10 +53,10 @@ class DeviceTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(admin.ModelAdmin):
+class ExecutionAdmin(AuditedAdmin):
     list_display = ("id", "plugin", "action", "status", "dispatched_by", "dispatched_at", "agents_targeted",
                     "agents_responded", "agents_failure")
     list_filter = ("status",)
 
 
-admin.site.register([Tag, AgentInventory, InstructionDefinition, AgentExecStatus, Response])
+admin.site.register([Tag, AgentInventory, InstructionDefinition, AgentExecStatus, Response], AuditedAdmin)

@@ -24,7 +24,7 @@ from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
 from . import tokens
 from .accounts import record_failure
-from .admin_rbac import session_principal
+from .admin_rbac import AuditedAdmin, session_principal
 from .audit import audit
 from .auth import MFA_SESSION_KEY
 from .errors import YuzuError
@@ -175,13 +175,13 @@ class RolePermissionInline(admin.TabularInline[RolePermission, Role]):
 
 
 @admin.register(Role)
-class RoleAdmin(admin.ModelAdmin[Role]):
+class RoleAdmin(AuditedAdmin):
     list_display = ("name", "description", "builtin")
     inlines = [RolePermissionInline]
 
 
 @admin.register(RoleAssignment)
-class RoleAssignmentAdmin(admin.ModelAdmin[RoleAssignment]):
+class RoleAssignmentAdmin(AuditedAdmin):
     list_display = ("user", "role", "group", "created_at")
     list_filter = ("role",)
 
@@ -245,5 +245,5 @@ class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
 
 
 @admin.register(AccountLockout)
-class AccountLockoutAdmin(admin.ModelAdmin[AccountLockout]):
+class AccountLockoutAdmin(AuditedAdmin):
     list_display = ("user", "failed_attempts", "locked_until")

@@ -10,6 +10,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 
 from . import rbac
+from .audit import audit
 from .auth import MFA_SESSION_KEY
 
 if TYPE_CHECKING:
@@ -20,6 +21,35 @@ def session_principal(request: HttpRequest) -> rbac.Principal:
     """The admin's user as a session principal, with the time of their last authenticator proof."""
     return rbac.Principal(user=cast("User", request.user), via="session",
                           mfa_verified_at=request.session.get(MFA_SESSION_KEY))
+
+
+class AuditedAdmin(admin.ModelAdmin[Any]):
+    """A page that edits rows directly (the superuser's: roles, role assignments, lockouts, agents, groups, device
+    tokens, bridge profiles): every add, change and delete also writes yuzu's audit row — Django's own change log
+    is no audit trail (it is not in the audit log, its API or its export). The RbacAdmin pages edit through the
+    services, which audit for themselves."""
+
+    def _audited(self, request: HttpRequest, what: str, obj: Model, detail: str = "") -> None:
+        meta = self.model._meta
+        audit(request.user, f"admin.{meta.model_name}.{what}", "success", target_type=meta.label,
+              target_id=obj.pk, detail=f"{str(obj)[:200]} {detail}".strip())
+
+    def log_addition(self, request: HttpRequest, obj: Model, message: Any) -> Any:
+        entry = super().log_addition(request, obj, message)
+        self._audited(request, "add", obj)
+        return entry
+
+    def log_change(self, request: HttpRequest, obj: Model, message: Any) -> Any:
+        entry = super().log_change(request, obj, message)
+        fields = sorted({f for m in message or [] if isinstance(m, dict) for f in m.get("changed", {}).get("fields", [])})
+        self._audited(request, "change", obj, f"fields={','.join(fields)}" if fields else "")
+        return entry
+
+    def log_deletions(self, request: HttpRequest, queryset: Any) -> Any:
+        entries = super().log_deletions(request, queryset)
+        for obj in queryset:
+            self._audited(request, "delete", obj)
+        return entries
 
 
 class RbacAdmin(admin.ModelAdmin[Any]):

@@ -193,6 +193,29 @@ def test_a_config_values_change_form_changes_that_value_only(make_user):
     assert list(PluginConfig.objects.values_list("plugin", "key", "value")) == [("process", "default_limit", "7")]
 
 
+def test_a_superusers_direct_edits_are_audited(make_user):
+    """The superuser's pages (roles, role assignments, groups, …) edit rows directly: adding a role assignment
+    there — granting Administrator — wrote Django's change log only, nothing in yuzu's audit log."""
+    from yuzu.models import Role, RoleAssignment
+
+    c = staff_client(make_user, "root", superuser=True)
+    mallory = make_user("mallory")
+    admin_role = Role.objects.get(name="Administrator")
+    r = c.post("/admin/yuzu/roleassignment/add/", {"user": mallory.pk, "role": admin_role.pk})
+    assert r.status_code == 302, r.content[:2000]
+    grant = RoleAssignment.objects.get(user=mallory)
+    added = AuditEvent.objects.get(action="admin.roleassignment.add")
+    assert (added.principal, added.target_type, added.target_id) == ("root", "yuzu.RoleAssignment", str(grant.pk))
+    viewer = Role.objects.get(name="Viewer")
+    assert c.post(f"/admin/yuzu/roleassignment/{grant.pk}/change/",
+                  {"user": mallory.pk, "role": viewer.pk}).status_code == 302
+    assert "fields=Role" in AuditEvent.objects.get(action="admin.roleassignment.change").detail
+    r = c.post("/admin/yuzu/roleassignment/", {"action": "delete_selected", "_selected_action": [grant.pk],
+                                               "post": "yes"})
+    assert r.status_code == 302 and not RoleAssignment.objects.filter(user=mallory).exists()
+    assert AuditEvent.objects.filter(action="admin.roleassignment.delete", target_id=str(grant.pk)).count() == 1
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
