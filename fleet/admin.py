@@ -40,7 +40,7 @@ class ManagementGroupAdmin(AuditedAdmin):
 @admin.register(DeviceToken)
 class DeviceTokenAdmin(AuditedAdmin):
     list_display = ("name", "created_by", "created_at", "expires_at", "revoked_at", "uses", "max_uses")
-    readonly_fields = ("token_hash", "uses")
+    readonly_fields = ("token_hash", "uses", "revoked_at")  # a revocation is for good: no clearing it here
     actions = ["revoke"]
 
     def has_add_permission(self, request):  # minted with `manage.py mint_device_token`, shown once

@@ -216,6 +216,25 @@ def test_a_superusers_direct_edits_are_audited(make_user):
     assert AuditEvent.objects.filter(action="admin.roleassignment.delete", target_id=str(grant.pk)).count() == 1
 
 
+def test_a_revoked_device_token_stays_revoked(make_user):
+    """The device-token page let a superuser clear revoked_at: a revoked enrolment token came back to life."""
+    from django.utils import timezone
+
+    from fleet.management.commands.mint_device_token import mint_device_token
+    from fleet.models import DeviceToken
+
+    mint_device_token("lab")
+    token = DeviceToken.objects.get()
+    DeviceToken.objects.filter(pk=token.pk).update(revoked_at=timezone.now())
+    c = staff_client(make_user, "root", superuser=True)
+    page = c.get(f"/admin/fleet/devicetoken/{token.pk}/change/").content.decode()
+    assert 'name="revoked_at' not in page
+    c.post(f"/admin/fleet/devicetoken/{token.pk}/change/", {"name": token.name, "revoked_at_0": "", "revoked_at_1": "",
+                                                            "max_uses": token.max_uses or ""})
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+
+
 # --- API tokens in the admin ----------------------------------------------------------------------------------
 
 def test_revoking_tokens_in_the_admin_needs_a_fresh_authenticator_code(make_user):
