@@ -68,13 +68,6 @@ def _document(request):
     return payload(request, DOCUMENT)["yaml_source"]
 
 
-def _check(principal, securable, operation):
-    """The routes' gate: policies, verdicts and Guardian rules are the whole fleet's, beyond one service's devices
-    (their MCP tools refuse a service-scoped token: class "denied"), then the tier and RBAC."""
-    rbac.refuse_service_scoped(principal, securable, operation)
-    rbac.check(principal, securable, operation)
-
-
 # --- fragments and policies ------------------------------------------------------------------------
 
 @contract("GET", "List policy fragments", response=ANY)
@@ -85,9 +78,9 @@ def _check(principal, securable, operation):
 def fragments_view(request):
     p = principal_of(request)
     if request.method == "GET":
-        _check(p, "Policy", "Read")
+        rbac.check(p, "Policy", "Read")
         return ok(services.list_fragments())
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.create_fragment(p, _document(request), cid=cid_of(request)), status=201)
 
 
@@ -95,7 +88,7 @@ def fragments_view(request):
 @api_view(["DELETE"])
 def fragment_detail(request, fragment_id):
     p = principal_of(request)
-    _check(p, "Policy", "Delete")
+    rbac.check(p, "Policy", "Delete")
     return ok(services.delete_fragment(p, fragment_id, cid=cid_of(request)))
 
 
@@ -109,13 +102,13 @@ def fragment_detail(request, fragment_id):
 def policies_view(request):
     p = principal_of(request)
     if request.method == "GET":
-        _check(p, "Policy", "Read")
+        rbac.check(p, "Policy", "Read")
         q = request.query_params
         enabled = {"true": True, "1": True, "false": False, "0": False}.get((q.get("enabled_only") or "").lower())
         return ok(services.list_policies(enabled=True if enabled else None, name=q.get("name"),
                                          fragment_id=q.get("fragment_id"),
                                          limit=int_param(request, "limit", 100, 1, 100)))
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.create_policy(p, _document(request), cid=cid_of(request)), status=201)
 
 
@@ -125,9 +118,9 @@ def policies_view(request):
 def policy_detail(request, policy_id):
     p = principal_of(request)
     if request.method == "GET":
-        _check(p, "Policy", "Read")
+        rbac.check(p, "Policy", "Read")
         return ok(services.get_policy(policy_id))
-    _check(p, "Policy", "Delete")
+    rbac.check(p, "Policy", "Delete")
     return ok(services.delete_policy(p, policy_id, cid=cid_of(request)))
 
 
@@ -135,7 +128,7 @@ def policy_detail(request, policy_id):
 @api_view(["POST"])
 def policy_enable(request, policy_id):
     p = principal_of(request)
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.set_enabled(p, policy_id, True, cid=cid_of(request)))
 
 
@@ -143,7 +136,7 @@ def policy_enable(request, policy_id):
 @api_view(["POST"])
 def policy_disable(request, policy_id):
     p = principal_of(request)
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.set_enabled(p, policy_id, False, cid=cid_of(request)))
 
 
@@ -152,7 +145,7 @@ def policy_disable(request, policy_id):
 @api_view(["POST"])
 def policy_evaluate(request, policy_id):
     p = principal_of(request)
-    _check(p, "Policy", "Execute")
+    rbac.check(p, "Policy", "Execute")
     return ok(services.evaluate_policy(p, policy_id, cid=cid_of(request)), status=202)
 
 
@@ -164,7 +157,7 @@ def policy_evaluate(request, policy_id):
 @api_view(["POST"])
 def policy_remediate(request, policy_id):
     p = principal_of(request)
-    _check(p, "Policy", "Execute")
+    rbac.check(p, "Policy", "Execute")
     body = payload(request, REMEDIATE)
     return ok(services.remediate_policy(p, policy_id, body.get("agent_ids"), cid=cid_of(request)))
 
@@ -173,7 +166,7 @@ def policy_remediate(request, policy_id):
 @api_view(["POST"])
 def policy_invalidate(request, policy_id):
     p = principal_of(request)
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.invalidate(p, policy_id, cid=cid_of(request)))
 
 
@@ -181,7 +174,7 @@ def policy_invalidate(request, policy_id):
 @api_view(["POST"])
 def policies_invalidate_all(request):
     p = principal_of(request)
-    _check(p, "Policy", "Write")
+    rbac.check(p, "Policy", "Write")
     return ok(services.invalidate(p, cid=cid_of(request)))
 
 
@@ -189,14 +182,14 @@ def policies_invalidate_all(request):
           response=tool_output("get_fleet_compliance"))
 @api_view(["GET"])
 def compliance_view(request):
-    _check(principal_of(request), "Policy", "Read")
+    rbac.check(principal_of(request), "Policy", "Read")
     return ok(services.fleet_compliance())
 
 
 @contract("GET", "One policy's per-agent verdicts", response=ANY, query=[("limit", int, "1-10000, default 1000")])
 @api_view(["GET"])
 def compliance_detail(request, policy_id):
-    _check(principal_of(request), "Policy", "Read")
+    rbac.check(principal_of(request), "Policy", "Read")
     return ok(services.policy_statuses(policy_id, limit=int_param(request, "limit", 1000, 1, 10000)))
 
 
@@ -204,7 +197,7 @@ def compliance_detail(request, policy_id):
           response=tool_output("get_compliance_summary"))
 @api_view(["GET"])
 def compliance_summary(request, policy_id):
-    _check(principal_of(request), "Policy", "Read")
+    rbac.check(principal_of(request), "Policy", "Read")
     return ok(services.compliance_summary(policy_id))
 
 
@@ -216,9 +209,9 @@ def compliance_summary(request, policy_id):
 def rules_view(request):
     p = principal_of(request)
     if request.method == "GET":
-        _check(p, "GuaranteedState", "Read")
+        rbac.check(p, "GuaranteedState", "Read")
         return ok(services.list_rules())
-    _check(p, "GuaranteedState", "Write")
+    rbac.check(p, "GuaranteedState", "Write")
     return ok(services.create_rule(p, payload(request, RULE_CREATE), cid=cid_of(request)), status=201)
 
 
@@ -229,12 +222,12 @@ def rules_view(request):
 def rule_detail(request, rule_id):
     p = principal_of(request)
     if request.method == "GET":
-        _check(p, "GuaranteedState", "Read")
+        rbac.check(p, "GuaranteedState", "Read")
         return ok(services.get_rule(rule_id))
     if request.method == "PUT":
-        _check(p, "GuaranteedState", "Write")
+        rbac.check(p, "GuaranteedState", "Write")
         return ok(services.update_rule(p, rule_id, payload(request, RULE_UPDATE), cid=cid_of(request)))
-    _check(p, "GuaranteedState", "Delete")
+    rbac.check(p, "GuaranteedState", "Delete")
     return ok(services.delete_rule(p, rule_id, cid=cid_of(request)))
 
 
@@ -242,7 +235,7 @@ def rule_detail(request, rule_id):
 @api_view(["POST"])
 def rules_push(request):
     p = principal_of(request)
-    _check(p, "GuaranteedState", "Push")
+    rbac.check(p, "GuaranteedState", "Push")
     body = payload(request, PUSH)
     return ok(services.push(p, body.get("scope") or "", body.get("full_sync", True), cid=cid_of(request)),
               status=202)
@@ -254,7 +247,7 @@ def rules_push(request):
 @api_view(["GET"])
 def events_view(request):
     p = principal_of(request)
-    _check(p, "GuaranteedState", "Read")
+    rbac.check(p, "GuaranteedState", "Read")
     q = request.query_params
     return ok(services.list_events(rule_id=q.get("rule_id"), agent_id=q.get("agent_id"), severity=q.get("severity"),
                                    limit=int_param(request, "limit", 100, 1, 1000), principal=p,
@@ -264,21 +257,21 @@ def events_view(request):
 @contract("GET", "Guard states across the fleet", response=STATUS)
 @api_view(["GET"])
 def status_view(request):
-    _check(principal_of(request), "GuaranteedState", "Read")
+    rbac.check(principal_of(request), "GuaranteedState", "Read")
     return ok(services.guard_status())
 
 
 @contract("GET", "Guard states on one agent", response=STATUS)
 @api_view(["GET"])
 def agent_status_view(request, agent_id):
-    _check(principal_of(request), "GuaranteedState", "Read")
+    rbac.check(principal_of(request), "GuaranteedState", "Read")
     return ok(services.guard_status(agent_id))
 
 
 @contract("GET", "The Guardian guard-authoring catalogue (with an ETag)", response=tool_output("get_guardian_schemas"))
 @api_view(["GET"])
 def schemas_view(request):
-    _check(principal_of(request), "GuaranteedState", "Read")
+    rbac.check(principal_of(request), "GuaranteedState", "Read")
     text, etag = guardian.catalogue_text()
     if request.headers.get("If-None-Match") == etag:
         return HttpResponse(status=304, headers={"ETag": etag})
