@@ -21,6 +21,8 @@ def mcp_method_label(method: object, known: Container[str] = ()) -> str:
     if method is None:
         return "response"
     return method if isinstance(method, str) and (method in known or method in MCP_NOTIFICATIONS) else "unknown"
+
+
 MCP_TOOL_CALLS = Counter("yuzu_mcp_tool_calls_total", "MCP tools/call by tool and audit result", ["tool", "result"])
 MCP_TOOL_LATENCY = Histogram("yuzu_mcp_tool_call_duration_seconds", "MCP tools/call latency", ["tool"])
 MCP_SESSIONS_ACTIVE = Gauge("yuzu_mcp_sessions_active", "Live MCP sessions in this process")
