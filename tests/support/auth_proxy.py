@@ -65,11 +65,19 @@ class AuthProxy:
 
         def run():
             self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
             server = self._loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", self.port or 0))
             self.port = server.sockets[0].getsockname()[1]
             ready.set()
             self._loop.run_forever()
+            # Stopped: end every relay here, on this loop, then close it. Left pending, they were destroyed later
+            # by the garbage collector, logging "Task was destroyed but it is pending!" in whichever test ran then.
             server.close()
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name="auth-proxy")
         self._thread.start()
