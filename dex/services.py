@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, ManagementGroup, Tag, heartbeat_interval
-from fleet.services import in_service, visible_agents, visible_groups
+from fleet.services import visible_agents, visible_groups
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, YuzuError
@@ -49,10 +49,9 @@ def invalid(message, field, remediation):
 def visible(principal):
     """The Agent queryset the caller may read, or None for every device (a fleet-wide grant). A service-scoped
     token reads only the devices tagged service=<its service> (docs/tokens-and-rbac.md)."""
-    qs = None if rbac.group_scope(principal, "Infrastructure", "Read") is None else visible_agents(principal)
-    if principal.scope_service:
-        qs = in_service(principal, Agent.objects.all() if qs is None else qs)
-    return qs
+    if rbac.group_scope(principal, "Infrastructure", "Read") is None and not principal.scope_service:
+        return None
+    return visible_agents(principal)  # the caller's groups, and a service-scoped token's service
 
 
 def _confine(qs, principal, field="agent"):
