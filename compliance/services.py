@@ -215,8 +215,9 @@ def policy_statuses(policy_id, limit=1000):
 RULE_FIELDS = ("enabled", "enforcement_mode", "severity", "os_target", "scope_expr", "prerequisites")
 
 
-def _rule(rule_id):
-    rule = GuardRule.objects.filter(pk=rule_id).first() if isinstance(rule_id, str) else None
+def _rule(rule_id, *, lock=False):
+    qs = GuardRule.objects.select_for_update() if lock else GuardRule.objects
+    rule = qs.filter(pk=rule_id).first() if isinstance(rule_id, str) else None
     if rule is None:
         raise NotFound(f"guard rule not found: {str(rule_id)[:64]}")
     return rule
@@ -249,17 +250,19 @@ def create_rule(principal, data, cid=""):
 
 
 def update_rule(principal, rule_id, data, cid=""):
-    rule = _rule(rule_id)
-    _check_rule(data)
-    for k in RULE_FIELDS:
-        if k in data:
-            setattr(rule, k, data[k])
-    if "spec" in data:
-        rule.spec_json = data["spec"]
-    if "name" in data:
-        rule.name = data["name"]
+    """Read, change and save the rule under its row lock: a concurrent edit neither loses this one's change nor
+    shares its version, and a concurrent delete is never undone (save() would insert the row again)."""
     try:
         with transaction.atomic():
+            rule = _rule(rule_id, lock=True)
+            _check_rule(data)
+            for k in RULE_FIELDS:
+                if k in data:
+                    setattr(rule, k, data[k])
+            if "spec" in data:
+                rule.spec_json = data["spec"]
+            if "name" in data:
+                rule.name = data["name"]
             rule.save()
             rule.bump(principal.name)
     except IntegrityError:

@@ -3,6 +3,7 @@ the connection's agent id, the agent's guards."""
 
 import asyncio
 import time
+from functools import partial
 
 import pytest
 from channels.db import database_sync_to_async
@@ -13,7 +14,10 @@ from fleet.agent.guardian import Guardian
 from fleet.models import Agent
 from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import admin_client
+from tests.support.races import at_once
+from yuzu.errors import NotFound
 from yuzu.models import AuditEvent
+from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +141,33 @@ def test_reports_on_rules_an_agent_was_not_sent_or_over_budget_are_dropped(monke
         receivers.guardian_report(None, linux.pk, frame)
     assert GuardianEvent.objects.filter(agent=linux).count() == 3
     assert receivers.within_budget(linux.pk, now=time.monotonic() + 61)  # a minute later: room again
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_edits_of_a_rule_keep_both_changes_and_get_their_own_versions(make_user):
+    """Two edits at once each read the rule, then saved every column of what they had read: the later one put
+    back the earlier one's change, and its version too, so both answered version 2."""
+    p = Principal(user=make_user("root", "Administrator"))
+    for _ in range(20):  # the lost edit showed within a few rounds on PostgreSQL
+        rule_id = services.create_rule(p, dict(RULE))["rule_id"]
+        outcomes = at_once(partial(services.update_rule, p, rule_id, {"severity": "critical"}),
+                           partial(services.update_rule, p, rule_id, {"enabled": False}))
+        assert [kind for kind, _ in outcomes] == ["ok", "ok"], outcomes
+        assert sorted(out["version"] for _, out in outcomes) == [2, 3]
+        rule = GuardRule.objects.get(pk=rule_id)
+        assert (rule.version, rule.severity, rule.enabled) == (3, "critical", False)
+        rule.delete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_edit_racing_a_delete_never_brings_the_rule_back(make_user):
+    """An edit saved a rule deleted since it read it: Django's save() found no row to update and inserted it
+    again, so the delete answered deleted and the rule was still there."""
+    p = Principal(user=make_user("root", "Administrator"))
+    for _ in range(20):
+        rule_id = services.create_rule(p, dict(RULE))["rule_id"]
+        edit, delete = at_once(partial(services.update_rule, p, rule_id, {"severity": "critical"}),
+                               partial(services.delete_rule, p, rule_id))
+        assert delete[0] == "ok", delete
+        assert edit[0] == "ok" or isinstance(edit[1], NotFound), edit
+        assert not GuardRule.objects.filter(pk=rule_id).exists()
