@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from yuzu import rbac, secrets
@@ -131,27 +131,34 @@ def plan_create_engine_principal(principal: rbac.Principal, args: dict[str, Any]
     pid = args["principal_id"]
     _human(args["owner_username"], "owner_username")
     if EnginePrincipal.objects.filter(pk=pid).exists() or get_user_model().objects.filter(username=pid).exists():
-        raise YuzuError(f"engine principal {pid} already exists (ids are never reused, even once revoked)")
+        raise _taken(pid)
     return Plan(summary=f"Register engine principal {pid} ('{args['display_name']}', {args['classification']}), "
                         f"owned by {args['owner_username']}: {args['justification']}",
                 value=dict(args), risk="additive",
                 facts={k: args[k] for k in ("principal_id", "owner_username", "classification", "justification")})
 
 
+def _taken(pid: str) -> YuzuError:
+    return YuzuError(f"engine principal {pid} already exists (ids are never reused, even once revoked)")
+
+
 def create_engine_principal(principal: rbac.Principal, *, cid: str = "",
                             plan: Plan[dict[str, Any]]) -> dict[str, Any]:
     a = plan.value
-    with transaction.atomic():
-        owner = _human(a["owner_username"], "owner_username")
-        account = get_user_model()(username=a["principal_id"], is_active=True, is_staff=False)
-        account.set_unusable_password()
-        account.save()
-        ep = EnginePrincipal.objects.create(principal_id=a["principal_id"], account=account,
-                                            display_name=a["display_name"], owner=owner,
-                                            justification=a["justification"], classification=a["classification"],
-                                            created_by=principal.name)
-        audit(principal, "engine_principal.create", "success", target_type="EnginePrincipal", target_id=ep.pk,
-              detail=f"owner={owner.get_username()} classification={ep.classification}", correlation_id=cid)
+    try:
+        with transaction.atomic():
+            owner = _human(a["owner_username"], "owner_username")
+            account = get_user_model()(username=a["principal_id"], is_active=True, is_staff=False)
+            account.set_unusable_password()
+            account.save()
+            ep = EnginePrincipal.objects.create(principal_id=a["principal_id"], account=account,
+                                                display_name=a["display_name"], owner=owner,
+                                                justification=a["justification"],
+                                                classification=a["classification"], created_by=principal.name)
+            audit(principal, "engine_principal.create", "success", target_type="EnginePrincipal", target_id=ep.pk,
+                  detail=f"owner={owner.get_username()} classification={ep.classification}", correlation_id=cid)
+    except IntegrityError:  # a concurrent create of the same id passed its plan's check too, and committed first
+        raise _taken(a["principal_id"]) from None
     return {k: ep.to_dict()[k] for k in ("principal_id", "display_name", "owner_username", "classification",
                                          "lifecycle_state", "created_at")}
 

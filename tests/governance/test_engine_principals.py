@@ -2,6 +2,8 @@
 credentials on /mcp/v1/ through the ordinary token machinery, never-admin, the structural denial belt, rotation
 with its overlap, retry window and confirmation (incl. the pre-consume precondition of an approved recall)."""
 
+from functools import partial
+
 import pytest
 from django.test import Client
 
@@ -9,6 +11,7 @@ from approvals.models import Approval
 from governance.models import EnginePrincipal, EngineRotation
 from tests.support.approvals import approve
 from tests.support.mcp_http import McpClient
+from tests.support.races import at_once
 from yuzu.models import ApiToken, AuditEvent, Role, RolePermission
 from yuzu.rbac import ALL
 
@@ -220,3 +223,25 @@ def test_the_sweep_ends_an_overlap_only_once_the_successor_is_used(admin):
     e = err(admin.call("confirm_engine_rotation", {"principal_id": "engine:patch-bot", "token_id": succ["token_id"],
                                                    "secret": succ["raw_token"]}))
     assert e["message"] == "rotation already confirmed"
+
+
+def test_two_creates_of_one_id_at_once_register_it_once_and_refuse_the_other_clearly(mint, make_user):
+    """Both creates passed the plan's "already exists" check before either wrote: the later one's account hit the
+    unique username and answered 500 with an IntegrityError."""
+    make_user("owen")
+    raw = mint("root", role="Administrator")
+
+    def create(slug):
+        body = {k: v for k, v in NEW.items() if k != "principal_id"} | {"slug": slug}
+        return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", raise_request_exception=False).post(
+            "/api/v1/engine-principals", body, content_type="application/json")
+
+    for n in range(10):  # the 500 showed within a few rounds on PostgreSQL
+        slug = f"patch-bot-{n}"
+        answers = at_once(partial(create, slug), partial(create, slug))
+        assert all(kind == "ok" for kind, _ in answers), answers
+        assert sorted(r.status_code for _, r in answers) == [201, 400], [r.content[:300] for _, r in answers]
+        refused = next(r for _, r in answers if r.status_code == 400).json()
+        assert f"engine principal engine:{slug} already exists" in str(refused)
+    assert EnginePrincipal.objects.count() == 10
+    assert AuditEvent.objects.filter(action="engine_principal.create", result="success").count() == 10
