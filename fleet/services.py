@@ -6,7 +6,7 @@ from operator import itemgetter
 import orjson
 from django.contrib.auth import get_user_model
 from django.core.exceptions import EmptyResultSet, ValidationError
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -242,7 +242,7 @@ def plan_create_group(principal, *, name, description="", parent_id=None,
         raise ValidationError({"scope_expression": "a dynamic group needs a scope_expression"})
     parent = _pinned_group(principal, parent_id, pinned, "parent") if parent_id else None
     if ManagementGroup.objects.filter(name=name).exists():
-        raise ValidationError({"name": f"a group named '{name}' already exists"})
+        raise _name_taken(name)
     fields = {"name": name, "description": description or "", "parent": parent, "membership_type": membership_type,
               "scope_expression": scope_expression or ""}
     summary = (f"Create {membership_type} management group '{name}'" + (f" under '{parent.name}'" if parent else "")
@@ -250,9 +250,24 @@ def plan_create_group(principal, *, name, description="", parent_id=None,
     return Plan(summary=summary, value=fields, pins={"parent": parent.pk} if parent else {}, risk="write")
 
 
+def _name_taken(name):
+    return ValidationError({"name": f"a group named '{name}' already exists"})
+
+
+def _unique_name(write, name):
+    """Run ``write``; a concurrent write that took ``name`` since the plan checked it is the plan's refusal."""
+    try:
+        with transaction.atomic():
+            return write()
+    except IntegrityError:
+        if name is not None and ManagementGroup.objects.filter(name=name).exists():
+            raise _name_taken(name) from None
+        raise
+
+
 def create_group(principal, *, cid="", plan=None, **request):
     fields = (plan or plan_create_group(principal, **request)).value
-    g = ManagementGroup.objects.create(created_by=principal.name, **fields)
+    g = _unique_name(lambda: ManagementGroup.objects.create(created_by=principal.name, **fields), fields["name"])
     audit(principal, "management_group.create", "success", target_type="ManagementGroup", target_id=g.id,
           detail=f"name={g.name}", correlation_id=cid)
     return group_view(g)
@@ -273,7 +288,7 @@ def plan_update_group(principal, group_id, *, pinned=None, **fields):
         fields["parent"] = parent
         fields.pop("parent_id")
     if "name" in fields and ManagementGroup.objects.exclude(pk=g.pk).filter(name=fields["name"]).exists():
-        raise ValidationError({"name": f"a group named '{fields['name']}' already exists"})
+        raise _name_taken(fields["name"])
     changes = ", ".join(f"{k} → {getattr(v, 'name', v)!r}" for k, v in sorted(fields.items())) or "nothing"
     pins = {"group": g.pk, **({"parent": fields["parent"].pk} if fields.get("parent") else {})}
     return Plan(summary=f"Update management group '{g.name}': {changes}"[:1000], value=(g, fields), pins=pins,
@@ -282,9 +297,13 @@ def plan_update_group(principal, group_id, *, pinned=None, **fields):
 
 def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
     g, fields = (plan or plan_update_group(principal, group_id, **fields)).value
-    for k, v in fields.items():
-        setattr(g, k, v)
-    g.save()
+
+    def write():
+        for k, v in fields.items():
+            setattr(g, k, v)
+        g.save()
+
+    _unique_name(write, fields.get("name"))
     audit(principal, "management_group.update", "success", target_type="ManagementGroup", target_id=g.id,
           detail=",".join(sorted("parent_id" if k == "parent" else k for k in fields)), correlation_id=cid)
     return group_view(g)
