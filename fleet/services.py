@@ -7,6 +7,7 @@ import orjson
 from django.contrib.auth import get_user_model
 from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from yuzu import rbac
 from yuzu.audit import audit
@@ -254,6 +255,17 @@ def _name_taken(name):
     return ValidationError({"name": f"a group named '{name}' already exists"})
 
 
+def _check_not_own_ancestor(g, parent):
+    """Refuse ``parent`` when ``g`` is it or one of its ancestors (the tree as the database holds it now)."""
+    parents = dict(ManagementGroup.objects.values_list("id", "parent_id"))
+    p, seen = parent and parent.pk, set()
+    while p is not None and p not in seen:
+        if p == g.pk:
+            raise ValidationError({"parent_id": "a group cannot be its own ancestor"})
+        seen.add(p)
+        p = parents.get(p)
+
+
 def _unique_name(write, name):
     """Run ``write``; a concurrent write that took ``name`` since the plan checked it is the plan's refusal."""
     try:
@@ -280,11 +292,7 @@ def plan_update_group(principal, group_id, *, pinned=None, **fields):
     _validate_group_fields(fields)
     if "parent_id" in fields:
         parent = _pinned_group(principal, fields["parent_id"], pinned, "parent") if fields["parent_id"] else None
-        p = parent
-        while p is not None:
-            if p.pk == g.pk:
-                raise ValidationError({"parent_id": "a group cannot be its own ancestor"})
-            p = p.parent
+        _check_not_own_ancestor(g, parent)
         fields["parent"] = parent
         fields.pop("parent_id")
     if "name" in fields and ManagementGroup.objects.exclude(pk=g.pk).filter(name=fields["name"]).exists():
@@ -296,14 +304,19 @@ def plan_update_group(principal, group_id, *, pinned=None, **fields):
 
 
 def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
+    """Writes only the fields asked for (a concurrent edit of the others stands); a new parent is checked again
+    with every group locked, so two re-parentings at once cannot make a cycle that each alone would not."""
     g, fields = (plan or plan_update_group(principal, group_id, **fields)).value
 
     def write():
-        for k, v in fields.items():
-            setattr(g, k, v)
-        g.save()
+        if "parent" in fields:  # every group locked, in one order: one re-parenting at a time
+            list(ManagementGroup.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
+            _check_not_own_ancestor(g, fields["parent"])
+        if not ManagementGroup.objects.filter(pk=g.pk).update(updated_at=timezone.now(), **fields):
+            raise NotFound(f"management group not found: {g.pk}")
 
     _unique_name(write, fields.get("name"))
+    g.refresh_from_db()
     audit(principal, "management_group.update", "success", target_type="ManagementGroup", target_id=g.id,
           detail=",".join(sorted("parent_id" if k == "parent" else k for k in fields)), correlation_id=cid)
     return group_view(g)
