@@ -126,20 +126,25 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
     window (the last third of its life). While a revocation of the agent's certificate stands and it has no
     active one, re-issue is blocked (audited). Returns (the IssuedCert, the CA chain PEM); raises
     pki.ca.CertError."""
-    mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
-    active = mine.active()
-    if proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists():
-        CA_REISSUE_BLOCKED.inc()
-        audit(f"agent:{agent_id}", "ca.cert.reissue_blocked", "denied", target_type="Agent", target_id=agent_id,
-              detail="the agent's certificate is revoked")
-        raise ca.CertError("re-issue is blocked: this agent's certificate was revoked")
-    if proved_serial is not None:
-        row = active.filter(pk=proved_serial).first()
-        if row is not None and timezone.now() < row.issued_at + (row.not_after - row.issued_at) * 2 / 3:
-            raise ca.CertError("the current certificate is not yet due for renewal")
-    elif active.exists():
-        raise ca.CertError("this agent already holds a certificate")
-    return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem)), ca.authority().cert_pem
+    with transaction.atomic():
+        # One enrolment of an agent at a time (its row locked): two connections enrolling at once each found no
+        # active certificate, and the agent held two.
+        Agent.objects.select_for_update().filter(pk=agent_id).first()
+        mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
+        active = mine.active()
+        blocked = proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists()
+        if not blocked:
+            if proved_serial is not None:
+                row = active.filter(pk=proved_serial).first()
+                if row is not None and timezone.now() < row.issued_at + (row.not_after - row.issued_at) * 2 / 3:
+                    raise ca.CertError("the current certificate is not yet due for renewal")
+            elif active.exists():
+                raise ca.CertError("this agent already holds a certificate")
+            return ca.issue_agent_cert(agent_id, ca.load_csr(csr_pem)), ca.authority().cert_pem
+    CA_REISSUE_BLOCKED.inc()  # audited outside the transaction: the refusal's row must outlive it
+    audit(f"agent:{agent_id}", "ca.cert.reissue_blocked", "denied", target_type="Agent", target_id=agent_id,
+          detail="the agent's certificate is revoked")
+    raise ca.CertError("re-issue is blocked: this agent's certificate was revoked")
 
 
 def heartbeats(beats):

@@ -6,6 +6,7 @@ on reconnect, and what a peer without the key gets."""
 import base64
 import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from channels.db import database_sync_to_async
@@ -14,10 +15,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from django.utils import timezone
 
+from fleet import identity
 from fleet.agent.client import proof, renewal_due
+from fleet.models import Agent
 from pki import ca, services
 from pki.models import IssuedCert
+from tests.pki.test_ca import csr_for, keypair
 from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg, send
+from tests.support.races import at_once
 from yuzu.models import AuditEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
@@ -192,3 +197,17 @@ def test_renewal_in_the_last_third_of_the_certificate_life():
     old, new_pem = __import__("asyncio").run(scenario())
     assert IssuedCert.objects.get(pk=old).status == "active"  # the old one runs out on its own
     assert not renewal_due(new_pem) and renewal_due(new_pem, now=time.time() + 250 * 86400)
+
+
+def test_one_agent_enrolling_on_two_connections_at_once_gets_one_certificate():
+    """Each enrolment found no active certificate before the other had written its own: the agent held two (or
+    three) live certificates, where one is the rule and a revocation of the one shown leaves the other working."""
+    ca.authority()
+    for n in range(5):  # the extra certificates showed in the first round on PostgreSQL
+        agent_id = f"{n:032x}"
+        Agent.objects.create(agent_id=agent_id, hostname=agent_id)
+        csrs = [csr_for(keypair()) for _ in range(3)]
+        outcomes = at_once(*[partial(identity.enroll_certificate, agent_id, csr, None) for csr in csrs])
+        assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
+        assert all(str(exc) == "this agent already holds a certificate" for kind, exc in outcomes if kind == "error")
+        assert IssuedCert.objects.filter(agent_id=agent_id).count() == 1
