@@ -13,7 +13,7 @@ from yuzu.errors import YuzuError
 from yuzu.plans import Plan
 
 from . import ca
-from .models import IssuedCert
+from .models import CaRoot, IssuedCert
 
 MAX_ACTIVE_PER_SIGNER = 20
 
@@ -81,16 +81,20 @@ def revoke_certificate(principal, serial_hex=None, reason="", *, cid="", plan=No
 
 # --- issue a code-signing certificate ---------------------------------------------------------------
 
+def _within_cap(signer_name):
+    active = IssuedCert.objects.active().filter(purpose="code-signing", signer_name=signer_name).count()
+    if active >= MAX_ACTIVE_PER_SIGNER:
+        raise YuzuError(f"signer '{signer_name}' already has {active} active code-signing certificates; revoke old "
+                        "ones first")
+
+
 def plan_issue_code_signing_cert(principal, csr_pem, signer_name, justification, validity_days=365, pinned=None):
     _fleet_wide(principal, "Write")
     try:
         csr = ca.load_csr(csr_pem, curves=(ec.SECP256R1, ec.SECP384R1))
     except ca.CertError as exc:
         raise YuzuError(str(exc)) from None
-    active = IssuedCert.objects.active().filter(purpose="code-signing", signer_name=signer_name).count()
-    if active >= MAX_ACTIVE_PER_SIGNER:
-        raise YuzuError(f"signer '{signer_name}' already has {active} active code-signing certificates; revoke old "
-                        "ones first")
+    _within_cap(signer_name)
     fingerprint = ca.key_fingerprint(csr)
     if pinned and pinned.get("csr_key") != fingerprint:
         raise YuzuError("the approval was for another CSR")
@@ -103,6 +107,12 @@ def plan_issue_code_signing_cert(principal, csr_pem, signer_name, justification,
 
 def issue_code_signing_cert(principal, *, cid="", plan):
     csr, signer_name, validity_days, justification = plan.value
-    row = ca.issue_code_signing_cert(csr, signer_name, validity_days, principal.name, justification)
+    ca.authority()
+    with transaction.atomic():
+        # Code-signing issues one at a time (the CA row locked), the cap counted again: issues at once each
+        # counted before the others had written, and together went past it.
+        CaRoot.objects.select_for_update().get(pk=1)
+        _within_cap(signer_name)
+        row = ca.issue_code_signing_cert(csr, signer_name, validity_days, principal.name, justification)
     return {"serial_hex": row.serial_hex, "subject": row.subject, "not_after": int(row.not_after.timestamp()),
             "cert_pem": row.cert_pem, "chain_pem": ca.authority().cert_pem, "purpose": "code-signing"}

@@ -4,6 +4,7 @@ revoked certificate gets, the CRL, revocation through the approval gate, code-si
 
 import base64
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from cryptography import x509
@@ -18,6 +19,7 @@ from pki import ca, services
 from pki.models import CaRoot, CrlVersion, IssuedCert
 from tests.support.approvals import approve, error_of, result_of
 from tests.support.mcp_http import McpClient
+from tests.support.races import at_once
 from yuzu.errors import PermissionDenied, YuzuError
 from yuzu.models import AuditEvent
 
@@ -281,6 +283,26 @@ def test_issue_code_signing_cert(mint, approver):
     assert out["chain_pem"] == ca.authority().cert_pem and out["purpose"] == "code-signing"
     row = IssuedCert.objects.get(pk=out["serial_hex"])
     assert row.issued_by == "rel" and row.signer_name == "release-team"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_issues_at_once_for_one_signer_stay_within_its_cap(mint, monkeypatch):
+    """Each issue counted the signer's active certificates before the others had written theirs: at the cap less
+    one, three issues at once all passed and the signer held two more than the cap."""
+    monkeypatch.setattr(services, "MAX_ACTIVE_PER_SIGNER", 1)
+    raw = mint("rel", "Administrator")
+    ca.authority()
+
+    def issue(signer):
+        body = {"csr_pem": csr_for(keypair()), "signer_name": signer, "validity_days": 30, "justification": "j"}
+        return Client(HTTP_AUTHORIZATION=f"Bearer {raw}", raise_request_exception=False).post(
+            "/api/v1/ca/issue", body, content_type="application/json")
+
+    for n in range(5):  # three at once went through in the first round on PostgreSQL
+        signer = f"release-{n}"
+        answers = at_once(*[partial(issue, signer)] * 3)
+        assert sorted(r.status_code for _, r in answers) == [201, 400, 400], [r.content[:200] for _, r in answers]
+        assert IssuedCert.objects.filter(signer_name=signer).count() == 1
 
 
 def test_crl_refresh_near_next_update_and_the_expiring_metric(principal):
