@@ -150,13 +150,18 @@ def collect(run, now=None):
     with transaction.atomic():
         if not run.claim_collection(now):
             return 0
+        alive = set(Agent.objects.filter(pk__in=run.agent_ids).values_list("pk", flat=True))
+        # Every verdict row exists before it is locked (inserted in one order, a concurrent insert waited for):
+        # two runs of one policy collected at once each found no row for a new agent, and the second insert
+        # failed the whole collection on the unique (policy, agent).
+        PolicyAgentStatus.objects.bulk_create([PolicyAgentStatus(policy_id=run.policy_id, agent_id=agent_id)
+                                               for agent_id in sorted(alive)], ignore_conflicts=True)
         rows = {r.agent_id: r for r in PolicyAgentStatus.objects.select_for_update().filter(
             policy_id=run.policy_id, agent_id__in=run.agent_ids)}
-        alive = set(Agent.objects.filter(pk__in=run.agent_ids).values_list("pk", flat=True))
         for agent_id in run.agent_ids:
             if agent_id not in alive:
                 continue  # deleted since the dispatch
-            row = rows.get(agent_id) or PolicyAgentStatus(policy_id=run.policy_id, agent_id=agent_id)
+            row = rows[agent_id]
             response = answers.get(agent_id)
             if run.phase == PolicyRun.Phase.FIX:
                 if response is not None and response.status == AgentState.SUCCESS:

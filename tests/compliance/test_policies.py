@@ -8,6 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from channels.db import database_sync_to_async
@@ -27,6 +28,7 @@ from operations.models import PluginKillSwitch
 from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import FRAGMENT, POLICY, admin_client, agents, answer, make_policy, nothing_written
 from tests.support.fuzz import NASTY_STRINGS
+from tests.support.races import at_once
 from yuzu.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -401,6 +403,23 @@ def test_evaluators_racing_dispatch_a_due_policy_once_and_write_a_run_once():
     with ThreadPoolExecutor(4) as pool:
         assert [c for c, _ in pool.map(tick, [later] * 4)].count(1) == 1
     assert PolicyAgentStatus.objects.get().status == "compliant"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runs_of_a_policy_collected_at_once_both_write_their_verdicts():
+    """Two runs checking a new agent (its startup check and the interval's, say), collected by two evaluators at
+    the same instant: each found no verdict row and inserted one, and the second collection failed on the unique
+    (policy, agent) — an IntegrityError with its traceback in the log, the run left for the next tick."""
+    agents("a1")
+    policy = make_policy()
+    for _ in range(5):  # the failed collection showed within two rounds on PostgreSQL
+        PolicyAgentStatus.objects.all().delete()
+        runs = [engine.dispatch(policy, PolicyRun.Phase.CHECK, ["a1"]) for _ in range(2)]
+        for run in runs:
+            answer(run, "a1", output={"exists": True, "world_writable": False})
+        now = timezone.now()
+        assert at_once(*[partial(engine.collect, run, now) for run in runs]) == [("ok", 1), ("ok", 1)]
+        assert PolicyAgentStatus.objects.get().status == "compliant"
 
 
 def test_a_group_kill_switch_holds_its_agents_out_of_checks_and_fixes_at_no_cost(caplog):
