@@ -175,8 +175,9 @@ def list_schedules(principal, enabled_only=False, full=False):
                           for r in rows]}
 
 
-def _row(schedule_id):
-    row = InstructionSchedule.objects.filter(pk=schedule_id).first() if str(schedule_id).isdecimal() else None
+def _row(schedule_id, *, lock=False):
+    qs = InstructionSchedule.objects.select_for_update() if lock else InstructionSchedule.objects
+    row = qs.filter(pk=schedule_id).first() if str(schedule_id).isdecimal() else None
     if row is None:
         raise YuzuError(f"Schedule not found: {schedule_id}", status=404, rpc_code=-32602)
     return row
@@ -186,11 +187,14 @@ def enable_schedule(principal, schedule_id, enabled, *, cid=""):
     rbac.check(principal, "Schedule", "Write", any_scope=True)
     if not isinstance(enabled, bool):
         raise invalid("enabled must be true or false")
-    row = _row(schedule_id)
-    row.enabled = enabled
-    if enabled and row.next_execution_at is None and row.frequency_type != "once":
-        row.next_execution_at = row.next_after(timezone.now())
-    row.save(update_fields=["enabled", "next_execution_at"])
+    with transaction.atomic():
+        # Under the row lock (a tick skips it meanwhile): a tick that fired the schedule between a plain read and
+        # this write had moved its next run on, and the write put it back — the next tick fired it again.
+        row = _row(schedule_id, lock=True)
+        row.enabled = enabled
+        if enabled and row.next_execution_at is None and row.frequency_type != "once":
+            row.next_execution_at = row.next_after(timezone.now())
+        row.save(update_fields=["enabled", "next_execution_at"])
     audit(principal, "schedule.enable", "success", target_type="InstructionSchedule", target_id=row.id,
           detail=f"enabled={enabled}", correlation_id=cid)
     return row.to_dict()

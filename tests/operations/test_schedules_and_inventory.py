@@ -2,6 +2,7 @@
 software inventory and licences (paged reports, hash-skip, version comparison, confinement, no user_ref on MCP)."""
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -14,6 +15,7 @@ from operations import inventory, schedules
 from operations.models import DetectedLicense, InstalledSoftware, InstructionSchedule, InventoryState
 from tests.operations.conftest import Caller
 from tests.support.agent_ws import enrolled_agent, mint_device_token, until
+from tests.support.races import at_once
 from yuzu.models import AuditEvent
 from yuzu.rbac import Principal
 
@@ -89,6 +91,23 @@ def test_missed_runs_coalesce_into_one(agent, definition, principal):
     schedules.tick()
     assert Execution.objects.count() == 1
     assert InstructionSchedule.objects.get(pk=row["id"]).next_execution_at > timezone.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enabling_a_schedule_while_a_tick_fires_it_does_not_make_it_fire_again(agent, definition, principal):
+    """enable_schedule read the row, then wrote its next run as read: a tick that fired the schedule meanwhile had
+    moved the next run an interval on, and the stale write put it back in the past — the next tick fired it
+    again, two runs in one interval."""
+    boss = principal("boss", "Administrator")
+    row = schedules.create_schedule(boss, {"name": "s", "definition_id": "up", "frequency_type": "interval",
+                                           "interval_minutes": 60})
+    for n in range(1, 11):  # the second run showed in a third of the rounds on PostgreSQL
+        InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now() - timedelta(seconds=1))
+        outcomes = at_once(schedules.tick, partial(schedules.enable_schedule, boss, row["id"], True))
+        assert [kind for kind, _ in outcomes] == ["ok", "ok"], outcomes
+        schedules.tick()  # whether the racing tick fired it or skipped the locked row, this makes one run in all
+        assert Execution.objects.count() == n
+        assert InstructionSchedule.objects.get(pk=row["id"]).next_execution_at > timezone.now()
 
 
 def test_list_schedules_tool(agent, definition, principal, mcp):
