@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.db import DatabaseError, connections
@@ -26,14 +27,17 @@ from approvals.gate import (
     canonical_args,
 )
 from approvals.models import APPROVAL_LIFETIME, Approval
+from approvals.services import withdraw
 from fleet.models import Agent, Tag
 from mcp.pipeline import approval_gate, set_approval_gate
 from mcp.registry import catalogue
-from tests.support.approvals import PASSWORD, approve, error_of, result_of
+from tests.support.approvals import PASSWORD, approve, approver_principal, error_of, result_of
 from tests.support.mcp_http import request
 from tests.support.otp import code, next_code
+from tests.support.races import at_once
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.models import AuditEvent
+from yuzu.rbac import Principal
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("release_worker_connections")]
 
@@ -218,6 +222,23 @@ def test_fifty_concurrent_recalls_run_the_handler_exactly_once(mcp, tagged_agent
     assert len(denied) == n - 1
     assert all(re.search(r"refused:(replay|lost_race)$", a.detail) for a in denied)
     assert Approval.objects.get(pk=tid).consumed_by == "alice"
+
+
+def test_approve_reject_and_withdraw_at_once_decide_a_ticket_once(mcp, tagged_agent, approver, make_user):
+    """Two reviewers and the submitter act on one pending ticket at the same instant: the ticket's row lock makes
+    them take turns, so exactly one decision stands and the others are told the ticket is no longer pending."""
+    alice = mcp("alice")
+    dave = approver_principal(make_user, "dave", "Approver")
+    submitter = Principal(user=make_user("alice"))
+    for _ in range(5):
+        tid = mint_ticket(alice)
+        outcomes = at_once(partial(approve, approver, tid), partial(approve, dave, tid, Approval.REJECTED),
+                           partial(withdraw, submitter, tid))
+        assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
+        assert all(re.match(r"only (a )?pending", str(e)) for kind, e in outcomes if kind == "error"), outcomes
+        status = next(out["status"] for kind, out in outcomes if kind == "ok")
+        assert Approval.objects.get(pk=tid).status == status
+        Approval.objects.filter(pk=tid).delete()
 
 
 def test_schema_invalid_recall_consumes_nothing(mcp, tagged_agent, approver):

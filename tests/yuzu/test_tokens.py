@@ -1,11 +1,13 @@
 """API tokens: hashing, expiry, revocation, the 90-day MCP cap and rotation with overlap."""
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from tests.support.races import at_once
 from yuzu import tokens
 from yuzu.auth import AuthError, principal_for_token
 from yuzu.models import ApiToken, hash_secret
@@ -104,6 +106,19 @@ def test_rotation_refuses_twice_and_foreign_tokens(make_user):
 
 def _tiered(user, tier, days):
     return ApiToken.mint(user, f"{tier}-{days}", mcp_tier=tier, expires_at=timezone.now() + timedelta(days=days))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rotations_of_one_token_at_once_leave_one_successor(make_user):
+    """Three rotations released together: the token's row lock makes them take turns, so the first mints the
+    successor and the others find it and are refused — never two live successors of one token."""
+    alice = make_user("alice", "Operator")
+    for _ in range(5):
+        t, _ = ApiToken.mint(alice, "x", expires_at=timezone.now() + timedelta(days=3))
+        outcomes = at_once(*[partial(tokens.rotate_token, Principal(user=alice), t.id)] * 3)
+        assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
+        assert all("already has a successor" in str(e) for kind, e in outcomes if kind == "error"), outcomes
+        assert ApiToken.objects.filter(rotated_from=t).count() == 1
 
 
 def test_operator_token_cannot_rotate_its_owners_untiered_token(make_user):
