@@ -89,19 +89,23 @@ def _claim(execution_id):
     conditional UPDATE … RETURNING, so a claim is one statement however many agents it takes. The picked
     ids are a materialized CTE (PostgreSQL may otherwise re-run an ``IN (SELECT … LIMIT)`` subquery and
     take more than the limit); it skips rows another worker has locked (PostgreSQL; SQLite has one writer
-    at a time), and the ``status = pending`` re-check means a row is claimed by exactly one worker. Claiming before
-    sending means a crash between the two leaves the agent unacknowledged, which the next check re-sends."""
+    at a time), and the ``status = pending`` re-check means a row is claimed by exactly one worker. The same
+    statement requires the execution to be running: a cancel committed after the caller's own check withheld
+    the pending agents, and must not see them sent. Claiming before sending means a crash between the two
+    leaves the agent unacknowledged, which the next check re-sends."""
     q = connection.ops.quote_name
-    table = q(AgentExecStatus._meta.db_table)
+    table, executions = q(AgentExecStatus._meta.db_table), q(Execution._meta.db_table)
     lock = " FOR UPDATE SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH picked AS MATERIALIZED (SELECT {q('id')} FROM {table} WHERE {q('execution_id')} = %s AND "
-            f"{q('status')} = %s ORDER BY {q('id')} LIMIT %s{lock}) "
+            f"{q('status')} = %s AND EXISTS (SELECT 1 FROM {executions} WHERE {q('id')} = %s AND {q('status')} = %s) "
+            f"ORDER BY {q('id')} LIMIT %s{lock}) "
             f"UPDATE {table} SET {q('status')} = %s, {q('attempts')} = 1, {q('last_sent_at')} = %s "
             f"WHERE {q('id')} IN (SELECT {q('id')} FROM picked) AND {q('status')} = %s RETURNING {q('agent_id')}",
-            [execution_id, AgentState.PENDING, CLAIM_BATCH, AgentState.DISPATCHED, now, AgentState.PENDING])
+            [execution_id, AgentState.PENDING, execution_id, Execution.Status.RUNNING, CLAIM_BATCH,
+             AgentState.DISPATCHED, now, AgentState.PENDING])
         return [agent_id for (agent_id,) in cursor.fetchall()]
 
 

@@ -91,3 +91,26 @@ def test_a_claim_leaves_other_executions_and_other_states_alone(execution):
     assert len(tasks._claim(execution.id)) == N - 1
     assert AgentExecStatus.objects.get(execution=other).status == AgentState.PENDING
     assert AgentExecStatus.objects.get(execution=execution, agent_id="c001").attempts == 0
+
+
+def test_a_cancel_between_the_running_check_and_the_claim_sends_nothing(execution, monkeypatch):
+    """dispatch_execution checks that the execution runs, then claims a batch: a cancel committed in between
+    withheld the pending agents (Execution.cancel: "never sent the command") and the claim took and sent them
+    anyway. The claim itself now requires a running execution."""
+    sent = []
+
+    async def record(agent_ids, message):
+        sent.extend(agent_ids)
+
+    claim = tasks._claim
+
+    def cancelled_first(execution_id):  # the cancel lands in the window, every time
+        assert Execution.objects.get(pk=execution_id).cancel("operator stop") == (True, N)
+        return claim(execution_id)
+
+    monkeypatch.setattr(tasks, "send_to_agents", record)
+    monkeypatch.setattr(tasks, "_schedule", lambda *a: None)
+    monkeypatch.setattr(tasks, "_claim", cancelled_first)
+    assert tasks.dispatch_execution(execution.id) == 0 and sent == []
+    assert set(AgentExecStatus.objects.filter(execution=execution).values_list("status", "error_detail")) == {
+        (AgentState.PENDING, "cancelled before dispatch")}
