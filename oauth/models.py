@@ -88,6 +88,9 @@ class Authorization(models.Model):
         expires = min(expires, self.expires_at)
         raw = TOKEN_PREFIX + secrets.token_hex(32)
         if self.api_token is None:
+            # One first issue per person at a time (their row locked until the issuing transaction commits): two
+            # consents exchanged at once each found no earlier connection and both minted, leaving two.
+            type(self.user).objects.select_for_update().filter(pk=self.user_id).first()
             previous = (Authorization.objects.filter(user=self.user, application=self.application,
                                                      audience=self.audience, revoked_at__isnull=True,
                                                      api_token__revoked_at__isnull=True)

@@ -7,6 +7,7 @@ in a real browser against `serve`: tests/e2e/test_oauth_e2e.py."""
 import json
 import threading
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.test import override_settings
@@ -30,6 +31,7 @@ from tests.support.oauth_flow import (
     signed_in,
     token_request,
 )
+from tests.support.races import at_once
 from yuzu.models import ApiToken, AuditEvent, hash_secret
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -294,6 +296,22 @@ def test_a_new_consent_for_the_same_client_takes_the_connection_over(person):
     connect(browser, client_id=flow.client_id, resource=BRIDGE)
     connect(person("bob"), client_id=flow.client_id)
     assert ApiToken.objects.exclude(audience="api").count() == 3
+
+
+def test_two_consents_for_one_client_exchanged_at_once_still_make_one_connection(person):
+    """Both code exchanges looked for the person's earlier connection of that client before either had written
+    its own, found none, and each minted a token: two live connections (and API tokens) where one after the
+    other makes one — the second taking the first's token over."""
+    browser = person()
+    for n in range(1, 6):  # two connections in most rounds on PostgreSQL
+        flows = [Flow(registered()["client_id"])]
+        flows.append(Flow(flows[0].client_id))
+        codes = [flow.approve(browser) for flow in flows]
+        answers = at_once(*[partial(flow.exchange, code) for flow, code in zip(flows, codes, strict=True)])
+        assert [r.status_code for _, r in answers] == [200, 200], answers
+        live = Authorization.objects.filter(application__client_id=flows[0].client_id, revoked_at__isnull=True)
+        assert live.count() == 1
+        assert ApiToken.objects.filter(audience="mcp-v1", revoked_at__isnull=True).count() == n  # one per client
 
 
 # --- refresh: rotation and reuse detection ---------------------------------------------------------------------
