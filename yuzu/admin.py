@@ -19,14 +19,17 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import URLPattern, URLResolver, path
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from . import tokens
 from .accounts import record_failure
 from .admin_rbac import AuditedAdmin, session_principal
 from .audit import audit
 from .auth import MFA_SESSION_KEY
+from .authenticators import AuthenticatorAdmin, enrol
 from .errors import YuzuError
 from .middleware import request_cid
 from .models import (
@@ -42,13 +45,15 @@ from .stepup import (
     CODE_REUSED,
     CODE_THROTTLED,
     CODE_WRONG,
+    StepUpForm,
     code_was_used,
     mfa_is_fresh,
     prove,
 )
 
 DEVICE_REQUIRED = "Choose the authenticator the code comes from."
-NO_DEVICE = "This account has no authenticator set up, so it cannot sign in here. Ask an administrator to add one."
+NO_DEVICE = ("This account has no authenticator set up, so it cannot sign in here. If an administrator added one for "
+             "you, set it up at /admin/enrol/; otherwise ask an administrator to add one.")
 ACCOUNT_LOCKED = ("This account is locked after too many failed sign-ins. Try again after {until:%H:%M} UTC, or "
                   "ask an administrator to unlock it.")
 
@@ -118,7 +123,12 @@ class YuzuAdminSite(OTPAdminSite):  # type: ignore[misc]  # django-otp ships no 
 
     def get_urls(self) -> list[URLPattern | URLResolver]:
         urls: list[URLPattern | URLResolver] = super().get_urls()
-        return [path("stepup/", self.admin_view(self.stepup_view), name="stepup")] + urls
+        return [path("stepup/", self.admin_view(self.stepup_view), name="stepup"),
+                path("enrol/", never_cache(self.enrol_view), name="enrol")] + urls
+
+    def enrol_view(self, request: HttpRequest) -> HttpResponse:
+        """Set up the authenticator an administrator added for you (yuzu.authenticators): no sign-in needed."""
+        return enrol(request, self.each_context(request))
 
     def stepup_view(self, request: HttpRequest) -> HttpResponse:
         """Ask for the current authenticator code and stamp a fresh MFA proof on the session."""
@@ -134,19 +144,6 @@ class YuzuAdminSite(OTPAdminSite):  # type: ignore[misc]  # django-otp ships no 
             form.add_error("otp_token", problem)
         return render(request, "admin/stepup.html", {**self.each_context(request), "form": form, "next": next_url,
                                                      "title": "Confirm it's you"})
-
-
-class StepUpForm(forms.Form):
-    otp_token = forms.CharField(label="Authenticator code", max_length=16,
-                                error_messages={"required": CODE_REQUIRED},
-                                widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True,
-                                                              "inputmode": "numeric", "size": 8}))
-
-    def clean_otp_token(self) -> str:
-        code: str = "".join(self.cleaned_data["otp_token"].split())
-        if not code.isdigit() or not 6 <= len(code) <= 8:
-            raise forms.ValidationError(CODE_REQUIRED)
-        return code
 
 
 admin.site.__class__ = YuzuAdminSite
@@ -184,6 +181,11 @@ class RoleAdmin(AuditedAdmin):
 class RoleAssignmentAdmin(AuditedAdmin):
     list_display = ("user", "role", "group", "created_at")
     list_filter = ("role",)
+
+
+# django-otp's page showed every authenticator's secret (and a QR code of it) to the superuser.
+admin.site.unregister(TOTPDevice)
+admin.site.register(TOTPDevice, AuthenticatorAdmin)
 
 
 @admin.register(ApiToken)

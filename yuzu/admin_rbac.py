@@ -23,7 +23,21 @@ def session_principal(request: HttpRequest) -> rbac.Principal:
                           mfa_verified_at=request.session.get(MFA_SESSION_KEY))
 
 
-class AuditedAdmin(admin.ModelAdmin[Any]):
+class HiddenColumnsAdmin(admin.ModelAdmin[Any]):
+    """A page whose hidden columns (``exclude``) stay hidden from the query string too."""
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """A column the page hides (``exclude``: a secret's hash) is no filter either: Django admits a lookup on any
+        local column from the query string, so ?secret_sha256__startswith=a read a hidden hash a prefix at a time.
+        Nor is a regular expression of the reader's (``__regex``), which the database runs against every row."""
+        if lookup.split("__", 1)[0] in (self.exclude or ()):
+            return False
+        if lookup.rsplit("__", 1)[-1] in ("regex", "iregex"):
+            return False  # a reader's own regular expression, run by the database on every row: no
+        return super().lookup_allowed(lookup, value, request)
+
+
+class AuditedAdmin(HiddenColumnsAdmin):
     """A page that edits rows directly (the superuser's: roles, role assignments, lockouts, agents, groups, device
     tokens, bridge profiles): every add, change and delete also writes yuzu's audit row — Django's own change log
     is no audit trail (it is not in the audit log, its API or its export). The RbacAdmin pages edit through the
@@ -52,7 +66,7 @@ class AuditedAdmin(admin.ModelAdmin[Any]):
         return entries
 
 
-class RbacAdmin(admin.ModelAdmin[Any]):
+class RbacAdmin(HiddenColumnsAdmin):
     """A ModelAdmin whose permissions are RBAC operations on ``securable``."""
 
     securable = ""
@@ -67,16 +81,6 @@ class RbacAdmin(admin.ModelAdmin[Any]):
         principal = rbac.Principal(user=user, via="session")
         check = rbac.has_any if self.group_scoped else rbac.may
         return check(principal, self.securable, operation)
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        """A column the page hides (``exclude``: a secret's hash) is no filter either: Django admits a lookup on any
-        local column from the query string, so ?secret_sha256__startswith=a read a hidden hash a prefix at a time.
-        Nor is a regular expression of the reader's (``__regex``), which the database runs against every row."""
-        if lookup.split("__", 1)[0] in (self.exclude or ()):
-            return False
-        if lookup.rsplit("__", 1)[-1] in ("regex", "iregex"):
-            return False  # a reader's own regular expression, run by the database on every row: no
-        return super().lookup_allowed(lookup, value, request)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.may(request, "Read")

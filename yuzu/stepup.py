@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from django import forms
 from django_otp import devices_for_user, match_token
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
@@ -79,3 +80,18 @@ def prove(request: HttpRequest, code: str | None) -> str | None:
     if any(code_was_used(d, code) for d in devices):
         return CODE_REUSED
     return CODE_WRONG
+
+
+class StepUpForm(forms.Form):
+    """One field, the current authenticator code: the step-up page's, and the last step of setting one up."""
+
+    otp_token = forms.CharField(label="Authenticator code", max_length=16,
+                                error_messages={"required": CODE_REQUIRED},
+                                widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True,
+                                                              "inputmode": "numeric", "size": 8}))
+
+    def clean_otp_token(self) -> str:
+        code: str = "".join(self.cleaned_data["otp_token"].split())
+        if not code.isdigit() or not 6 <= len(code) <= 8:
+            raise forms.ValidationError(CODE_REQUIRED)
+        return code

@@ -6,13 +6,21 @@ The login page's screenshot is written to the test's tmp dir; with YUZU_DOCS_SCR
 to docs/img/admin-login.png (a fixed viewport and an empty form, so it only changes when the page does)."""
 
 import os
+from base64 import b32encode
 
 import pytest
 from django.contrib.auth import get_user_model
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
-from tests.support.otp import code
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    admin_login,
+    off_thread,
+    require_browser,
+    staff_with_authenticator,
+)
+from tests.support.otp import code, next_code
 from yuzu.admin import CODE_REUSED
 from yuzu.models import AuditEvent
 from yuzu.testing import ROOT
@@ -73,3 +81,53 @@ def test_one_submission_logs_in_and_a_reused_code_is_named_so(daphne, make_user,
     logins = off_thread(lambda: list(AuditEvent.objects.filter(action="auth.login", principal="carol")
                                      .values_list("result", flat=True)))
     assert logins == ["success"]
+
+
+def test_an_added_authenticator_is_shown_to_its_user_only(daphne, make_user):
+    """The superuser adds an authenticator for nina and never sees its secret (django-otp's page showed it, and
+    a QR code of it); nina sets it up at /admin/enrol/ with her password, scans it, confirms it and signs in."""
+    sync_playwright = require_browser()
+    root = staff_with_authenticator(make_user, "root", None, PASSWORD)
+    get_user_model().objects.filter(username="root").update(is_superuser=True)
+    nina = make_user("nina", password="nina-password-1")
+    get_user_model().objects.filter(pk=nina.pk).update(is_staff=True)
+    server = daphne()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
+            page.set_default_timeout(15000)
+            admin_login(page, server.base, "/admin/otp_totp/totpdevice/add/", "root", PASSWORD, root)
+            assert page.locator("[name=key]").count() == 0
+            page.select_option("#id_user", label="nina")
+            page.fill("#id_name", "nina's phone")
+            page.click("input[name=_save]")
+            page.wait_for_url(f"{server.base}/admin/otp_totp/totpdevice/")
+            device = off_thread(lambda: TOTPDevice.objects.get(user__username="nina"))
+            assert not device.confirmed
+            page.click("text=nina's phone")
+            page.wait_for_selector("#content-main")
+            secret = b32encode(device.bin_key).decode()
+            assert device.key not in page.content() and secret not in page.content()
+
+            nina_page = browser.new_context(base_url=server.base, viewport=VIEWPORT).new_page()
+            nina_page.set_default_timeout(15000)
+            nina_page.goto("/admin/enrol/")
+            nina_page.fill("#id_username", "nina")
+            nina_page.fill("#id_password", "nina-password-1")
+            nina_page.click("input[type=submit][value=Continue]")
+            uri = nina_page.inner_text("#enrol-uri")
+            assert uri.startswith("otpauth://totp/yuzu%3Anina?") and f"secret={secret}" in uri
+            assert nina_page.locator("#enrol-qr").evaluate("img => img.naturalWidth > 0")
+            nina_page.fill("#id_otp_token", code(device))
+            nina_page.click("input[type=submit][value=Confirm]")
+            nina_page.wait_for_url(f"{server.base}/admin/login/")
+            assert off_thread(lambda: TOTPDevice.objects.get(pk=device.pk).confirmed)
+            nina_page.fill("#id_username", "nina")
+            nina_page.fill("#id_password", "nina-password-1")
+            nina_page.fill("#id_otp_token", off_thread(lambda: next_code(TOTPDevice.objects.get(pk=device.pk))))
+            nina_page.click("input[type=submit][value='Log in']")
+            nina_page.wait_for_url(f"{server.base}/admin/")
+        finally:
+            browser.close()

@@ -740,8 +740,8 @@ UPLOAD_AGENT = {("api/v1/uploads", "GET"): 405, ("api/v1/uploads/<str:upload_id>
                 ("api/v1/uploads/<str:upload_id>/chunk", "GET"): 405,
                 ("api/v1/uploads/<str:upload_id>/commit", "GET"): 405}
 #: the admin is for people: an OTP-verified session. Its pages redirect anyone else to the login page;
-#: only these answer without one.
-ADMIN_OPEN = {"admin/login/", "admin/logout/", "admin/jsi18n/"}
+#: only these answer without one (setting up one's authenticator asks for the password itself).
+ADMIN_OPEN = {"admin/login/", "admin/logout/", "admin/jsi18n/", "admin/enrol/"}
 EXPECTED_STATUS = {TIER: 403, RBAC: 403, APPROVAL: 403, HIDDEN: 404}
 #: every caller with an untiered token, and the tiers with three callers (the most permissions, a group-scoped
 #: one, a reader) — the tier check is one function for every route; YUZU_FUZZ=full (make fuzz) runs all 40
