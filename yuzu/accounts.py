@@ -26,13 +26,22 @@ LOCK_FOR = timedelta(minutes=15)
 
 
 class LockingBackend(ModelBackend):
-    """ModelBackend that refuses a locked account."""
+    """ModelBackend that refuses a new sign-in to a locked account. A live session (``get_user``, every request) ends
+    only on an administrator's lock: failed sign-ins — anyone's to make for a known username — must not sign an
+    administrator out, nor stop their approvals, again and again."""
 
     def user_can_authenticate(self, user: User | AnonymousUser | None) -> bool:
         if not super().user_can_authenticate(user):
             return False
         lock = getattr(user, "lockout", None)
         return lock is None or not lock.is_locked()
+
+    def get_user(self, user_id: int) -> User | None:
+        user: User | None = get_user_model()._default_manager.select_related("lockout").filter(pk=user_id).first()
+        if user is None or not super().user_can_authenticate(user):  # Django's check: an inactive user is signed out
+            return None
+        lock = getattr(user, "lockout", None)
+        return None if lock is not None and lock.ends_sessions() else user
 
 
 def record_failure(username: str) -> None:
@@ -42,8 +51,11 @@ def record_failure(username: str) -> None:
     with transaction.atomic():
         lock, _ = AccountLockout.objects.select_for_update().get_or_create(user=user)
         lock.failed_attempts += 1
+        now = timezone.now()
         if lock.failed_attempts >= MAX_FAILURES:
-            lock.locked_until = timezone.now() + LOCK_FOR
+            if not lock.is_locked(now):
+                lock.manual = False  # an administrator's lock that ran out: this one is the failures' own
+            lock.locked_until = max(lock.locked_until or now, now + LOCK_FOR)  # never shortening a longer one
         lock.save()
     if lock.locked_until:
         audit(username, "account.locked", "denied", target_type="User", target_id=username,
@@ -66,7 +78,7 @@ def unlock_account(principal: Principal, username: str = "", *, cid: str = "",
     user = (plan or plan_unlock_account(principal, username)).value
     username = user.get_username()
     was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()
-    AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None)
+    AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None, manual=False)
     audit(principal, "account.unlock", "success", target_type="User", target_id=username,
           detail=f"was_locked={was_locked}", correlation_id=cid)
     return {"username": username, "unlocked": True, "was_locked": was_locked}

@@ -56,6 +56,7 @@ NO_DEVICE = ("This account has no authenticator set up, so it cannot sign in her
              "you, set it up at /admin/enrol/; otherwise ask an administrator to add one.")
 ACCOUNT_LOCKED = ("This account is locked after too many failed sign-ins. Try again after {until:%H:%M} UTC, or "
                   "ask an administrator to unlock it.")
+ACCOUNT_LOCKED_BY_ADMIN = "An administrator locked this account until {until:%Y-%m-%d %H:%M} UTC. Ask them to unlock it."
 
 
 class LoginForm(OTPAdminAuthenticationForm):  # type: ignore[misc]  # django-otp ships no type information
@@ -109,7 +110,8 @@ class LoginForm(OTPAdminAuthenticationForm):  # type: ignore[misc]  # django-otp
         lock = AccountLockout.objects.filter(user=user).first() if user is not None else None
         password = self.cleaned_data.get("password") or ""
         if user is not None and lock is not None and lock.is_locked() and user.check_password(password):
-            return forms.ValidationError(ACCOUNT_LOCKED.format(until=lock.locked_until), code="locked")
+            message = ACCOUNT_LOCKED_BY_ADMIN if lock.manual else ACCOUNT_LOCKED
+            return forms.ValidationError(message.format(until=lock.locked_until), code="locked")
         error: forms.ValidationError = super().get_invalid_login_error()
         return error
 
@@ -153,7 +155,7 @@ admin.site.__class__ = YuzuAdminSite
 def _stamp_mfa(sender: type, request: HttpRequest | None, user: User, **kwargs: object) -> None:
     if getattr(user, "otp_device", None) is not None and request is not None:
         request.session[MFA_SESSION_KEY] = time.time()
-        AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None)
+        AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None, manual=False)
         audit(user, "auth.login", "success", target_type="User", target_id=user.get_username(), detail="mfa=totp")
 
 
@@ -248,4 +250,8 @@ class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
 
 @admin.register(AccountLockout)
 class AccountLockoutAdmin(AuditedAdmin):
-    list_display = ("user", "failed_attempts", "locked_until")
+    """Failed sign-ins lock an account for new sign-ins only; a lock set here with "locked by an administrator"
+    also ends its live sessions."""
+
+    list_display = ("user", "failed_attempts", "locked_until", "manual")
+    list_filter = ("manual",)

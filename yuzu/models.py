@@ -198,12 +198,22 @@ class AuditEvent(models.Model):
 
 
 class AccountLockout(models.Model):
+    """A lock refuses new sign-ins until ``locked_until``. One that failed sign-ins set (anyone may type a wrong
+    password for a known name) leaves the account's live sessions alone; one an administrator set (``manual``) ends
+    them too."""
+
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="lockout")
     failed_attempts = models.PositiveIntegerField(default=0)
     locked_until = models.DateTimeField(null=True, blank=True)
+    manual = models.BooleanField("locked by an administrator", default=False, help_text=(
+        "A lock set by an administrator also ends the account's live sessions; one from failed sign-ins only refuses "
+        "new sign-ins."))
 
     def is_locked(self, now: datetime | None = None) -> bool:
         return self.locked_until is not None and self.locked_until > (now or timezone.now())
+
+    def ends_sessions(self, now: datetime | None = None) -> bool:
+        return self.manual and self.is_locked(now)
 
 
 class KekVersion(models.Model):

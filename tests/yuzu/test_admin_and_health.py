@@ -279,3 +279,60 @@ def test_tokens_are_read_only_in_the_admin_except_an_audited_revoke(staff, make_
     assert ApiToken.objects.filter(pk__in=[token.pk, other.pk], revoked_at__isnull=False).count() == 2
     rows = AuditEvent.objects.filter(action="api_token.revoke", principal=user.username)
     assert sorted(rows.values_list("target_id", flat=True)) == sorted([token.pk, other.pk])
+
+
+def test_failed_sign_ins_by_someone_else_do_not_end_a_live_session(staff):
+    """Lockout as a denial of service: five wrong passwords for an administrator's name — anyone's to try — locked
+    the account AND ended its live sessions (the backend's get_user refused a locked user on every request), so an
+    anonymous caller logged the administrator out every 15 minutes and stopped their approvals."""
+    user, device = staff
+    c = Client()
+    assert login(c, code(device)).status_code == 302
+    attacker = Client()
+    for _ in range(5):
+        login(attacker, "000000", password="wrong")
+    assert AccountLockout.objects.get(user=user).is_locked()
+    assert c.get("/admin/").status_code == 200  # still signed in, on every face
+    assert c.get("/api/v1/tokens").status_code == 200
+    other = Client()  # a new sign-in is refused, even with the right password and code
+    assert errors(login(other, next_code(device)))[0].startswith("This account is locked after too many failed")
+    assert other.get("/admin/").status_code == 302
+
+
+def test_an_administrators_lock_ends_live_sessions_and_outlasts_failed_sign_ins(staff, make_user):
+    """A lock an administrator sets (Account lockouts → "Locked by an administrator") is deliberate: it ends the
+    account's live sessions too. Failed sign-ins that follow do not shorten it to their 15 minutes."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from yuzu.admin import ACCOUNT_LOCKED_BY_ADMIN
+
+    user, device = staff
+    victim = Client()
+    assert login(victim, code(device)).status_code == 302
+    root = make_user("root", "Administrator", superuser=True, password="root-password-1")
+    root_device = TOTPDevice.objects.create(user=root, name="phone", confirmed=True)
+    c = Client()
+    assert login(c, code(root_device), username="root", password="root-password-1").status_code == 302
+    until = timezone.now() + timedelta(days=30)
+    r = c.post("/admin/yuzu/accountlockout/add/", {"user": user.pk, "failed_attempts": 0, "manual": "on",
+                                                   "locked_until_0": f"{until:%Y-%m-%d}",
+                                                   "locked_until_1": f"{until:%H:%M:%S}"})
+    assert r.status_code == 302, errors(r)
+    assert victim.get("/admin/").status_code == 302  # signed out
+    assert victim.get("/api/v1/tokens").status_code == 401
+    lock = AccountLockout.objects.get(user=user)
+    assert errors(login(Client(), next_code(device))) == [ACCOUNT_LOCKED_BY_ADMIN.format(until=lock.locked_until)]
+    for _ in range(6):
+        login(Client(), "000000", password="wrong")
+    lock.refresh_from_db()
+    assert lock.manual and lock.locked_until > timezone.now() + timedelta(days=29)
+    # once it has run out, failed sign-ins lock the account again as anyone's do: new sign-ins only
+    AccountLockout.objects.filter(pk=lock.pk).update(locked_until=timezone.now(), failed_attempts=0)
+    fresh = Client()
+    assert login(fresh, next_code(device)).status_code == 302
+    for _ in range(5):
+        login(Client(), "000000", password="wrong")
+    assert AccountLockout.objects.get(pk=lock.pk).is_locked()
+    assert fresh.get("/admin/").status_code == 200
