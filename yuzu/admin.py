@@ -11,7 +11,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import User
+from django.contrib.auth.admin import GroupAdmin as DjangoGroupAdmin
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.contrib.auth.models import Group, User
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db.models import QuerySet
 from django.dispatch import receiver
@@ -26,7 +28,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from . import tokens
 from .accounts import record_failure
-from .admin_rbac import AuditedAdmin, session_principal
+from .admin_rbac import AuditedAdmin, StepUpAdmin, session_principal
 from .audit import audit
 from .auth import MFA_SESSION_KEY
 from .authenticators import AuthenticatorAdmin, enrol
@@ -47,7 +49,6 @@ from .stepup import (
     CODE_WRONG,
     StepUpForm,
     code_was_used,
-    mfa_is_fresh,
     prove,
 )
 
@@ -174,13 +175,13 @@ class RolePermissionInline(admin.TabularInline[RolePermission, Role]):
 
 
 @admin.register(Role)
-class RoleAdmin(AuditedAdmin):
+class RoleAdmin(StepUpAdmin, AuditedAdmin):
     list_display = ("name", "description", "builtin")
     inlines = [RolePermissionInline]
 
 
 @admin.register(RoleAssignment)
-class RoleAssignmentAdmin(AuditedAdmin):
+class RoleAssignmentAdmin(StepUpAdmin, AuditedAdmin):
     list_display = ("user", "role", "group", "created_at")
     list_filter = ("role",)
 
@@ -190,8 +191,25 @@ admin.site.unregister(TOTPDevice)
 admin.site.register(TOTPDevice, AuthenticatorAdmin)
 
 
+class UserAdmin(StepUpAdmin, DjangoUserAdmin[User]):
+    """Django's user page: making someone staff or superuser, or setting their password, grants as much as a role."""
+
+    def user_change_password(self, request: HttpRequest, id: str, form_url: str = "") -> HttpResponse:
+        step_up = self.step_up_first(request)
+        return step_up if step_up is not None else super().user_change_password(request, id, form_url)
+
+
+class GroupAdmin(StepUpAdmin, DjangoGroupAdmin):
+    """Django's permission groups: they grant the superuser's admin pages."""
+
+
+for model, model_admin in ((User, UserAdmin), (Group, GroupAdmin)):
+    admin.site.unregister(model)
+    admin.site.register(model, model_admin)
+
+
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+class ApiTokenAdmin(StepUpAdmin):
     """Read-only except revoke: a token's tier, expiry or revocation never changes here without the rules
     (ceiling, step-up, audit) the token service applies. Tokens are minted by the API / mint_token."""
 
@@ -214,13 +232,9 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     @admin.action(description="Revoke selected tokens (needs a fresh authenticator code)", permissions=["view"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         """The token service's revoke, token by token: the same step-up as REST's DELETE (a fresh authenticator
-        code, checked before anything changes), the same rule on whose tokens (one's own, or anyone's with
-        UserManagement:Write) and the same audit row."""
+        code, asked by StepUpAdmin before any action runs), the same rule on whose tokens (one's own, or anyone's
+        with UserManagement:Write) and the same audit row."""
         principal = session_principal(request)
-        if not mfa_is_fresh(principal):
-            messages.error(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter the "
-                                    "current code, then revoke again. Nothing was revoked.")
-            return
         revoked = 0
         for token_id in queryset.filter(revoked_at__isnull=True).values_list("pk", flat=True):
             try:
@@ -249,7 +263,7 @@ class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
 
 
 @admin.register(AccountLockout)
-class AccountLockoutAdmin(AuditedAdmin):
+class AccountLockoutAdmin(StepUpAdmin, AuditedAdmin):
     """Failed sign-ins lock an account for new sign-ins only; a lock set here with "locked by an administrator"
     also ends its live sessions."""
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Model
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.http import urlencode
 
 from . import rbac
 from .audit import audit
 from .auth import MFA_SESSION_KEY
+from .stepup import mfa_is_fresh
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -21,6 +25,39 @@ def session_principal(request: HttpRequest) -> rbac.Principal:
     """The admin's user as a session principal, with the time of their last authenticator proof."""
     return rbac.Principal(user=cast("User", request.user), via="session",
                           mfa_verified_at=request.session.get(MFA_SESSION_KEY))
+
+
+STEP_UP_FIRST = ("This needs a fresh authenticator code (your last one is over five minutes old): enter the current "
+                 "one, then carry on. Nothing was changed.")
+
+
+class StepUpAdmin(admin.ModelAdmin[Any]):
+    """A page whose writes change who may do what (roles, their assignments, users, authenticators, tokens): its add,
+    change and delete pages and its bulk actions need a fresh authenticator code (five minutes, yuzu.stepup), so that
+    a browser left signed in grants nothing. Without one the browser goes to /admin/stepup/ and comes back to the
+    page — before anything is typed in, and with nothing changed. Pages that only show rows ask for nothing, nor does
+    one the person may not use at all (its 403 comes first)."""
+
+    def step_up_first(self, request: HttpRequest) -> HttpResponse | None:
+        if mfa_is_fresh(session_principal(request)):
+            return None
+        messages.warning(request, STEP_UP_FIRST)
+        return redirect(f"{reverse('admin:stepup')}?{urlencode({'next': request.get_full_path()})}")
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        writes = self.has_add_permission(request) if object_id is None else self.has_change_permission(request)
+        step_up = self.step_up_first(request) if writes else None
+        return step_up if step_up is not None else super().changeform_view(request, object_id, form_url, extra_context)
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        step_up = self.step_up_first(request) if self.has_delete_permission(request) else None
+        return step_up if step_up is not None else super().delete_view(request, object_id, extra_context)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        writes = request.method == "POST"  # an action (delete selected, revoke, …) or a list edit
+        step_up = self.step_up_first(request) if writes else None
+        return step_up if step_up is not None else super().changelist_view(request, extra_context)
 
 
 class HiddenColumnsAdmin(admin.ModelAdmin[Any]):

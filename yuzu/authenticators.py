@@ -28,7 +28,7 @@ from django_otp import devices_for_user
 from django_otp.plugins.otp_totp.models import TOTPDevice, default_key
 from django_otp.qr import write_qrcode_image
 
-from .admin_rbac import AuditedAdmin, session_principal
+from .admin_rbac import AuditedAdmin, StepUpAdmin, session_principal
 from .audit import audit
 from .stepup import CODE_THROTTLED, CODE_WRONG, StepUpForm, mfa_is_fresh
 
@@ -49,8 +49,9 @@ def pending(user: Any) -> TOTPDevice | None:
     return device
 
 
-class AuthenticatorAdmin(AuditedAdmin):
-    """django-otp's TOTP device page without the secret (``exclude``: no form field and no query-string filter)."""
+class AuthenticatorAdmin(StepUpAdmin, AuditedAdmin):
+    """django-otp's TOTP device page without the secret (``exclude``: no form field and no query-string filter);
+    adding, resetting or deleting one needs a fresh code."""
 
     list_display = ("user", "name", "confirmed", "created_at", "last_used_at")
     list_filter = ("confirmed",)

@@ -3,6 +3,7 @@ admin actions that bypass a service's refusal or the step-up, bad input (a NUL c
 request metadata an anonymous client controls reaching the metrics. Each test here failed before its fix."""
 
 import time
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -214,6 +215,68 @@ def test_a_superusers_direct_edits_are_audited(make_user):
                                                "post": "yes"})
     assert r.status_code == 302 and not RoleAssignment.objects.filter(user=mallory).exists()
     assert AuditEvent.objects.filter(action="admin.roleassignment.delete", target_id=str(grant.pk)).count() == 1
+
+
+def stale(c):
+    """The browser's last authenticator proof is an hour old (left signed in)."""
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time() - 3600
+    s.save()
+
+
+def test_granting_roles_in_the_admin_needs_a_fresh_authenticator_code(make_user):
+    """A browser left signed in as a superuser granted Administrator to anyone (a role assignment, a role's
+    permissions, superuser status, someone's authenticator) with no fresh authenticator code — while revoking a
+    token already needed one. Every such write now sends the browser to the step-up page first, changing nothing."""
+    from yuzu.models import Role, RoleAssignment
+
+    c = staff_client(make_user, "root", superuser=True)
+    mallory = make_user("mallory")
+    admin_role, viewer = Role.objects.get(name="Administrator"), Role.objects.get(name="Viewer")
+    grant = RoleAssignment.objects.create(user=mallory, role=viewer)
+    role_form = {"name": "Sneaky", "description": "", "permissions-TOTAL_FORMS": "1", "permissions-INITIAL_FORMS": "0",
+                 "permissions-0-securable": "Security", "permissions-0-operation": "Write"}
+    attempts = [
+        ("/admin/yuzu/roleassignment/add/", {"user": mallory.pk, "role": admin_role.pk}),
+        (f"/admin/yuzu/roleassignment/{grant.pk}/change/", {"user": mallory.pk, "role": admin_role.pk}),
+        (f"/admin/yuzu/roleassignment/{grant.pk}/delete/", {"post": "yes"}),
+        ("/admin/yuzu/roleassignment/", {"action": "delete_selected", "_selected_action": [grant.pk], "post": "yes"}),
+        ("/admin/yuzu/role/add/", role_form),
+        (f"/admin/yuzu/role/{viewer.pk}/change/", {**role_form, "name": "Viewer"}),
+        (f"/admin/yuzu/role/{viewer.pk}/delete/", {"post": "yes"}),
+        ("/admin/yuzu/role/", {"action": "delete_selected", "_selected_action": [viewer.pk], "post": "yes"}),
+        (f"/admin/auth/user/{mallory.pk}/change/", {"username": "mallory", "is_active": "on", "is_staff": "on",
+                                                     "is_superuser": "on", "date_joined_0": "2026-01-01",
+                                                     "date_joined_1": "00:00:00"}),
+        (f"/admin/auth/user/{mallory.pk}/password/", {"password1": "Mallory-pass-123", "password2": "Mallory-pass-123",
+                                                       "usable_password": "true"}),
+        ("/admin/otp_totp/totpdevice/add/", {"user": mallory.pk, "name": "phone"}),
+    ]
+    before = AuditEvent.objects.count()
+    stale(c)
+    for url, data in attempts:
+        r = c.post(url, data)
+        assert r.status_code == 302 and r["Location"] == f"/admin/stepup/?next={quote(url, safe='')}", (url, r)
+        assert any("fresh authenticator code" in m and "Nothing was changed" in m for m in messages_of(c, r)), url
+        if "action" not in data:  # the page itself asks for the code first, before anything is typed in
+            assert c.get(url).status_code == 302, url
+    assert list(RoleAssignment.objects.filter(user=mallory).values_list("role__name", flat=True)) == ["Viewer"]
+    assert not Role.objects.filter(name="Sneaky").exists() and viewer.permissions.count() > 0
+    mallory.refresh_from_db()
+    assert not mallory.is_superuser and not mallory.has_usable_password()
+    assert not TOTPDevice.objects.filter(user=mallory).exists()
+    assert AuditEvent.objects.count() == before
+    assert c.get("/admin/yuzu/roleassignment/").status_code == 200  # reading needs no code
+    token, _ = ApiToken.mint(mallory, "ci")
+    assert c.get(f"/admin/yuzu/apitoken/{token.pk}/change/").status_code == 200  # a read-only page: no code either
+    assert c.get("/admin/yuzu/apitoken/add/").status_code == 403  # nor one nobody may use: its refusal comes first
+
+    url = "/admin/yuzu/roleassignment/add/"
+    r = c.post("/admin/stepup/", {"otp_token": next_code(c.device), "next": url})
+    assert r.status_code == 302 and r["Location"] == url
+    assert c.post(url, {"user": mallory.pk, "role": admin_role.pk}).status_code == 302
+    assert RoleAssignment.objects.filter(user=mallory, role=admin_role).exists()
+    assert AuditEvent.objects.filter(action="admin.roleassignment.add", principal="root").count() == 1
 
 
 def test_a_revoked_device_token_stays_revoked(make_user):
