@@ -15,6 +15,7 @@ from yuzu.dbfuncs import IsoUtc
 from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
 from yuzu.plans import Plan
+from yuzu.stepup import require_fresh_mfa
 
 from .groups import agents_in_groups, group_agents, service_agent_ids
 from .models import Agent, ManagementGroup, Tag, normalise_tag
@@ -371,6 +372,7 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
     g = _pinned_group(principal, group_id, pinned)
     if not _may_manage_group_roles(principal, g, "Write"):
         raise _group_roles_denial(g, "Write")
+    require_fresh_mfa(principal, "ManagementGroup:Write")  # a browser left signed in grants no role
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise NotFound(f"user not found: {username}")

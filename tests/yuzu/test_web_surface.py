@@ -279,6 +279,26 @@ def test_granting_roles_in_the_admin_needs_a_fresh_authenticator_code(make_user)
     assert AuditEvent.objects.filter(action="admin.roleassignment.add", principal="root").count() == 1
 
 
+def test_granting_a_role_on_a_group_from_a_browser_needs_a_fresh_authenticator_code(make_user):
+    """The same hole on the REST face, which takes the admin's session cookie: a browser left signed in assigned a
+    role on a management group (POST /api/v1/management-groups/{id}/roles) with no fresh code."""
+    from fleet.models import ManagementGroup
+    from yuzu.models import RoleAssignment
+
+    c = staff_client(make_user, "root", superuser=True)
+    make_user("mallory")
+    g = ManagementGroup.objects.create(name="lab")
+    url = f"/api/v1/management-groups/{g.pk}/roles"
+    stale(c)
+    r = c.post(url, {"username": "mallory", "role": "ITServiceOwner"}, content_type="application/json")
+    assert r.status_code == 403 and "mfa_proof_missing" in r.json()["error"]["message"], r.content
+    assert not RoleAssignment.objects.filter(user__username="mallory").exists()
+    assert c.post("/admin/stepup/", {"otp_token": next_code(c.device), "next": "/admin/"}).status_code == 302
+    r = c.post(url, {"username": "mallory", "role": "ITServiceOwner"}, content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert RoleAssignment.objects.filter(user__username="mallory", group=g).exists()
+
+
 def test_a_revoked_device_token_stays_revoked(make_user):
     """The device-token page let a superuser clear revoked_at: a revoked enrolment token came back to life."""
     from django.utils import timezone
