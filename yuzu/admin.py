@@ -191,15 +191,17 @@ admin.site.unregister(TOTPDevice)
 admin.site.register(TOTPDevice, AuthenticatorAdmin)
 
 
-class UserAdmin(StepUpAdmin, DjangoUserAdmin[User]):
-    """Django's user page: making someone staff or superuser, or setting their password, grants as much as a role."""
+class UserAdmin(StepUpAdmin, AuditedAdmin, DjangoUserAdmin[User]):
+    """Django's user page: making someone staff or superuser, or setting their password, grants as much as a role —
+    and a superuser who sets an approver's password and resets their authenticator could act as them, so each edit
+    leaves its audit row."""
 
     def user_change_password(self, request: HttpRequest, id: str, form_url: str = "") -> HttpResponse:
         step_up = self.step_up_first(request)
         return step_up if step_up is not None else super().user_change_password(request, id, form_url)
 
 
-class GroupAdmin(StepUpAdmin, DjangoGroupAdmin):
+class GroupAdmin(StepUpAdmin, AuditedAdmin, DjangoGroupAdmin):
     """Django's permission groups: they grant the superuser's admin pages."""
 
 

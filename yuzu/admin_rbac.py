@@ -75,8 +75,8 @@ class HiddenColumnsAdmin(admin.ModelAdmin[Any]):
 
 
 class AuditedAdmin(HiddenColumnsAdmin):
-    """A page that edits rows directly (the superuser's: roles, role assignments, lockouts, agents, groups, device
-    tokens, bridge profiles): every add, change and delete also writes yuzu's audit row — Django's own change log
+    """A page that edits rows directly (the superuser's: roles, role assignments, users, permission groups,
+    authenticators, lockouts, agents, groups, device tokens, bridge profiles): every add, change and delete also writes yuzu's audit row — Django's own change log
     is no audit trail (it is not in the audit log, its API or its export). The RbacAdmin pages edit through the
     services, which audit for themselves."""
 

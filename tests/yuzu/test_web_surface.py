@@ -279,6 +279,22 @@ def test_granting_roles_in_the_admin_needs_a_fresh_authenticator_code(make_user)
     assert AuditEvent.objects.filter(action="admin.roleassignment.add", principal="root").count() == 1
 
 
+def test_taking_over_an_approver_in_the_admin_is_audited(make_user):
+    """The admin never shows an authenticator's secret, but a superuser could still set an approver's password and
+    reset their authenticator, then set it up themselves — and the user page's edits (a password, superuser status)
+    were in Django's change log only, not in yuzu's audit log. Now each leaves its audit row."""
+    c = staff_client(make_user, "root", superuser=True)
+    alice = make_user("alice", "Approver", password="alice-password-1")
+    r = c.post(f"/admin/auth/user/{alice.pk}/password/", {"password1": "Taken-over-123", "password2": "Taken-over-123",
+                                                          "usable_password": "true"})
+    assert r.status_code == 302, r.content[:2000]
+    row = AuditEvent.objects.get(action="admin.user.change", target_id=str(alice.pk))
+    assert row.principal == "root" and "alice" in row.detail and "Taken-over" not in row.detail
+    device = TOTPDevice.objects.create(user=alice, name="phone", confirmed=True)
+    assert c.post("/admin/otp_totp/totpdevice/", {"action": "reset", "_selected_action": [device.pk]}).status_code == 302
+    assert AuditEvent.objects.filter(action="admin.totpdevice.reset", principal="root").count() == 1
+
+
 def test_granting_a_role_on_a_group_from_a_browser_needs_a_fresh_authenticator_code(make_user):
     """The same hole on the REST face, which takes the admin's session cookie: a browser left signed in assigned a
     role on a management group (POST /api/v1/management-groups/{id}/roles) with no fresh code."""
