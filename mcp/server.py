@@ -191,17 +191,21 @@ def _session_bound(req: Request) -> bool:
         req.http_method == "POST" and streaming_on() and (req.msg or {}).get("method") != "initialize")
 
 
-def _session(principal: rbac.Principal, sid: str, early: PendingValidation | None) -> Session | None:
-    """The caller's live session ``sid``, or None. A provisional call (yuzu.provisional) takes the one this process
-    last saw, its liveness answered by the early check at the confirmation (the Redis reply is read just before
-    the audit row is written): what a session was opened with never changes."""
+def _session(principal: rbac.Principal, sid: str, early: PendingValidation | None, cat: str) -> Session | None:
+    """The caller's live session ``sid`` opened on this endpoint (catalogue ``cat``), or None: on another endpoint
+    it is as unknown as any other id. A provisional call (yuzu.provisional) takes the one this process last saw,
+    its liveness answered by the early check at the confirmation (the Redis reply is read just before the audit row
+    is written): what a session was opened with never changes."""
     if early is not None and early.principal == principal.key:
         seen = _seen.get(sid)
-        if seen is not None and seen.principal == principal.key and defer(lambda: early.result() is not None):
+        if (seen is not None and seen.principal == principal.key and seen.catalogue == cat
+                and defer(lambda: early.result() is not None)):
             return seen
         session = early.result()
     else:
         session = store().validate(sid, principal.key)
+    if session is not None and session.catalogue != cat:
+        return None
     if session is not None:
         if len(_seen) >= SEEN_SESSIONS:
             _seen.clear()
@@ -219,9 +223,9 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
     if isinstance(principal, Reply):
         return principal
     if req.http_method == "DELETE":
-        return _delete(principal, sid)
+        return _delete(principal, sid, req.catalogue)
     if req.http_method == "GET":
-        session = _session(principal, sid, early) if sid else None
+        session = _session(principal, sid, early, req.catalogue) if sid else None
         return Attach(principal, session) if session else _session_refusal(principal, sid, None)
     msg = req.msg or {}  # a POST's (the transport parsed it)
     method = msg.get("method")
@@ -229,7 +233,7 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
     is_notification = method is not None and "id" not in msg
     session = None
     if _session_bound(req):
-        session = _session(principal, sid, early) if sid else None
+        session = _session(principal, sid, early, req.catalogue) if sid else None
         if session is None:
             return _session_refusal(principal, sid, req_id)
     if method is None or is_notification:
@@ -257,11 +261,11 @@ def _handle(req: Request, sid: str, early: PendingValidation | None) -> Reply | 
     return Reply(200, rpc.result_response(req_id, result), ctx=ctx)
 
 
-def _delete(principal: rbac.Principal, sid: str) -> Reply:
+def _delete(principal: rbac.Principal, sid: str, cat: str) -> Reply:
     if not sid:
         return error_reply(None, rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Missing session ID",
                                               a4(correlation_id(), remediation=MISSING_SESSION), http_status=400))
-    if not store().delete(sid, principal.key, by_client=True):
+    if _session(principal, sid, None, cat) is None or not store().delete(sid, principal.key, by_client=True):
         session_reject(principal, "unknown_session", sid)
         return error_reply(None, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session not found",
                                               a4(correlation_id(), remediation="nothing to end"), http_status=404))
@@ -304,7 +308,7 @@ def _initialize(ctx: ToolContext, req: Request, params: JsonObject) -> Reply:
         if not isinstance(info, dict):
             info = {}
         try:
-            session = store().create(ctx.principal.key, version, _label(info.get("name"), 64),
+            session = store().create(ctx.principal.key, req.catalogue, version, _label(info.get("name"), 64),
                                      _label(info.get("version"), 32))
         except SessionCapReached as exc:
             session_reject(ctx.principal, exc.reason)

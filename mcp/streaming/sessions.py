@@ -1,8 +1,9 @@
-"""MCP sessions: minted on ``initialize``, bound to the principal, capped, with sliding idle expiry.
+"""MCP sessions: minted on ``initialize``, bound to the principal and the endpoint, capped, with sliding idle expiry.
 
 Two stores behind one interface (``SessionStore``): in-process memory (embedded mode) and Redis (when
 YUZU_REDIS_URL is set) so a client may hit any daphne process. Every key includes the principal; another
-principal's session id reads exactly like an unknown one.
+principal's session id reads exactly like an unknown one. A session remembers the catalogue (the endpoint) it was
+opened on; mcp.server honours it there only — on another endpoint it reads like an unknown one too.
 """
 
 import secrets
@@ -34,6 +35,7 @@ class SessionCapReached(Exception):
 class Session:
     id: str
     principal: str
+    catalogue: str  # the endpoint it was opened on (mcp.registry's catalogue name): the only one that honours it
     protocol_version: str
     client_name: str = ""  # the client's own clientInfo on initialize (shown to approvers; never trusted)
     client_version: str = ""
@@ -51,7 +53,7 @@ def new_session_id() -> str:
 class SessionStore(Protocol):
     """Where sessions live. ``principal`` is the principal's key (yuzu.rbac.Principal.key)."""
 
-    def create(self, principal: str, protocol_version: str, client_name: str = "",
+    def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
         """Mint a session, or raise SessionCapReached (global cap first, then the principal's)."""
 
@@ -109,7 +111,7 @@ class MemorySessionStore(SessionStore):
         for sid in [s for s, (_, exp) in self._ended.items() if exp <= now]:
             del self._ended[sid]
 
-    def create(self, principal: str, protocol_version: str, client_name: str = "",
+    def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
         now = time.time()
         with self._lock:
@@ -118,7 +120,7 @@ class MemorySessionStore(SessionStore):
                 raise SessionCapReached("global_cap")
             if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
                 raise SessionCapReached("per_principal_cap")
-            session = Session(new_session_id(), principal, protocol_version, client_name, client_version)
+            session = Session(new_session_id(), principal, catalogue, protocol_version, client_name, client_version)
             self._sessions[session.id] = (session, now + IDLE_TTL)
             return session
 
@@ -184,7 +186,8 @@ if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'per_principal_
 local exp = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], exp, ARGV[5])
 redis.call('ZADD', KEYS[2], exp, ARGV[5])
-redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7], 'client', ARGV[8], 'client_version', ARGV[9])
+redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7], 'client', ARGV[8], 'client_version', ARGV[9],
+           'catalogue', ARGV[10])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 return 'ok'
 """
@@ -227,15 +230,15 @@ class RedisSessionStore(SessionStore):
     def _hash(self, key: str) -> dict[str, str]:
         return cast(dict[str, str], self.redis.hgetall(key))
 
-    def create(self, principal: str, protocol_version: str, client_name: str = "",
+    def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
         sid = new_session_id()
         verdict = self._create(keys=self._keys(principal, sid),
                                args=[time.time(), IDLE_TTL, GLOBAL_CAP, PER_PRINCIPAL_CAP, sid, principal,
-                                     protocol_version, client_name, client_version])
+                                     protocol_version, client_name, client_version, catalogue])
         if verdict != "ok":
             raise SessionCapReached(verdict)
-        return Session(sid, principal, protocol_version, client_name, client_version)
+        return Session(sid, principal, catalogue, protocol_version, client_name, client_version)
 
     def validate(self, sid: str, principal: str) -> Session | None:
         return self._answer(sid, self._validate(keys=self._keys(principal, sid), args=self._validate_args(sid, principal)))
@@ -253,7 +256,7 @@ class RedisSessionStore(SessionStore):
 
     @staticmethod
     def _session(sid: str, data: dict[str, str]) -> Session:
-        return Session(sid, data["principal"], data.get("version", ""), data.get("client", ""),
+        return Session(sid, data["principal"], data.get("catalogue", ""), data.get("version", ""), data.get("client", ""),
                        data.get("client_version", ""), data.get("listing", ""))
 
     def note_listing(self, sid: str, principal: str, listing: str) -> None:

@@ -26,7 +26,7 @@ needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="needs YUZU_REDI
 def test_a_pending_check_answers_as_validate_does(backend):
     sessions = MemorySessionStore() if backend == "memory" else RedisSessionStore(settings.REDIS_URL)
     mine, other = f"u1.t{secrets.token_hex(4)}", f"u2.t{secrets.token_hex(4)}"
-    s = sessions.create(mine, "2025-11-25", "claude-code", "2.1")
+    s = sessions.create(mine, "bridge", "2025-11-25", "claude-code", "2.1")
     for sid, principal in [(s.id, mine), (s.id, other), ("0" * 32, mine)]:
         pending = sessions.begin_validate(sid, principal)
         try:
@@ -36,8 +36,8 @@ def test_a_pending_check_answers_as_validate_does(backend):
     pending = sessions.begin_validate(s.id, mine)
     got = pending.result()
     pending.close()
-    assert got is not None and (got.id, got.principal, got.client_name, got.client_version) == (
-        s.id, mine, "claude-code", "2.1")
+    assert got is not None and (got.id, got.principal, got.catalogue, got.client_name, got.client_version) == (
+        s.id, mine, "bridge", "claude-code", "2.1")
 
 
 @needs_redis
@@ -46,7 +46,7 @@ def test_a_check_closed_unread_leaves_its_connection_clean():
     back holding no stale reply, and is used again as it is."""
     sessions = RedisSessionStore(settings.REDIS_URL)
     mine = f"u1.t{secrets.token_hex(4)}"
-    s = sessions.create(mine, "2025-11-25")
+    s = sessions.create(mine, "v1", "2025-11-25")
     client_id = sessions.redis.client_id()
     for _ in range(3):
         sessions.begin_validate(s.id, mine).close()
@@ -67,7 +67,7 @@ def test_a_check_that_went_wrong_on_its_way_is_answered_by_validate(mishap):
     answers on a connection of its own. Either way the pool holds no connection in use afterwards."""
     sessions = RedisSessionStore(settings.REDIS_URL)
     mine = f"u1.t{secrets.token_hex(4)}"
-    s = sessions.create(mine, "2025-11-25")
+    s = sessions.create(mine, "v1", "2025-11-25")
     sessions.validate(s.id, mine)
     if mishap == "script_flushed":
         sessions.redis.script_flush()

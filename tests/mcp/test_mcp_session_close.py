@@ -152,8 +152,8 @@ def test_a_client_delete_is_told_apart_from_other_endings(backend):
         pytest.skip("needs YUZU_REDIS_URL (CI sets it)")
     sessions = MemorySessionStore() if backend == "memory" else RedisSessionStore(settings.REDIS_URL)
     mine, other = f"closer-{secrets.token_hex(4)}", f"other-{secrets.token_hex(4)}"
-    a = sessions.create(mine, "2025-11-25")
-    b = sessions.create(mine, "2025-11-25")
+    a = sessions.create(mine, "v1", "2025-11-25")
+    b = sessions.create(mine, "v1", "2025-11-25")
     assert sessions.delete(a.id, mine, by_client=True) and sessions.delete(b.id, mine)
     assert sessions.deleted_by_client(a.id, mine) and not sessions.deleted_by_client(b.id, mine)
     assert not sessions.deleted_by_client(a.id, other)  # another principal learns nothing

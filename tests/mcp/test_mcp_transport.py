@@ -289,3 +289,24 @@ def test_completion_for_a_prompt_named_by_no_string_is_invalid_params(client):
                                                "argument": {"name": "mode", "value": "d"}})
         assert r.status == 200 and r.error["code"] == -32602, (name, r.status, r.body)
         assert r.error["message"].startswith("Unknown prompt")
+
+
+@pytest.mark.parametrize("opened_on,used_on", [("/mcp/bridge/", "/mcp/v1/"), ("/mcp/v1/", "/mcp/bridge/")])
+def test_a_session_is_honoured_only_on_the_endpoint_that_opened_it(token, opened_on, used_on):
+    """One API token is one principal on both endpoints; its session of one is still unknown on the other — to a
+    POST, a GET stream and a DELETE alike — and is left as it was."""
+    owner = McpClient(token, path=opened_on)
+    owner.initialize()
+    elsewhere = McpClient(token, path=used_on)
+    answers = {}
+    for sid in (owner.sid, "f" * 32):
+        elsewhere.sid = sid
+        post = elsewhere.rpc("tools/list")
+        assert post.status == 404, post.body  # (checked before the GET: one that is let in holds its stream open)
+        get = request("GET", headers=elsewhere.headers({"accept": "text/event-stream"}), path=used_on)
+        delete = request("DELETE", headers=elsewhere.headers(), path=used_on)
+        assert (get.status, delete.status) == (404, 404), sid
+        answers[sid] = [(r.error["code"], r.error["message"]) for r in (post, get, delete)]
+    assert answers[owner.sid] == answers["f" * 32]
+    assert owner.rpc("ping").status == 200  # the session still lives where it was opened
+    assert request("DELETE", headers=owner.headers(), path=opened_on).status == 200

@@ -21,7 +21,7 @@ def streams(mint):
     out = []
     for i in range(30):
         p = principal_for_token(mint(f"user{i}", tier="operator"))
-        out.append((p, store().create(p.key, "2025-11-25", "t", "0").id))
+        out.append((p, store().create(p.key, "v1", "2025-11-25", "t", "0").id))
     yield out
     store().clear()
 
@@ -49,7 +49,7 @@ def test_expiry_is_noticed_without_a_change(streams):
 
 def test_an_admin_session_principal_is_checked_by_its_user(make_user):
     p = Principal(user=make_user("root", superuser=True), via="session")
-    sid = store().create(p.key, "2025-11-25", "t", "0").id
+    sid = store().create(p.key, "v1", "2025-11-25", "t", "0").id
     assert watch.revalidate_all([(p, sid)]) == ["ok"]
     get_user_model().objects.filter(username="root").update(is_active=False)
     assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
