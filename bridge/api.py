@@ -5,8 +5,8 @@ POST   /api/v1/bridge/members       {profile}    spawn (Bridge:Execute); guard b
 DELETE /api/v1/bridge/members/{paneId}           stop (Bridge:Execute), idempotent
 POST   /api/v1/bridge/members/{paneId}/events    hook sink: the worker's own token (audience "bridge") only
 
-A primary may send ``X-Bridge-Pane: [<tmux socket>:]<pane>`` to say where its own pane lives; the
-SubscriptionGuard then refuses to manage workers on that tmux server (docs/bridge.md).
+A primary may send ``X-Bridge-Pane: [<tmux socket>:]<pane>`` (as its pane knows it: ``$TMUX:$TMUX_PANE``) to say
+where its own pane lives; the SubscriptionGuard then refuses to manage workers on that tmux server (docs/bridge.md).
 """
 
 from rest_framework import authentication, exceptions

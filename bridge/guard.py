@@ -12,10 +12,12 @@ Invariants:
 * **No tool takes or returns an environment value**; only this module reads a profile's env for a spawn.
 * **Not beside the primary's pane.** A primary that says where its own pane lives (REST header
   ``X-Bridge-Pane``) must not live on the bridge's private tmux server: the bridge closes panes there and
-  may shut that server down.
+  may shut that server down. The server is named as a real pane knows it (``$TMUX:$TMUX_PANE``, see
+  ``tmux_server``) or by its ``-L`` name; a hint that names none is taken to mean the bridge's.
 """
 
 import os
+import re
 import sys
 
 from . import conf
@@ -43,8 +45,8 @@ class SubscriptionGuard:
     def check_primary_pane(primary_pane, socket_name, member=None):
         if not primary_pane:
             return
-        sock, sep, pane = primary_pane.rpartition(":")
-        on_bridge_server = (sock or socket_name) == socket_name
+        sock, _, pane = primary_pane.rpartition(":")  # a pane id holds no colon; a socket path may
+        on_bridge_server = tmux_server(sock or socket_name) == socket_name
         if member is not None and on_bridge_server and pane in (member.pane_id, member.terminal_id):
             raise BridgeFailure("subscription_boundary", "that pane is the primary's own pane")
         if member is None and on_bridge_server:
@@ -52,6 +54,13 @@ class SubscriptionGuard:
                 "subscription_boundary",
                 f"the primary's own pane ({primary_pane}) lives on the bridge's tmux server '{socket_name}'; the "
                 "bridge will not manage workers beside it. Run the primary in another tmux server")
+
+
+def tmux_server(socket):
+    """The name of the tmux server ``socket`` names: a ``-L`` name as it is; a socket path — as a pane's own ``$TMUX``
+    has it, ``<socket path>,<server pid>,<session index>`` (``/tmp/tmux-0/default,1234,0``) — by its last component,
+    which is the name ``tmux -L <name>`` listens under (``$TMUX_TMPDIR/tmux-<uid>/<name>``)."""
+    return re.sub(r",\d+,\d+$", "", socket).rpartition("/")[2]
 
 
 def _placeholders(profile):
