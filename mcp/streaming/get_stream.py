@@ -1,7 +1,7 @@
 """The session's GET channel: ``GET /mcp/v1/`` with the session's id opens its server→client stream.
 
 It replays what the ring holds after the client's Last-Event-ID (a gap is a 404 that ends the session, never a
-short replay), then carries live frames as the session's group wakes it, a heartbeat on every tick that
+short replay; a cursor that is no event id at all is a 400 that changes nothing, never a replay from the start), then carries live frames as the session's group wakes it, a heartbeat on every tick that
 delivered nothing, and re-validates the credential on every tick. One stream per session: a second GET takes
 over and the first closes with ``superseded``. A GET that resumes a streamed POST (its Last-Event-ID is one of
 that POST's frames) follows that call up to and including its result, then carries GET frames again.
@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import secrets
 from collections.abc import Mapping
 
@@ -50,19 +51,29 @@ def accepts_sse(headers: Mapping[str, str]) -> bool:
 
 
 def last_event_id(headers: Mapping[str, str]) -> int:
-    try:
-        return max(0, int(headers.get("last-event-id", "0")))
-    except ValueError:
+    """The resume cursor: 0 without the header (or with an empty one, which is what SSE means by no last id), else
+    the id it names — a decimal event id as this server writes them (``id: <n>``). Anything else is no cursor the
+    server could have issued: a 400, before anything happens, never a replay from the start that the client would
+    take for the rest of its stream. (An id in that form that the ring does not cover is the gap: see ``attach``.)"""
+    value = headers.get("last-event-id", "").strip(" \t")
+    if not value:
         return 0
+    if re.fullmatch(r"[0-9]{1,19}", value) is None:
+        raise rpc.RpcError(rpc.INVALID_REQUEST, "Bad Request: Last-Event-ID must be an event id this stream sent",
+                           a4(correlation_id(), remediation="send the id of the last event you received, as it "
+                              "was sent (decimal digits), or no Last-Event-ID to start from what the server holds"),
+                           http_status=400)
+    return int(value)
 
 
 async def attach(conn: Connection, principal: Principal, session: Session) -> None:
     """Open the session's stream on ``conn`` (auth and the session check have passed), or raise the refusal:
-    406 without an SSE Accept, 429 at a cap, 404 for a cursor the ring does not cover."""
+    406 without an SSE Accept, 400 for a Last-Event-ID that is no event id, 429 at a cap, 404 for a cursor the ring
+    does not cover."""
     if not accepts_sse(conn.headers):
         raise rpc.RpcError(rpc.NOT_ACCEPTABLE, "Not Acceptable: Accept must list text/event-stream", http_status=406)
-    key = ring_key(principal.key, session.id)
     cursor = last_event_id(conn.headers)
+    key = ring_key(principal.key, session.id)
     admit_get(principal.key, handover_pending=key in _draining)
     try:
         stream_tag = await hop(rings().stream_of)(key, cursor) if cursor else "get"

@@ -170,6 +170,31 @@ def test_gap_terminates_the_session(session):
     run(future_cursor)
 
 
+@pytest.mark.parametrize("endpoint", ["/mcp/v1/", "/mcp/bridge/"])
+def test_a_cursor_that_is_no_event_id_is_refused_and_changes_nothing(mint, endpoint):
+    """A Last-Event-ID this server cannot have sent — not decimal digits — is a 400 before anything happens: never
+    a replay from the start (the client would take it for the rest of its stream), never the end of the session (a
+    never-issued *number* is the gap: 404, the session ended, above)."""
+    c = McpClient(mint("alice", role="Operator", tier="operator"), path=endpoint)
+    c.initialize()
+    key = key_of(c)
+    for n in range(3):
+        rings().append(key, {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}})
+
+    async def go():
+        for cursor in ("garbage", "-1", "+2", "2 3", "1_0", "0x2", "\u0662", "9" * 40):
+            s = await get(c, path=endpoint, **{"last-event-id": cursor}).open()
+            assert s.status == 400, cursor
+            await s.read_body()
+            error = json.loads(s.buffer)["error"]
+            assert error["code"] == -32600 and "Last-Event-ID" in error["message"], cursor
+        r = await get(c, path=endpoint, **{"last-event-id": "2"}).open()  # the session and its ring are intact
+        assert ids(await r.read_until(lambda ev: len(ids(ev)) == 1)) == [3]
+        await r.disconnect()
+    run(go)
+    assert c.rpc("ping").status == 200
+
+
 def test_takeover_and_handover(session):
     async def go():
         first = await get(session).open()
