@@ -32,7 +32,7 @@ from fleet.models import Agent, Tag
 from mcp.pipeline import approval_gate, set_approval_gate
 from mcp.registry import catalogue
 from tests.support.approvals import PASSWORD, approve, approver_principal, error_of, result_of
-from tests.support.mcp_http import request
+from tests.support.mcp_http import McpClient, request
 from tests.support.otp import code, next_code
 from tests.support.races import at_once
 from yuzu.auth import MFA_SESSION_KEY
@@ -553,6 +553,25 @@ def test_rest_read_routes(mcp, tagged_agent, approver, mint):
     assert detail.status_code == 200 and detail.json()["data"]["status"] == "pending"
     assert c.get(f"/api/v1/approvals/{'0' * 32}").status_code == 404
     assert c.get("/api/v1/approvals/pending/count").json()["data"] == {"pending": 1}
+
+
+def test_a_service_scoped_token_reads_no_ticket_over_rest_either(mcp, tagged_agent, mint):
+    """A ticket's summary and targets name devices (here host-1, of no service). A token of its submitter scoped to
+    service=payments read them through the REST twins of get_approval and list_pending_approvals — which, like
+    every tool of the "denied" class, refuse such a token over MCP — and could withdraw the ticket."""
+    tid = mint_ticket(mcp("alice"))
+    raw = mint("alice", role="Operator", tier="operator", scope_service="payments")
+    scoped = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    for method, path in (("get", "/api/v1/approvals"), ("get", f"/api/v1/approvals/{tid}"),
+                         ("post", f"/api/v1/approvals/{tid}/withdraw")):
+        r = getattr(scoped, method)(path)
+        assert r.status_code == 403 and "service-scoped" in r.json()["error"]["message"], (path, r.content)
+        assert "host-1" not in r.content.decode()
+    assert Approval.objects.get(pk=tid).status == Approval.PENDING
+    c = McpClient(raw)
+    c.initialize()
+    for tool, args in (("get_approval", {"approval_id": tid}), ("list_pending_approvals", {})):
+        assert "service-scoped" in error_of(c.call(tool, args))["message"]  # the MCP twins, as they were
 
 
 def test_rest_review_rules(mcp, tagged_agent, approver, mint):
