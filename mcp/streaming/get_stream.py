@@ -1,10 +1,11 @@
 """The session's GET channel: ``GET /mcp/v1/`` with the session's id opens its server→client stream.
 
 It replays what the ring holds after the client's Last-Event-ID (a gap is a 404 that ends the session, never a
-short replay; a cursor that is no event id at all is a 400 that changes nothing, never a replay from the start), then carries live frames as the session's group wakes it, a heartbeat on every tick that
-delivered nothing, and re-validates the credential on every tick. One stream per session: a second GET takes
-over and the first closes with ``superseded``. A GET that resumes a streamed POST (its Last-Event-ID is one of
-that POST's frames) follows that call up to and including its result, then carries GET frames again.
+short replay; a cursor that is no event id at all is a 400 that changes nothing, never a replay from the start),
+then carries live frames as the session's group wakes it, a heartbeat on every tick that delivered nothing, and
+re-validates the credential on every tick. One stream per session: a second GET takes over and the first closes
+with ``superseded``. A GET that resumes a streamed POST (its Last-Event-ID is one of that POST's frames) follows
+that call up to and including its result, then carries GET frames again.
 """
 
 import asyncio
