@@ -18,21 +18,15 @@ REVIEW = obj({"comment": string(1024)})
 DECIDED = obj({"id": string(32), "status": string(16)}, ["id", "status"])
 
 
-def _own_tickets_gate(p, operation):
-    """The gate of the routes a submitter uses with no role of its own (approvals.services confines what each caller
-    sees): the rbac.check of their MCP twins without its RBAC step — a service-scoped token is refused (those tools'
-    class is "denied": a ticket names devices of any service), then the tier ceiling."""
-    rbac.refuse_service_scoped(p, "Approval", operation)
-    rbac.check_tier(p, "Approval", operation)
-
-
 @contract("GET", "Approval tickets you submitted or may review (newest 100)", response=array(TICKET),
           query=[("status", str, "pending (default), approved, rejected, expired or withdrawn"),
                  ("submitted_by", str, "")])
 @api_view(["GET"])
 def approvals_view(request):
     p = principal_of(request)
-    _own_tickets_gate(p, "Read")
+    # one's own tickets need no role (the service confines the rest); a service-scoped token is refused: a ticket
+    # names devices of any service (its MCP twins are of the "denied" class)
+    rbac.check_tier(p, "Approval", "Read")
     status = request.query_params.get("status", "pending")
     if status not in Approval.STATUSES:
         raise YuzuError(f"status must be one of {', '.join(Approval.STATUSES)}", status=400)
@@ -54,7 +48,7 @@ def pending_count_view(request):
 @api_view(["GET"])
 def approval_detail(request, approval_id):
     p = principal_of(request)
-    _own_tickets_gate(p, "Read")  # a -32006's status_url: its submitter follows it with no role of its own
+    rbac.check_tier(p, "Approval", "Read")  # a -32006's status_url: its submitter follows it with no role of its own
     return ok(services.approval_detail(p, approval_id, int_param(request, "page", 1, 1, 10000)))
 
 
@@ -62,7 +56,7 @@ def approval_detail(request, approval_id):
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
     p = principal_of(request)
-    _own_tickets_gate(p, "Write")  # the submitter's own ticket: no role needed, but a readonly token may not
+    rbac.check_tier(p, "Approval", "Write")  # the submitter's own ticket: no role needed, but a readonly token may not
     return ok(services.withdraw(p, approval_id, cid=cid_of(request)))
 
 

@@ -219,10 +219,15 @@ def has_any(principal: Principal, securable: str, operation: str) -> bool:
     return scope is None or bool(scope)
 
 
-def check_tier(principal: Principal, securable: str, operation: str, *, surface: str = "rest") -> None:
-    """The token's tier ceiling, for a capability with no RBAC gate of its own (withdrawing one's own ticket)
-    as for every other: refused above the tier; on non-MCP surfaces an MCP token may not perform an
-    approval-gated operation (the ticket could otherwise be bypassed)."""
+def check_tier(principal: Principal, securable: str, operation: str, *, surface: str = "rest",
+               confined: bool = False) -> None:
+    """What refuses a token whatever its roles, for a capability with no RBAC gate of its own (withdrawing one's
+    own ticket) as for every other, in the MCP pipeline's order: a service-scoped token, unless the capability is
+    the twin of a "confined" tool (``confined``: its service function keeps to the token's service); then the tier
+    ceiling — refused above the tier, and on non-MCP surfaces an MCP token may not perform an approval-gated
+    operation (the ticket could otherwise be bypassed)."""
+    if not confined:
+        refuse_service_scoped(principal, securable, operation)
     perm = f"{securable}:{operation}"
     if not tier_allows(principal.tier, securable, operation):
         raise tier_denial(principal, securable, operation)
@@ -236,12 +241,9 @@ def check_tier(principal: Principal, securable: str, operation: str, *, surface:
 def check(principal: Principal, securable: str, operation: str, *, agent: Model | str | None = None,
           group: Model | str | None = None, surface: str = "rest", any_scope: bool = False,
           confined: bool = False) -> None:
-    """The REST face's gate, in the MCP pipeline's order: a service-scoped token is refused unless the route is
-    the twin of a "confined" tool (``confined``: its service function keeps to the token's service), then the
-    tier ceiling (check_tier), then RBAC."""
-    if not confined:
-        refuse_service_scoped(principal, securable, operation)
-    check_tier(principal, securable, operation, surface=surface)
+    """The REST face's gate, in the MCP pipeline's order: the service scope and the tier ceiling (check_tier),
+    then RBAC."""
+    check_tier(principal, securable, operation, surface=surface, confined=confined)
     allowed = has_any(principal, securable, operation) if any_scope else may(
         principal, securable, operation, agent=agent, group=group)
     if not allowed:

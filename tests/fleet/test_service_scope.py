@@ -85,3 +85,20 @@ def test_the_routes_of_denied_tools_refuse_a_service_scoped_token(client, rest, 
     r = client.get(path, **rest)
     assert r.status_code == 403, (path, r.content)
     assert "service-scoped" in r.json()["error"]["message"]
+
+
+def test_a_service_scoped_token_follows_its_ticket_by_recalling(payments):
+    """get_approval and the status_url refuse a service-scoped token (docs/approvals.md): a recall with the ticket's
+    id answers -32006 while it waits, and runs once a human approved it."""
+    from approvals.models import Approval
+
+    args = {"agent_id": "a1", "key": "service"}
+    _, first = payments.tool("delete_tag", args)
+    assert first["code"] == -32006
+    ticket = first["data"]["approval_id"]
+    assert payments.tool("get_approval", {"approval_id": ticket})[1]["code"] == -32003
+    _, again = payments.tool("delete_tag", {**args, "approval_id": ticket})
+    assert again["code"] == -32006
+    Approval.objects.filter(pk=ticket).update(status=Approval.APPROVED, reviewed_by="zed")
+    done, error = payments.tool("delete_tag", {**args, "approval_id": ticket})
+    assert error is None and done["deleted"] is True

@@ -42,3 +42,18 @@ def test_an_unscoped_token_still_reaches_them(mint, client):
     raw = mint("admin", role="Administrator")
     for path in ("/api/v1/ca/issued", "/api/v1/secrets/kek/status", "/api/v1/policies", "/api/v1/access-reviews"):
         assert client.get(path, HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200, path
+
+
+def test_the_self_check_refuses_a_service_scoped_token(mint, client):
+    """POST /rbac/check has no RBAC gate of its own and asked nothing at all — not the service scope its MCP twin
+    check_permission (class "denied") refuses, which every REST route but the twins of the confined tools refuses.
+    The refusal now lives in rbac.check_tier, which the routes without an RBAC step call too (the approval routes:
+    tests/approvals/test_approvals.py)."""
+    body = {"securable_type": "Tag", "operation": "Read"}
+    raw = mint("svc-admin", role="Administrator", scope_service="payments")
+    r = client.post("/api/v1/rbac/check", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert r.status_code == 403 and r.json()["error"]["scope_service"] == "payments", r.content
+    unscoped = mint("admin", role="Administrator")
+    r = client.post("/api/v1/rbac/check", body, content_type="application/json",
+                    HTTP_AUTHORIZATION=f"Bearer {unscoped}")
+    assert r.status_code == 200 and r.json()["data"]["allowed"] is True

@@ -100,8 +100,10 @@ RBAC_CHECK = tool_input("check_permission")
           response=tool_output("check_permission"))
 @api_view(["POST"])
 def rbac_check(request: Request) -> Response:
+    p = principal_of(request)
+    rbac.check_tier(p, "Infrastructure", "Read")  # a self-check: no RBAC gate of its own (check_permission)
     d = payload(request, RBAC_CHECK)
-    return ok(rbac.self_check(principal_of(request), d["securable_type"], d["operation"]))
+    return ok(rbac.self_check(p, d["securable_type"], d["operation"]))
 
 
 ROLE = obj({"name": string(64), "description": string(256), "builtin": boolean()}, ["name"])
