@@ -283,15 +283,18 @@ def query_software_licenses(principal, agent_id, *, cid="", with_user=False, sur
 
 def decommission_agent_inventory(principal, agent_id, *, cid=""):
     """DELETE /sle/agents/{id}: SoftwareLicensing, Inventory and GuaranteedState Delete on the device; audit
-    first (fail closed), then erase every per-agent inventory store. A service-scoped token is refused any device
-    outside its service (rbac.may), an unknown one alike."""
+    first (fail closed), then erase every per-agent inventory store. A device outside a service-scoped token's
+    service answers as an unknown one (docs/operator.md): the grants alone decide, and nothing is erased."""
+    outside = bool(principal.scope_service) and not in_service(principal, Agent.objects.filter(pk=agent_id)).exists()
     for securable in ("SoftwareLicensing", "Inventory", "GuaranteedState"):
-        if not rbac.may(principal, securable, "Delete", agent=agent_id):
+        if not rbac.may(principal, securable, "Delete", agent=None if outside else agent_id):
             raise rbac.denial(principal, securable, "Delete", agent=agent_id)
     if not audit(principal, "sle.agent.decommission", "success", target_type="Agent", target_id=agent_id,
                  correlation_id=cid):
         raise YuzuError("the audit row could not be stored; nothing was erased", status=503, rpc_code=-32603,
                         retry_after_ms=STORE_FAULT_RETRY_MS)
+    if outside:
+        return {"agent_id": agent_id, "erased_rows": 0}
     with transaction.atomic():
         n = DetectedLicense.objects.filter(agent_id=agent_id).delete()[0]
         n += InstalledSoftware.objects.filter(agent_id=agent_id).delete()[0]
