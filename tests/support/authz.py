@@ -18,6 +18,16 @@ code under test:
 5. **Approval last**: what the tier gates (``tier_gates``) answers ``approval`` (-32006) with
    a ticket — only once everything above passed, so nothing a human could not run is put to one.
 6. Otherwise ``allow``.
+
+**Service scope** (docs/tokens-and-rbac.md, docs/security.md): a token scoped to one service (``Caller.service``)
+reaches only the devices tagged ``service=<it>``. Before everything else, a capability that reaches further
+(``Rule.service`` "denied": every tool but the "confined" ones, every REST route but their twins) refuses it →
+``scope`` (-32003 / 403 naming ``scope_service``). A "confined" one then follows the table above — the scope
+narrows the roles, never widens them (its service's device in another group stays out of a group-held role's
+reach) — its device targets confined once more: another service's device (``SVC``, in the caller's own group)
+reads exactly like one that does not exist — ``hidden``, before any ticket, or an empty result where an unknown
+device gets one (``empty_when_absent``: the licence read, the inventory erase). Routes anyone may call ("open")
+stay open to it; a review over REST answers every token approver_assurance_required, a scoped one too.
 """
 
 from dataclasses import dataclass, field
@@ -45,6 +55,7 @@ from fleet.models import (
     Tag,
 )
 from mcp.server import Request, handle
+from operations import inventory
 from operations.models import InstructionSchedule, PluginConfig, PluginSecret, UploadGrant
 from pki import ca
 from yuzu.models import AccountLockout, ApiToken
@@ -58,18 +69,23 @@ GROUP_ROLES = ("Viewer", "Operator", "Approver", "ITServiceOwner")  # Administra
 GROUP_SCOPED = {"Infrastructure", "Tag", "Execution", "Response", "Security", "Inventory", "ManagementGroup",
                 "Approval", "PluginConfig"}
 
-ALLOW, TIER, RBAC, HIDDEN, APPROVAL = "allow", "tier", "rbac", "hidden", "approval"
+ALLOW, TIER, RBAC, HIDDEN, APPROVAL, SCOPE = "allow", "tier", "rbac", "hidden", "approval", "scope"
 IN, OUT, GHOST = "in", "out", "ghost"  # a target in the caller's group, in another group, or no such thing
+#: a device of another service in the caller's group (for a service-scoped caller; IN and OUT are its service's)
+SVC = "svc"
+SERVICE, OTHER_SERVICE = "payments", "hr"
 
 
 @dataclass(frozen=True)
 class Caller:
     role: str | None
     on_group: bool = False  # the role is held on the "in" group only
+    service: str = ""  # its tokens are scoped to this service
 
     @property
     def username(self):
-        return f"{'g' if self.on_group else 'r'}-{(self.role or 'nobody').lower()}"
+        scoped = f"-{self.service}" if self.service else ""
+        return f"{'g' if self.on_group else 'r'}-{(self.role or 'nobody').lower()}{scoped}"
 
     def grant(self, securable, operation):
         """None (not held), "global" or "group" — from the built-in role definitions, not from the database."""
@@ -80,10 +96,16 @@ class Caller:
         return "global"
 
     def __str__(self):
-        return f"{self.role or 'no role'}{'@group' if self.on_group else ''}"
+        scoped = f" service={self.service}" if self.service else ""
+        return f"{self.role or 'no role'}{'@group' if self.on_group else ''}{scoped}"
 
 
 CALLERS = ([Caller(r) for r in GLOBAL_ROLES] + [Caller(r, on_group=True) for r in GROUP_ROLES] + [Caller(None)])
+#: service-scoped callers, a representative (caller, tier) each: the widest untiered token, the operator tier (its
+#: gate on Tag:Delete), a group-held role on the supervised tier (its gates), a reader, and no role at all
+SERVICE_PAIRS = [(Caller("Administrator", service=SERVICE), ""), (Caller("Operator", service=SERVICE), "operator"),
+                 (Caller("ITServiceOwner", on_group=True, service=SERVICE), "supervised"),
+                 (Caller("Viewer", service=SERVICE), "readonly"), (Caller(None, service=SERVICE), "readonly")]
 
 
 @dataclass(frozen=True)
@@ -101,6 +123,11 @@ class Rule:
     rbac: bool = True
     human_only: bool = False
     also: tuple = ()  # further (securable, operation) pairs the caller must hold somewhere
+    #: what a service-scoped token gets: "denied" (refused first), "confined" (kept to its service's devices) or
+    #: "open" (a route anyone may call)
+    service: str = "denied"
+    #: a device the caller cannot reach answers an empty result (ALLOW), not "not found" (the licence reads)
+    empty_when_absent: bool = False
 
 
 def fleet_wide(securable, operation):
@@ -121,7 +148,7 @@ def reaches(rule, caller, target):
     """May the caller reach this target at all (else it reads as absent)?"""
     if target is None:
         return True
-    if target == GHOST:
+    if target in (GHOST, SVC):  # no such thing, or another service's device: alike (no oracle)
         return False
     kind = rule.target
     if kind == "own":  # one's own token / ticket: in = mine, out = someone else's
@@ -137,7 +164,11 @@ def reaches(rule, caller, target):
 
 def expected(rule, tier, caller, target=None, face="mcp"):
     """THE table (see the module docstring). Over REST, an operation the tier gates is refused outright —
-    an MCP token cannot get past an approval through the other face — before anything else is looked at."""
+    an MCP token cannot get past an approval through the other face — before anything else is looked at.
+    A service-scoped token is refused what is not confined to its service before even that — but a review over
+    REST answers every token approver_assurance_required (docs/security.md, human-only review), a scoped one too."""
+    if caller.service and rule.service == "denied" and not (face == "rest" and rule.human_only):
+        return SCOPE
     if not tier_permits(tier, rule.securable, rule.operation):
         return TIER
     if face == "rest" and tier_gates(tier, rule.securable, rule.operation):
@@ -149,12 +180,22 @@ def expected(rule, tier, caller, target=None, face="mcp"):
     if any(caller.grant(s, o) is None for s, o in rule.also):
         return RBAC
     if not reaches(rule, caller, target):
-        return HIDDEN
+        return ALLOW if rule.empty_when_absent else HIDDEN
     if rule.compound is not None and not rule.compound(caller, target):
         return RBAC
     if tier_gates(tier, rule.securable, rule.operation):
         return APPROVAL
     return ALLOW
+
+
+def targets(rule, caller):
+    """The targets a row is called on for ``caller``: none, or in / out / ghost — and for a service-scoped caller a
+    device row's another-service device too."""
+    if rule.target is None:
+        return (None,)
+    if caller.service and rule.target == "agent":
+        return (IN, OUT, SVC, GHOST)
+    return (IN, OUT, GHOST)
 
 
 # The tier policy as docs/tokens-and-rbac.md states it, restated here (not imported from yuzu.policy) so
@@ -186,8 +227,9 @@ def tier_gates(tier, securable, operation):
 
 @dataclass
 class World:
-    """Two groups, an agent in each (connected, with the real plugin catalogue), a user per caller with a
-    token per tier, and someone else's executions, bundle, tickets and token to aim at."""
+    """Two groups, an agent in each (connected, with the real plugin catalogue, tagged service=payments) and in the
+    first another service's agent (SVC), a user per caller with a token per tier (scoped to the caller's service,
+    if it has one), and someone else's executions, bundle, tickets and token to aim at."""
 
     agents: dict = field(default_factory=dict)  # IN/OUT/GHOST -> agent id
     groups: dict = field(default_factory=dict)  # IN/OUT/GHOST -> group id
@@ -210,10 +252,11 @@ class World:
         return self.tokens[(caller.username, tier)]
 
 
-def _agent(agent_id, group):
+def _agent(agent_id, group, service=SERVICE):
     a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", arch="x86_64",
                              connected=True, last_seen=timezone.now())
     Tag.objects.create(agent=a, key="owner", value="payments")
+    Tag.objects.create(agent=a, key="service", value=service)
     AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugin_catalogue())
     AgentInventory.objects.create(agent=a, plugin="os", data={"name": "linux"})
     group.members.add(a)
@@ -269,8 +312,14 @@ def compliance_world(w, agents):
     w.policies[GHOST] = w.fragments[GHOST] = w.rules[GHOST] = "0" * 8 + "-0000-4000-8000-" + "0" * 12
 
 
+LICENCE = {"product": "rhel", "vendor": "Red Hat", "version": "9", "license_type": "subscription",
+           "state": "subscription_active", "channel": "entitlement", "expiry_at": 1893456000,
+           "detector": "entitlement_cert", "confidence": "authoritative", "key_hint": "ab12", "exe_hints": []}
+
+
 def operations_world(w, agents):
-    """A plugin configuration value and a secret to delete, and an unredeemed upload grant per agent."""
+    """A plugin configuration value and a secret to delete, an unredeemed upload grant per agent, and a detected
+    licence and an installed package on each (so reading or erasing one shows)."""
     PluginConfig.objects.create(plugin="process", key="default_limit", value="50", updated_by="zed")
     from operations.models import SECRET_VALUE
     from yuzu import secrets
@@ -278,10 +327,13 @@ def operations_world(w, agents):
     PluginSecret.objects.create(scope_key="process.api_token", plugin="process", key="api_token",
                                 sealed_value=secrets.seal("never-opened", SECRET_VALUE.where("process.api_token")),
                                 updated_by="zed")
-    for target, agent, grant_id in zip((IN, OUT), agents, ("a" * 32, "b" * 32), strict=True):
+    for target, agent, grant_id in zip((IN, OUT, SVC), agents, ("a" * 32, "b" * 32, "c" * 32), strict=True):
         w.grants[target] = UploadGrant.objects.create(
             grant_id=grant_id, secret_sha256="0" * 64, agent_id=agent.pk, declared_max_size=10, minted_by="zed",
             expires_at=timezone.now() + timedelta(minutes=15)).pk
+        inventory.receive_licenses(agent.pk, {"licenses": [LICENCE]})
+        inventory.receive_software(agent.pk, {"hash": "b" * 64, "page": 0, "pages": 1, "packages": [
+            {"name": "bash", "version": "5.1", "publisher": "", "install_date": "", "source": "dpkg"}]})
     w.grants[GHOST] = "f" * 32
     w.schedule = InstructionSchedule.objects.create(name="nightly", definition_id="def-1", frequency_type="daily",
                                                     time_of_day="02:00", created_by="zed", creator_key="u0.s").pk
@@ -307,14 +359,15 @@ def governance_world(w, owner):
                 "campaign": reviews.open_access_review(root, "the matrix")["campaign_id"]}
 
 
-def build_world(callers=CALLERS, tiers=TIERS):
+def build_world(callers=CALLERS, tiers=TIERS, pairs=()):
+    """The world, with a token per caller and tier, and for each further (caller, tier) of ``pairs``."""
     User = get_user_model()
     w = World()
     g_in = ManagementGroup.objects.create(name="in-group")
     g_out = ManagementGroup.objects.create(name="out-group")
     w.groups = {IN: g_in.pk, OUT: g_out.pk, GHOST: "f" * 32}
-    a_in, a_out = _agent("in-1", g_in), _agent("out-1", g_out)
-    w.agents = {IN: a_in.pk, OUT: a_out.pk, GHOST: "ghost-1"}
+    a_in, a_out, a_svc = _agent("in-1", g_in), _agent("out-1", g_out), _agent("in-2", g_in, OTHER_SERVICE)
+    w.agents = {IN: a_in.pk, OUT: a_out.pk, GHOST: "ghost-1", SVC: a_svc.pk}
     zed = User.objects.create_user("zed")
     assign_role(zed, "Administrator")
     w.executions = {IN: _execution("zed", a_in).pk, OUT: _execution("zed", a_out).pk, GHOST: "e" * 32}
@@ -328,23 +381,25 @@ def build_world(callers=CALLERS, tiers=TIERS):
     AccountLockout.objects.create(user=locked, failed_attempts=5, locked_until=timezone.now() + timedelta(minutes=15))
     InstructionDefinition.objects.create(id="def-1", name="OS info", plugin="os", action="info")
     compliance_world(w, (a_in, a_out))
-    operations_world(w, (a_in, a_out))
+    operations_world(w, (a_in, a_out, a_svc))
     governance_world(w, zed)
     expires = timezone.now() + timedelta(days=30)
-    for caller in callers:
-        user = User.objects.create_user(caller.username)
-        w.users[caller.username] = user
-        if caller.role:
-            assign_role(user, caller.role, g_in if caller.on_group else None)
-        w.own_tickets[caller.username] = ticket(caller.username, a_in.pk, args={"agent_id": a_in.pk, "key": "mine"}).pk
-        for tier in tiers:
-            # Every caller's token is the successor of a rotation, so confirming it is a real, allowed call.
-            old = ApiToken.mint(user, "old", mcp_tier=tier, expires_at=expires if tier else None)[0]
-            token, raw = ApiToken.mint(user, f"{caller.username}-{tier or 'untiered'}", mcp_tier=tier,
-                                       expires_at=expires if tier else None)
-            token.rotated_from = old
-            token.save(update_fields=["rotated_from"])
-            w.tokens[(caller.username, tier)] = (token, raw)
+    for caller, tier in [(c, t) for c in callers for t in tiers] + list(pairs):
+        user = w.users.get(caller.username)
+        if user is None:
+            user = w.users[caller.username] = User.objects.create_user(caller.username)
+            if caller.role:
+                assign_role(user, caller.role, g_in if caller.on_group else None)
+            w.own_tickets[caller.username] = ticket(caller.username, a_in.pk,
+                                                    args={"agent_id": a_in.pk, "key": "mine"}).pk
+        # Every caller's token is the successor of a rotation, so confirming it is a real, allowed call.
+        old = ApiToken.mint(user, "old", mcp_tier=tier, expires_at=expires if tier else None,
+                            scope_service=caller.service)[0]
+        token, raw = ApiToken.mint(user, f"{caller.username}-{tier or 'untiered'}", mcp_tier=tier,
+                                   expires_at=expires if tier else None, scope_service=caller.service)
+        token.rotated_from = old
+        token.save(update_fields=["rotated_from"])
+        w.tokens[(caller.username, tier)] = (token, raw)
     return w
 
 
@@ -371,3 +426,4 @@ def open_session(raw, cat):
     reply = handle(Request("POST", _headers(raw), {}, cat, msg))
     assert reply.status == 200, reply.body
     return reply.headers.get("Mcp-Session-Id")
+

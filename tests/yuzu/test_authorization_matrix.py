@@ -1,13 +1,16 @@
 """The authorization matrix, generated from the registry and the URL resolver (issue 10, "the adversarial
 suite"): every MCP tool of both catalogues × tier × role (global, and held on one management group) ×
 target (in the caller's group, in another group, nonexistent), and every REST route × role, each compared
-with the ONE rule table in tests/support/authz.py. A tool or route with no row fails the suite, so nothing new is
-left out; a mismatch prints a table of what was expected and what was answered.
+with the ONE rule table in tests/support/authz.py; then every tool and route again for a few service-scoped
+callers (SERVICE_PAIRS), whose device targets add another service's device in the caller's own group. A tool or
+route with no row fails the suite, so nothing new is left out; a mismatch prints a table of what was expected and
+what was answered.
 
 The MCP cells call ``mcp.server.handle`` — what the HTTP transport calls — with a real token and session,
 each inside a transaction rolled back afterwards (so every cell sees the same world, and a write cell
 leaves nothing behind); ``test_matrix_sample_through_http`` checks that the HTTP face answers the same."""
 
+import json
 import os
 import re
 from datetime import timedelta
@@ -30,6 +33,9 @@ from tests.support.authz import (
     IN,
     OUT,
     RBAC,
+    SCOPE,
+    SERVICE_PAIRS,
+    SVC,
     TIER,
     TIERS,
     Caller,
@@ -43,6 +49,7 @@ from tests.support.authz import (
     fragment_yaml,
     open_session,
     policy_yaml,
+    targets,
 )
 from tests.support.mcp_http import McpClient
 from yuzu.models import RoleAssignment
@@ -59,7 +66,9 @@ class V:
         self.rule = Rule(securable, operation, target=target, **rule)
         self.args = args
         self.label = label
-        self.targets = (IN, OUT, GHOST) if target else (None,)
+
+    def targets(self, caller):
+        return targets(self.rule, caller)
 
 
 def agent(w, t):
@@ -82,8 +91,12 @@ V1 = {
     "get_agent_details": [V("Infrastructure", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
     "get_tags": [V("Tag", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
     "search_agents_by_tag": [V("Tag", "Read", lambda w, t, c, tok: {"key": "owner"})],
-    "set_tag": [V("Tag", "Write", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner", "value": "x"}, "agent")],
-    "delete_tag": [V("Tag", "Delete", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner"}, "agent")],
+    # the "confined" class (docs/tokens-and-rbac.md, scope_service): a service-scoped token is let in, and kept to
+    # its service's devices
+    "set_tag": [V("Tag", "Write", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner", "value": "x"}, "agent",
+                  service="confined")],
+    "delete_tag": [V("Tag", "Delete", lambda w, t, c, tok: {"agent_id": agent(w, t), "key": "owner"}, "agent",
+                     service="confined")],
     # management groups
     "list_management_groups": [V("ManagementGroup", "Read", lambda w, t, c, tok: {})],
     "get_management_group": [V("ManagementGroup", "Read", lambda w, t, c, tok: {"group_id": group(w, t)}, "group")],
@@ -113,8 +126,9 @@ V1 = {
     # executions
     "execute_instruction": [
         V("Execution", "Execute", lambda w, t, c, tok: {"plugin": "os", "action": "info", "agent_ids": [agent(w, t)]},
-          "agent", "agent_ids"),
-        V("Execution", "Execute", lambda w, t, c, tok: {"plugin": "os", "action": "info"}, label="all"),
+          "agent", "agent_ids", service="confined"),
+        V("Execution", "Execute", lambda w, t, c, tok: {"plugin": "os", "action": "info"}, label="all",
+          service="confined"),
     ],
     "get_execution_status": [V("Execution", "Read", lambda w, t, c, tok: {"execution_id": w.executions[t]},
                                "execution")],
@@ -123,7 +137,7 @@ V1 = {
     "aggregate_responses": [V("Response", "Read", lambda w, t, c, tok: {"execution_id": w.executions[t],
                                                                          "group_by": "status"}, "execution")],
     "execute_bundle": [V("Execution", "Execute", lambda w, t, c, tok: {
-        "agent_id": agent(w, t), "steps": [{"plugin": "os", "action": "info"}]}, "agent")],
+        "agent_id": agent(w, t), "steps": [{"plugin": "os", "action": "info"}]}, "agent", service="confined")],
     "get_bundle_result": [V("Response", "Read", lambda w, t, c, tok: {"bundle_id": w.bundles[t]}, "dispatched",
                             reach=("Execution", "Read"))],
     # inventory, definitions, scope, quarantine
@@ -137,7 +151,8 @@ V1 = {
     "validate_scope": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"}, rbac=False)],
     "preview_scope_targets": [V("Infrastructure", "Read", lambda w, t, c, tok: {"expression": "ostype == linux"})],
     "discover_scope_kinds": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
-    "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent")],
+    "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent",
+                            service="confined")],
     # the CA: fleet-wide, so a Security grant held on one group does not reach it
     "list_issued_certs": [V("Security", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("Security", "Read"))],
     "revoke_certificate": [V("Security", "Delete", lambda w, t, c, tok: {"serial_hex": w.cert, "reason": "matrix"},
@@ -198,25 +213,27 @@ V1 = {
     "list_upload_grants": [V("UploadGrant", "Read", lambda w, t, c, tok: {})],
     "revoke_upload_grant": [V("UploadGrant", "Delete", lambda w, t, c, tok: {"grant_id": w.grants[t]}, "agent")],
     "list_schedules": [V("Schedule", "Read", lambda w, t, c, tok: {})],
-    "query_installed_software": [V("Inventory", "Read", lambda w, t, c, tok: {"name": "bash"})],
-    "query_software_licenses": [
-        V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": agent(w, IN)}, label="known"),
-        V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": "ghost-1"}, label="unknown")],
+    "query_installed_software": [V("Inventory", "Read", lambda w, t, c, tok: {"name": "bash"}, service="confined")],
+    # an unknown device, or another service's, answers count 0 (docs/operator.md)
+    "query_software_licenses": [V("SoftwareLicensing", "Read", lambda w, t, c, tok: {"agent_id": agent(w, t)},
+                                  "agent", empty_when_absent=True, service="confined")],
     # DEX (docs/dex.md): GuaranteedState:Read, a fleet-wide grant only; rows confined by Infrastructure:Read, and a
-    # group the caller cannot read (or none) reads as absent
-    **{name: [V("GuaranteedState", "Read", lambda w, t, c, tok, a=args: dict(a))] for name, args in (
-        ("list_dex_signals", {"window": "30d"}), ("get_dex_signal_scope", {}),
-        ("get_dex_signal_detail", {"obs_type": "perf.cpu_sustained"}), ("get_dex_perf_fleet", {}),
-        ("get_dex_perf_cohorts", {"key": "owner"}), ("get_dex_perf_cohort_diff", {"key": "owner", "a": "payments",
-                                                                                  "b": ""}),
-        ("list_dex_perf_devices", {}), ("list_dex_perf_apps", {}), ("get_dex_app_perf", {"app": "java"}),
-        ("get_network_fleet", {}), ("list_network_devices", {"metric": "throughput"}))},
+    # group the caller cannot read (or none) reads as absent. A service-scoped token reads its service's devices,
+    # but the three marked no-SS (fleet-wide agent ids) refuse it.
+    **{name: [V("GuaranteedState", "Read", lambda w, t, c, tok, a=args: dict(a), service=ss)] for name, args, ss in (
+        ("list_dex_signals", {"window": "30d"}, "confined"), ("get_dex_signal_scope", {}, "confined"),
+        ("get_dex_signal_detail", {"obs_type": "perf.cpu_sustained"}, "denied"),
+        ("get_dex_perf_fleet", {}, "confined"), ("get_dex_perf_cohorts", {"key": "owner"}, "confined"),
+        ("get_dex_perf_cohort_diff", {"key": "owner", "a": "payments", "b": ""}, "confined"),
+        ("list_dex_perf_devices", {}, "denied"), ("list_dex_perf_apps", {}, "confined"),
+        ("get_dex_app_perf", {"app": "java"}, "confined"), ("get_network_fleet", {}, "confined"),
+        ("list_network_devices", {"metric": "throughput"}, "denied"))},
     "get_dex_group_app_perf": [V("GuaranteedState", "Read", lambda w, t, c, tok: {"group_id": group(w, t),
                                                                                    "app": "java"},
-                                 "group", reach=("Infrastructure", "Read"))],
+                                 "group", reach=("Infrastructure", "Read"), service="confined")],
     "compare_app_perf_versions": [V("GuaranteedState", "Read", lambda w, t, c, tok: {
         "app": "java", "group": group(w, t), "baseline": "1.0", "candidate": "2.0"}, "group",
-        reach=("Infrastructure", "Read"))],
+        reach=("Infrastructure", "Read"), service="confined")],
     # governance: engine principals, access reviews and the KEK are the whole install's (no group reaches them)
     "create_engine_principal": [V("Security", "Write", lambda w, t, c, tok: {
         "principal_id": "engine:matrix-new", "display_name": "m", "owner_username": "zed", "justification": "m",
@@ -313,7 +330,7 @@ def classify(out, cat):
     if code == -32004:
         return TIER, message
     if code == -32003:
-        return RBAC, message
+        return (SCOPE if "scope_service" in (err.get("data") or {}) else RBAC), message
     if code == -32006:
         return APPROVAL, message
     if code == -32602 and ("not found" in message or message.startswith("nothing to approve")):
@@ -327,56 +344,94 @@ def rule_for(tool, variant):
     return r, (tool.securable, tool.operation) == (r.securable, r.operation)
 
 
+def answer_of(out, w, target):
+    """What a caller reads in a reply, the target's own ids (and what differs on every call) left out: another
+    service's device must read exactly like one that does not exist."""
+    if isinstance(out, Continuation):
+        return "continuation"
+    body = out.body or {}
+    if "error" in body:
+        err = body["error"]
+        return err["code"], _normalise(err["message"], w, target)
+    result = body.get("result", {})
+    return result.get("isError"), _normalise(str(_stable(result.get("structuredContent"))), w, target)
+
+
+VOLATILE = {"correlation_id", "execution_id", "command_id", "dispatched_at", "expires_at", "created_at", "timestamp"}
+
+
+def _stable(value):
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
+
+
 MODERN = object()  # the "session" of a 2026-07-28 caller: none, every request stands alone
 
 
-def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS, era="legacy"):
+def run_mcp_matrix(cat_name, callers=CALLERS, tiers=TIERS, era="legacy", pairs=SERVICE_PAIRS):
+    """Every tool × (each caller × each tier, and the service-scoped ``pairs``) × its targets."""
     cat = catalogue(cat_name)
     table = TABLES[cat_name]
     missing = sorted(set(cat.tools) - set(table))
     stale = sorted(set(table) - set(cat.tools))
-    w = build_world(callers, tiers)
+    w = build_world(callers, tiers, pairs)
     rows, cells = [], 0
     for name in missing:
         rows.append((name, "-", "-", "-", "a row in the table", "no row (add one to TABLES)"))
     for name in stale:
         rows.append((name, "-", "-", "-", "a registered tool", "not registered"))
-    for caller in callers:
-        for tier in tiers:
-            token, raw = w.token_of(caller, tier)
-            sid = open_session(raw, cat_name) if era == "legacy" else MODERN
-            for name in sorted(set(cat.tools) & set(table)):
-                tool = cat.tools[name]
-                for variant in table[name]:
-                    rule, same_pair = rule_for(tool, variant)
-                    if not same_pair:
-                        rows.append((name, str(caller), tier, "-", f"{rule.securable}:{rule.operation}",
-                                     f"registry: {tool.securable}:{tool.operation}"))
-                        continue
-                    answers = {}
-                    for target in variant.targets:
-                        cells += 1
-                        want = expected(rule, tier, caller, target)
-                        got, message = classify(call(raw, sid, cat_name, name, variant.args(w, target, caller, token)),
-                                                cat_name)
-                        answers[target] = (got, message)
-                        if got != want:
-                            rows.append((f"{name}{':' + variant.label if variant.label else ''}", str(caller),
-                                         tier or "untiered", target or "-", want, f"{got} {message[:90]}".strip()))
-                    # No oracle: an id in another group and an id that does not exist read alike.
-                    if GHOST in answers and answers[OUT][0] == answers[GHOST][0] == HIDDEN:
-                        out_msg = answers[OUT][1].replace(str(variant.args(w, OUT, caller, token)), "<args>")
-                        out_msg = _normalise(out_msg, w, OUT)
-                        ghost_msg = _normalise(answers[GHOST][1], w, GHOST)
-                        if out_msg != ghost_msg:
-                            rows.append((name, str(caller), tier or "untiered", "out vs ghost",
-                                         "the same answer", f"{out_msg[:60]!r} vs {ghost_msg[:60]!r}"))
+    for name in sorted(set(cat.tools) & set(table)):
+        classes = {v.rule.service for v in table[name]}
+        if classes != {cat.tools[name].service_scope}:
+            rows.append((name, "-", "-", "-", f"service scope {'/'.join(sorted(classes))}",
+                         f"registry: {cat.tools[name].service_scope}"))
+    for caller, tier in [(c, t) for c in callers for t in tiers] + list(pairs):
+        token, raw = w.token_of(caller, tier)
+        sid = open_session(raw, cat_name) if era == "legacy" else MODERN
+        for name in sorted(set(cat.tools) & set(table)):
+            tool = cat.tools[name]
+            for variant in table[name]:
+                rule, same_pair = rule_for(tool, variant)
+                if not same_pair:
+                    rows.append((name, str(caller), tier, "-", f"{rule.securable}:{rule.operation}",
+                                 f"registry: {tool.securable}:{tool.operation}"))
+                    continue
+                answers, read = {}, {}
+                for target in variant.targets(caller):
+                    cells += 1
+                    want = expected(rule, tier, caller, target)
+                    out = call(raw, sid, cat_name, name, variant.args(w, target, caller, token))
+                    got, message = answers[target] = classify(out, cat_name)
+                    if got != want:
+                        rows.append((f"{name}{':' + variant.label if variant.label else ''}", str(caller),
+                                     tier or "untiered", target or "-", want, f"{got} {message[:90]}".strip()))
+                    if caller.service:
+                        read[target] = answer_of(out, w, target)
+                        if target != SVC and w.agents[SVC] in str(read[target]):
+                            rows.append((name, str(caller), tier or "untiered", target or "-",
+                                         "nothing of another service's device", str(read[target])[:100]))
+                # No oracle: an id in another group and an id that does not exist read alike.
+                if GHOST in answers and answers[OUT][0] == answers[GHOST][0] == HIDDEN:
+                    out_msg = answers[OUT][1].replace(str(variant.args(w, OUT, caller, token)), "<args>")
+                    out_msg = _normalise(out_msg, w, OUT)
+                    ghost_msg = _normalise(answers[GHOST][1], w, GHOST)
+                    if out_msg != ghost_msg:
+                        rows.append((name, str(caller), tier or "untiered", "out vs ghost",
+                                     "the same answer", f"{out_msg[:60]!r} vs {ghost_msg[:60]!r}"))
+                # Nor a service oracle: another service's device reads exactly like one that does not exist.
+                if SVC in read and read[SVC] != read[GHOST]:
+                    rows.append((name, str(caller), tier or "untiered", "svc vs ghost", "the same answer",
+                                 f"{str(read[SVC])[:60]!r} vs {str(read[GHOST])[:60]!r}"))
     return rows, cells
 
 
 def _normalise(message, w, target):
-    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets, w.policies, w.fragments, w.rules):
-        message = message.replace(str(ids[target]), "<id>")
+    for ids in (w.agents, w.groups, w.executions, w.bundles, w.tickets, w.policies, w.fragments, w.rules, w.grants):
+        if target in ids:
+            message = message.replace(str(ids[target]), "<id>")
     return message.replace(str(w.other_token), "<id>").replace("0" * 24, "<id>")
 
 
@@ -407,7 +462,9 @@ class R:
     def __init__(self, securable, operation, path, body=None, target=None, ok=200, label="", **rule):
         self.rule = Rule(securable, operation, target=target, **rule)
         self.path, self.body, self.ok, self.label = path, body, ok, label
-        self.targets = (IN, OUT, GHOST) if target else (None,)
+
+    def targets(self, caller):
+        return targets(self.rule, caller)
 
 
 A = lambda w, t: w.agents[t]  # noqa: E731
@@ -417,6 +474,10 @@ TOK = lambda w, t, tok: tok.pk if t == IN else (w.other_token if t == OUT else "
 EX_BODY = lambda w, t, c, tok: {"plugin": "os", "action": "info", "agent_ids": [A(w, t)]}  # noqa: E731
 #: anyone authenticated; the tier still applies (Read passes every tier)
 OPEN = {"rbac": False}
+#: anyone at all, with or without a credential (the API's own description): a service scope changes nothing
+PUBLIC_DOC = {"rbac": False, "service": "open"}
+#: the REST twin of a "confined" tool: a service-scoped token is let in, and kept to its service's devices
+CONFINED = {"service": "confined"}
 
 REST = {
     ("api/v1/tokens", "GET"): [R("ApiToken", "Read", lambda w, t, c, tok: "/api/v1/tokens")],
@@ -462,7 +523,7 @@ REST = {
         body=lambda w, t, c, tok: {"username": "zed", "role": "ITServiceOwner"}, ok=201, compound=fleet_wide_or_owner("Write"))],
     ("api/v1/executions", "GET"): [R("Execution", "Read", lambda w, t, c, tok: "/api/v1/executions")],
     ("api/v1/executions", "POST"): [R("Execution", "Execute", lambda w, t, c, tok: "/api/v1/executions", body=EX_BODY,
-                                      target="agent", ok=202)],
+                                      target="agent", ok=202, **CONFINED)],
     ("api/v1/executions/<str:execution_id>", "GET"): [R("Execution", "Read",
                                                         lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}",
                                                         target="execution")],
@@ -474,7 +535,8 @@ REST = {
         "Response", "Read", lambda w, t, c, tok: f"/api/v1/executions/{E(w, t)}/aggregate", target="execution")],
     ("api/v1/bundles", "POST"): [R("Execution", "Execute", lambda w, t, c, tok: "/api/v1/bundles", target="agent", ok=202,
                                    body=lambda w, t, c, tok: {"agent_id": A(w, t),
-                                                              "steps": [{"plugin": "os", "action": "info"}]})],
+                                                              "steps": [{"plugin": "os", "action": "info"}]},
+                                   **CONFINED)],
     ("api/v1/bundles/<str:bundle_id>", "GET"): [R("Response", "Read",
                                                   lambda w, t, c, tok: f"/api/v1/bundles/{w.bundles[t]}",
                                                   target="dispatched", reach=("Execution", "Read"))],
@@ -483,10 +545,11 @@ REST = {
     ("api/v1/tags", "GET"): [R("Tag", "Read", lambda w, t, c, tok: f"/api/v1/tags?agent_id={A(w, t)}", target="agent"),
                              R("Tag", "Read", lambda w, t, c, tok: "/api/v1/tags?key=owner", label="search")],
     ("api/v1/tags", "PUT"): [R("Tag", "Write", lambda w, t, c, tok: "/api/v1/tags", target="agent",
-                               body=lambda w, t, c, tok: {"agent_id": A(w, t), "key": "owner", "value": "x"})],
+                               body=lambda w, t, c, tok: {"agent_id": A(w, t), "key": "owner", "value": "x"},
+                               **CONFINED)],
     ("api/v1/tags/<str:agent_id>/<str:key>", "DELETE"): [R("Tag", "Delete",
                                                            lambda w, t, c, tok: f"/api/v1/tags/{A(w, t)}/owner",
-                                                           target="agent")],
+                                                           target="agent", **CONFINED)],
     ("api/v1/inventory", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/inventory")],
     ("api/v1/inventory/tables", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/inventory/tables")],
     ("api/v1/agents/<str:agent_id>/inventory", "GET"): [R("Infrastructure", "Read",
@@ -503,7 +566,7 @@ REST = {
         R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/scope-kinds", label="scope-kinds"),
         R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/routes", label="routes")],
     ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
-                                      body=lambda w, t, c, tok: {"agent_id": A(w, t)})],
+                                      body=lambda w, t, c, tok: {"agent_id": A(w, t)}, **CONFINED)],
     ("api/v1/ca/issued", "GET"): [R("Security", "Read", lambda w, t, c, tok: "/api/v1/ca/issued",
                                     compound=fleet_wide("Security", "Read"))],
     ("api/v1/ca/revoke", "POST"): [R("Security", "Delete", lambda w, t, c, tok: "/api/v1/ca/revoke",
@@ -512,9 +575,11 @@ REST = {
     ("api/v1/ca/issue", "POST"): [R("Security", "Write", lambda w, t, c, tok: "/api/v1/ca/issue", ok=201,
                                     body=lambda w, t, c, tok: CODE_SIGNING_ARGS,
                                     compound=fleet_wide("Security", "Write"))],
-    ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json", **OPEN)],
-    ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml", **OPEN)],
-    ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **OPEN)],
+    ("api/v1/openapi.json", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.json",
+                                       **PUBLIC_DOC)],
+    ("api/v1/openapi.yaml", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/openapi.yaml",
+                                       **PUBLIC_DOC)],
+    ("api/v1/docs", "GET"): [R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/docs", **PUBLIC_DOC)],
     ("api/v1/approvals", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals", rbac=False)],
     ("api/v1/approvals/pending/count", "GET"): [R("Approval", "Read", lambda w, t, c, tok: "/api/v1/approvals/pending/count")],
     ("api/v1/approvals/<str:approval_id>", "GET"): [R("Approval", "Read",
@@ -595,22 +660,27 @@ REST.update({
         target="agent")],
     ("api/v1/guaranteed-state/schemas", "GET"): [R("GuaranteedState", "Read",
                                                    lambda w, t, c, tok: "/api/v1/guaranteed-state/schemas")],
-    # DEX (docs/dex.md)
-    **{(route, "GET"): [R("GuaranteedState", "Read", lambda w, t, c, tok, p=path: p)] for route, path in (
-        ("api/v1/dex/signals", "/api/v1/dex/signals?window=all"), ("api/v1/dex/scope", "/api/v1/dex/scope"),
-        ("api/v1/dex/signals/<str:obs_type>", "/api/v1/dex/signals/perf.cpu_sustained"),
-        ("api/v1/dex/perf/fleet", "/api/v1/dex/perf/fleet"), ("api/v1/dex/perf/cohorts", "/api/v1/dex/perf/cohorts"),
-        ("api/v1/dex/perf/cohort-diff", "/api/v1/dex/perf/cohort-diff?a=payments&b="),
-        ("api/v1/dex/perf/devices", "/api/v1/dex/perf/devices"), ("api/v1/dex/perf/apps", "/api/v1/dex/perf/apps"),
-        ("api/v1/dex/perf/app", "/api/v1/dex/perf/app?app=java"),
-        ("api/v1/network/fleet", "/api/v1/network/fleet"), ("api/v1/network/devices", "/api/v1/network/devices"))},
+    # DEX (docs/dex.md): the twins of the tools, the three no-SS ones refusing a service-scoped token
+    **{(route, "GET"): [R("GuaranteedState", "Read", lambda w, t, c, tok, p=path: p, service=ss)]
+       for route, path, ss in (
+        ("api/v1/dex/signals", "/api/v1/dex/signals?window=all", "confined"),
+        ("api/v1/dex/scope", "/api/v1/dex/scope", "confined"),
+        ("api/v1/dex/signals/<str:obs_type>", "/api/v1/dex/signals/perf.cpu_sustained", "denied"),
+        ("api/v1/dex/perf/fleet", "/api/v1/dex/perf/fleet", "confined"),
+        ("api/v1/dex/perf/cohorts", "/api/v1/dex/perf/cohorts", "confined"),
+        ("api/v1/dex/perf/cohort-diff", "/api/v1/dex/perf/cohort-diff?a=payments&b=", "confined"),
+        ("api/v1/dex/perf/devices", "/api/v1/dex/perf/devices", "denied"),
+        ("api/v1/dex/perf/apps", "/api/v1/dex/perf/apps", "confined"),
+        ("api/v1/dex/perf/app", "/api/v1/dex/perf/app?app=java", "confined"),
+        ("api/v1/network/fleet", "/api/v1/network/fleet", "confined"),
+        ("api/v1/network/devices", "/api/v1/network/devices", "denied"))},
     ("api/v1/dex/perf/group", "GET"): [R("GuaranteedState", "Read",
                                          lambda w, t, c, tok: f"/api/v1/dex/perf/group?group_id={G(w, t)}&app=java",
-                                         target="group", reach=("Infrastructure", "Read"))],
+                                         target="group", reach=("Infrastructure", "Read"), **CONFINED)],
     ("api/v1/dex/perf/compare", "GET"): [R(
         "GuaranteedState", "Read",
         lambda w, t, c, tok: f"/api/v1/dex/perf/compare?app=java&group={G(w, t)}&baseline=1.0&candidate=2.0",
-        target="group", reach=("Infrastructure", "Read"))],
+        target="group", reach=("Infrastructure", "Read"), **CONFINED)],
 })
 PC = "/api/v1/plugin-config"
 SCHEDULE_BODY = {"name": "matrix", "definition_id": "def-1", "frequency_type": "interval", "interval_minutes": 60}
@@ -653,12 +723,15 @@ REST.update({
     ("api/v1/schedules/<str:schedule_id>/enable", "POST"): [R(
         "Schedule", "Write", lambda w, t, c, tok: f"/api/v1/schedules/{w.schedule}/enable",
         body=lambda w, t, c, tok: {"enabled": False})],
-    ("api/v1/inventory/software", "GET"): [R("Inventory", "Read", lambda w, t, c, tok: "/api/v1/inventory/software")],
+    ("api/v1/inventory/software", "GET"): [R("Inventory", "Read", lambda w, t, c, tok: "/api/v1/inventory/software",
+                                             **CONFINED)],
+    # an unknown device, or another service's, reads as no licences and erases nothing (docs/operator.md)
     ("api/v1/sle/agents/<str:agent_id>", "GET"): [R("SoftwareLicensing", "Read",
-                                                    lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, IN)}")],
+                                                    lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, t)}",
+                                                    target="agent", empty_when_absent=True, **CONFINED)],
     ("api/v1/sle/agents/<str:agent_id>", "DELETE"): [R(
-        "SoftwareLicensing", "Delete", lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, IN)}",
-        also=(("Inventory", "Delete"), ("GuaranteedState", "Delete")))],
+        "SoftwareLicensing", "Delete", lambda w, t, c, tok: f"/api/v1/sle/agents/{A(w, t)}", target="agent",
+        empty_when_absent=True, also=(("Inventory", "Delete"), ("GuaranteedState", "Delete")), **CONFINED)],
 })
 EP = "/api/v1/engine-principals"
 AR = "/api/v1/access-reviews"
@@ -744,10 +817,12 @@ UPLOAD_AGENT = {("api/v1/uploads", "GET"): 405, ("api/v1/uploads/<str:upload_id>
 ADMIN_OPEN = {"admin/login/", "admin/logout/", "admin/jsi18n/", "admin/enrol/"}
 EXPECTED_STATUS = {TIER: 403, RBAC: 403, APPROVAL: 403, HIDDEN: 404}
 #: every caller with an untiered token, and the tiers with three callers (the most permissions, a group-scoped
-#: one, a reader) — the tier check is one function for every route; YUZU_FUZZ=full (make fuzz) runs all 40
+#: one, a reader) — the tier check is one function for every route; YUZU_FUZZ=full (make fuzz) runs all 40; and
+#: the service-scoped callers
 REST_CALLERS = [(c, t) for c in CALLERS for t in TIERS
                 if t == "" or os.environ.get("YUZU_FUZZ") == "full"
                 or c in (Caller("Administrator"), Caller("ITServiceOwner", on_group=True), Caller("Viewer"))]
+REST_PAIRS = REST_CALLERS + SERVICE_PAIRS
 
 
 def url_routes():
@@ -790,20 +865,34 @@ def rest_call(client, method, path, body, raw):
     return r
 
 
+def _json(r):
+    """The JSON body (an error envelope is JSON on the CSV export's path too), or {}."""
+    if r.get("Content-Type", "").startswith("application/json") or r.content.startswith(b'{"error"'):
+        return json.loads(r.content)
+    return {}
+
+
 def rest_outcome(r, row):
     if r.status_code == row.ok:
-        body = r.json() if r.get("Content-Type", "").startswith("application/json") else {}
+        body = _json(r)
         data = body.get("data") if isinstance(body, dict) else None
         if isinstance(data, dict) and data.get("status") == "no_agents_reached":
             return HIDDEN
         return ALLOW
+    if r.status_code == 403 and "scope_service" in (_json(r).get("error") or {}):
+        return SCOPE
     for outcome, status in EXPECTED_STATUS.items():
         if r.status_code == status:
             return "forbidden" if status == 403 else outcome
     return f"HTTP {r.status_code}"
 
 
-@pytest.mark.timeout(900)  # every route × 23 callers, and the OpenAPI document built per caller: minutes on a busy host
+def rest_answer(r, w, target):
+    """What a caller reads in a REST answer, the target's own ids and what differs on every call left out."""
+    return r.status_code, _normalise(str(_stable(_json(r))), w, target)
+
+
+@pytest.mark.timeout(900)  # every route × 28 callers, and the OpenAPI document built per caller: minutes on a busy host
 def test_rest_matrix():
     routes = url_routes()
     api = [(r, m) for r, m in routes if not r.startswith("admin/")]
@@ -811,14 +900,18 @@ def test_rest_matrix():
             for r, m in api if (r, m) not in REST and (r, m) not in PUBLIC and (r, m) not in WORKER_ONLY
             and (r, m) not in OAUTH and (r, m) not in UPLOAD_AGENT]
     rows += [(f"{m} {r}", "-", "-", "-", "a route", "no such route") for r, m in set(REST) - set(api)]
-    w = build_world()
+    w = build_world(pairs=SERVICE_PAIRS)
     client = Client()
     cells = 0
-    for caller, tier in REST_CALLERS:
+    for caller, tier in REST_PAIRS:
         token, raw = w.token_of(caller, tier)
         for (route, method), variants in sorted(REST.items()):
             for row in variants:
-                for target in row.targets:
+                if caller.service and row.rule.service == "open" and (caller, tier) != SERVICE_PAIRS[0]:
+                    continue  # a route anyone may call looks at no token: one scoped caller shows it (and each
+                    # call renders the whole API description, ~3 s of the matrix per caller)
+                read = {}
+                for target in row.targets(caller):
                     cells += 1
                     want = expected(row.rule, tier, caller, target, face="rest")
                     want = "forbidden" if want in (TIER, RBAC, APPROVAL) else want
@@ -829,6 +922,15 @@ def test_rest_matrix():
                         rows.append((f"{method} {route}{' ' + row.label if row.label else ''}", str(caller),
                                      tier or "untiered", target or "-", want,
                                      f"{got} {r.content[:90].decode(errors='replace')}"))
+                    if caller.service and row.rule.service != "open":
+                        read[target] = rest_answer(r, w, target)
+                        if target != SVC and w.agents[SVC] in str(read[target]):
+                            rows.append((f"{method} {route}", str(caller), tier or "untiered", target or "-",
+                                         "nothing of another service's device", str(read[target])[:100]))
+                # another service's device reads exactly like one that does not exist
+                if SVC in read and read[SVC] != read[GHOST]:
+                    rows.append((f"{method} {route}", str(caller), tier or "untiered", "svc vs ghost",
+                                 "the same answer", f"{str(read[SVC])[:60]!r} vs {str(read[GHOST])[:60]!r}"))
     # Without a credential: 401 everywhere but the probes; the hook sink refuses API tokens.
     token, raw = w.token_of(Caller("Administrator"), "")
     for route, method in api:
@@ -877,7 +979,7 @@ def test_matrix_sample_through_http():
         for variant in variants:
             if variant.rule.operation != "Read" and name != "set_tag":
                 continue  # reads only (this test commits), plus one write the tier refuses
-            for target in variant.targets:
+            for target in variant.targets(caller):
                 want = expected(variant.rule, tier, caller, target)
                 r = client.call(name, variant.args(w, target, caller, token))
                 assert r.status == 200, r.body
