@@ -40,6 +40,10 @@ PRECONDITION = "approval cannot be redeemed right now; the ticket is still valid
 REMEDIATION = ("a human approver reviews it in the admin (review_url, on the Approvals page {page}); poll get_approval "
                "(or GET status_url) no faster than retry_after_ms, then re-call this tool with the same arguments "
                "plus approval_id")
+#: a service-scoped token reads no ticket (docs/approvals.md): it follows its own by recalling
+SCOPED_REMEDIATION = ("a human approver reviews it in the admin (review_url, on the Approvals page {page}); re-call this "
+                      "tool with the same arguments plus approval_id no faster than retry_after_ms: it answers -32006 "
+                      "while the ticket waits (this token is service-scoped: it may not read tickets)")
 
 
 #: arguments that carry a secret (confirm_engine_rotation's proof of possession), and command parameters whose name
@@ -79,10 +83,15 @@ def _required(ctx, tool, ticket, detail):
     _record(ctx, "pending", detail)
     raise rpc.RpcError(rpc.APPROVAL_REQUIRED, f"approval required: a human must approve this call (on tier "
                        f"'{ctx.principal.tier}', {tool.securable}:{tool.operation} needs an approval)",
-                       a4(ctx.cid, APPROVAL_POLL_RETRY_MS, REMEDIATION.format(page=APPROVALS_PAGE),
-                          approval_id=ticket.id, status_url=f"/api/v1/approvals/{ticket.id}",
-                          review_url=reverse("admin:approvals_approval_review", args=[ticket.id]),
-                          tier=ctx.principal.tier))
+                       _pending_data(ctx, ticket))
+
+
+def _pending_data(ctx, ticket):
+    scoped = bool(ctx.principal.scope_service)  # the status_url would refuse it: no ticket reads for such a token
+    follow = {} if scoped else {"status_url": f"/api/v1/approvals/{ticket.id}"}
+    remediation = (SCOPED_REMEDIATION if scoped else REMEDIATION).format(page=APPROVALS_PAGE)
+    return a4(ctx.cid, APPROVAL_POLL_RETRY_MS, remediation, approval_id=ticket.id, **follow,
+              review_url=reverse("admin:approvals_approval_review", args=[ticket.id]), tier=ctx.principal.tier)
 
 
 NOTHING_TO_APPROVE = ("nothing to approve: the target matches no connected, unquarantined agent you may act on")

@@ -96,6 +96,9 @@ def test_a_service_scoped_token_follows_its_ticket_by_recalling(payments):
     _, first = payments.tool("delete_tag", args)
     assert first["code"] == -32006
     ticket = first["data"]["approval_id"]
+    # its -32006 points it at what it may do: recall (no status_url, which would refuse it)
+    assert "status_url" not in first["data"] and "re-call this tool" in first["data"]["remediation"]
+    assert "get_approval" not in first["data"]["remediation"]
     assert payments.tool("get_approval", {"approval_id": ticket})[1]["code"] == -32003
     _, again = payments.tool("delete_tag", {**args, "approval_id": ticket})
     assert again["code"] == -32006
