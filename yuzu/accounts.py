@@ -1,4 +1,4 @@
-"""Account lockout after repeated failed logins, and the unlock capability."""
+"""Account lockout after repeated failed logins (or set by an administrator), and the unlock capability."""
 
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ def confirm_api_token_rotation(ctx: ToolContext, args: JsonObject) -> JsonObject
 @tool(name="unlock_account", title="Unlock a user account", securable="UserManagement", operation="Write",
       effect="destructive", idempotent=True,
       prepare=lambda ctx, a, pinned=None: plan_unlock(ctx.principal, a["username"], pinned),
-      description="Clears a login lockout (after repeated failed logins). Supervised tier, approval-gated. "
+      description="Clears a login lockout: one after repeated failed logins, or one an administrator set (which "
+                  "also ended the account's sessions). Supervised tier, approval-gated. "
                   "was_locked:false means it was not locked.",
       input_schema=obj({"username": string(150, minLength=1), "approval_id": APPROVAL_ID}, ["username"]),
       output_schema=obj({"username": string(150), "unlocked": boolean(), "was_locked": boolean()}, ["unlocked"]))
