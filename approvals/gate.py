@@ -42,9 +42,9 @@ REMEDIATION = ("a human approver reviews it in the admin (review_url, on the App
                "plus approval_id")
 #: a service-scoped token reads no ticket (docs/approvals.md): it follows its own by recalling
 SCOPED_REMEDIATION = ("a human approver reviews it in the admin (review_url, on the Approvals page {page}); "
-                      "re-call this "
-                      "tool with the same arguments plus approval_id no faster than retry_after_ms: it answers -32006 "
-                      "while the ticket waits (this token is service-scoped: it may not read tickets)")
+                      "re-call this tool with the same arguments plus approval_id no faster than retry_after_ms: "
+                      "it answers -32006 while the ticket waits (this token is service-scoped: it may not read "
+                      "tickets)")
 
 
 #: arguments that carry a secret (confirm_engine_rotation's proof of possession), and command parameters whose name
