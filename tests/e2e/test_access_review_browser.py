@@ -13,10 +13,10 @@ import pytest
 
 from governance import reviews
 from tests.support.browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     admin_login,
+    chromium,
     off_thread,
+    open_page,
     require_browser,
     staff_with_authenticator,
 )
@@ -31,7 +31,7 @@ VIEWPORT = {"width": 1200, "height": 800}
 
 
 def test_a_reviewer_keeps_one_grant_revokes_another_and_closes(daphne, make_user, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     seed_builtin_roles()
     device = staff_with_authenticator(make_user, "rita", "Reviewer", PASSWORD)
     rita = device.user
@@ -41,30 +41,25 @@ def test_a_reviewer_keeps_one_grant_revokes_another_and_closes(daphne, make_user
     server = daphne()
     url = f"/admin/governance/accessreviewcampaign/{campaign}/review/"
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
-            page.set_default_timeout(15000)
-            admin_login(page, server.base, url, "rita", PASSWORD, device)
-            assert page.inner_text("#pending-count") == "3"
+    with chromium() as browser:
+        page = open_page(browser, server.base, VIEWPORT)
+        admin_login(page, server.base, url, "rita", PASSWORD, device)
+        assert page.inner_text("#pending-count") == "3"
 
-            page.click("tr[data-principal='olga'] button.keep")
-            page.wait_for_selector("tr[data-principal='olga'] td.d-attested")
-            page.click("tr[data-principal='vic'] button.revoke")
-            page.wait_for_selector("tr[data-principal='vic'] td.d-flagged_revoke")
-            assert page.inner_text("#pending-count") == "1"
-            assert off_thread(lambda: RoleAssignment.objects.filter(user__username="vic").exists())  # not yet
-            page.screenshot(path=str(tmp_path / "access-review.png"), full_page=True)
-            if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
-                page.screenshot(path=str(ROOT / "docs" / "img" / "access-review.png"), full_page=True)
+        page.click("tr[data-principal='olga'] button.keep")
+        page.wait_for_selector("tr[data-principal='olga'] td.d-attested")
+        page.click("tr[data-principal='vic'] button.revoke")
+        page.wait_for_selector("tr[data-principal='vic'] td.d-flagged_revoke")
+        assert page.inner_text("#pending-count") == "1"
+        assert off_thread(lambda: RoleAssignment.objects.filter(user__username="vic").exists())  # not yet
+        page.screenshot(path=str(tmp_path / "access-review.png"), full_page=True)
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            page.screenshot(path=str(ROOT / "docs" / "img" / "access-review.png"), full_page=True)
 
-            page.click("#close-review")
-            page.wait_for_selector("text=Review closed; 1 grant(s) revoked.")
-            assert "closed" in page.inner_text("#campaign-status")
-            assert page.locator("button.keep").count() == 0  # a closed review takes no more decisions
-        finally:
-            browser.close()
+        page.click("#close-review")
+        page.wait_for_selector("text=Review closed; 1 grant(s) revoked.")
+        assert "closed" in page.inner_text("#campaign-status")
+        assert page.locator("button.keep").count() == 0  # a closed review takes no more decisions
 
     def after():
         gone = not RoleAssignment.objects.filter(user__username="vic").exists()

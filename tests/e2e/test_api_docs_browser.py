@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, require_browser
+from tests.support.browser import chromium, open_page, require_browser
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
@@ -17,7 +17,7 @@ DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 def test_the_api_reference_renders_offline(daphne, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     server = daphne()
     elsewhere = []
 
@@ -28,20 +28,15 @@ def test_the_api_reference_renders_offline(daphne, tmp_path):
             elsewhere.append(route.request.url)
             route.abort()
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(20000)
-            page.route("**/*", only_this_server)
-            page.goto(f"{server.base}/api/v1/docs")
-            page.wait_for_selector("text=yuzu API")
-            page.locator("text=Dispatch plugin.action to agents (async)").first.wait_for(state="attached")
-            assert page.locator("button.authorize").count() == 1  # the bearer scheme: "Authorize" takes a token
-            page.screenshot(path=str(tmp_path / "api-reference.png"))
-            if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
-                DOCS_IMG.mkdir(exist_ok=True)
-                page.screenshot(path=str(DOCS_IMG / "api-reference.png"))
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_page(browser, None, {"width": 1280, "height": 900}, timeout=20000)
+        page.route("**/*", only_this_server)
+        page.goto(f"{server.base}/api/v1/docs")
+        page.wait_for_selector("text=yuzu API")
+        page.locator("text=Dispatch plugin.action to agents (async)").first.wait_for(state="attached")
+        assert page.locator("button.authorize").count() == 1  # the bearer scheme: "Authorize" takes a token
+        page.screenshot(path=str(tmp_path / "api-reference.png"))
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            DOCS_IMG.mkdir(exist_ok=True)
+            page.screenshot(path=str(DOCS_IMG / "api-reference.png"))
     assert elsewhere == []

@@ -18,11 +18,11 @@ from django.contrib.sessions.backends.db import SessionStore
 from approvals.models import Approval
 from fleet.models import Agent, Tag
 from tests.support.browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     McpHttp,
     admin_login,
+    chromium,
     off_thread,
+    open_page,
     require_browser,
     staff_with_authenticator,
 )
@@ -48,7 +48,7 @@ def ticket_status(approval_id):
 
 
 def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
 
     agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
     Tag.objects.create(agent=agent, key="owner", value="payments")
@@ -61,53 +61,48 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
     assert err["code"] == -32006, err
     tid = err["data"]["approval_id"]
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(base_url=server.base)
-            page.set_default_timeout(15000)
+    with chromium() as browser:
+        page = open_page(browser, server.base)
 
-            # Password + authenticator code in one submission (carol has one device).
-            admin_login(page, server.base, "/admin/", "carol", PASSWORD, device)
+        # Password + authenticator code in one submission (carol has one device).
+        admin_login(page, server.base, "/admin/", "carol", PASSWORD, device)
 
-            # Deterministically stale: move this session's MFA proof an hour back in the session store.
-            sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")
-            off_thread(make_proof_stale, sid)
+        # Deterministically stale: move this session's MFA proof an hour back in the session store.
+        sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")
+        off_thread(make_proof_stale, sid)
 
-            # The header shows the queue; the Approvals page lists the ticket.
-            page.click("#yuzu-pending-approvals a")
-            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
-            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
-            row = page.locator("#result_list tbody tr", has_text=tid[:8])
-            assert row.count() == 1
-            row_text = row.inner_text()
-            assert "Delete tag owner=payments from host-1 (host-1)" in row_text
-            assert "delete_tag" in row_text and "alice" in row_text and "ago" in row_text
-            page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
+        # The header shows the queue; the Approvals page lists the ticket.
+        page.click("#yuzu-pending-approvals a")
+        page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+        assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
+        row = page.locator("#result_list tbody tr", has_text=tid[:8])
+        assert row.count() == 1
+        row_text = row.inner_text()
+        assert "Delete tag owner=payments from host-1 (host-1)" in row_text
+        assert "delete_tag" in row_text and "alice" in row_text and "ago" in row_text
+        page.screenshot(path=str(tmp_path / "approvals.png"), full_page=True)
 
-            # Review → Approve with a comment but no code: the proof is stale, the page says so.
-            row.locator("a.yuzu-review-link").click()
-            page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
-            assert page.inner_text("#ticket-tool") == "delete_tag"
-            assert page.inner_text("#ticket-submitter") == "alice"
-            assert page.inner_text("#ticket-client") == "browser-test 0"
-            assert "host-1" in page.inner_text("#ticket-targets")
-            page.fill("#id_comment", "CHG-42: owner tag retired")
-            page.click("#approve-button")
-            page.wait_for_selector(".messagelist")
-            assert "older than five minutes" in page.inner_text(".messagelist")
-            assert off_thread(ticket_status, tid) == "pending"
+        # Review → Approve with a comment but no code: the proof is stale, the page says so.
+        row.locator("a.yuzu-review-link").click()
+        page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
+        assert page.inner_text("#ticket-tool") == "delete_tag"
+        assert page.inner_text("#ticket-submitter") == "alice"
+        assert page.inner_text("#ticket-client") == "browser-test 0"
+        assert "host-1" in page.inner_text("#ticket-targets")
+        page.fill("#id_comment", "CHG-42: owner tag retired")
+        page.click("#approve-button")
+        page.wait_for_selector(".messagelist")
+        assert "older than five minutes" in page.inner_text(".messagelist")
+        assert off_thread(ticket_status, tid) == "pending"
 
-            # The authenticator code in the same form (a later time step than the login's) → approved.
-            page.fill("#id_otp_token", off_thread(next_code, device))
-            page.click("#approve-button")
-            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
-            assert f"Approved: Delete tag owner=payments from host-1 (host-1) (ticket {tid}" in \
-                page.inner_text(".messagelist")
-            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (0 pending)"
-            page.screenshot(path=str(tmp_path / "approvals-after.png"), full_page=True)
-        finally:
-            browser.close()
+        # The authenticator code in the same form (a later time step than the login's) → approved.
+        page.fill("#id_otp_token", off_thread(next_code, device))
+        page.click("#approve-button")
+        page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+        assert f"Approved: Delete tag owner=payments from host-1 (host-1) (ticket {tid}" in \
+            page.inner_text(".messagelist")
+        assert page.inner_text("#yuzu-pending-approvals") == "Approvals (0 pending)"
+        page.screenshot(path=str(tmp_path / "approvals-after.png"), full_page=True)
 
     ticket = Approval.objects.get(pk=tid)
     assert (ticket.status, ticket.reviewed_by, ticket.review_comment) == ("approved", "carol",

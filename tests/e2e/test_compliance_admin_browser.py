@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment
 from tests.support.browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     admin_login,
+    chromium,
     off_thread,
+    open_page,
     require_browser,
     staff_with_authenticator,
 )
@@ -28,45 +28,40 @@ VIEWPORT = {"width": 1100, "height": 900}
 
 
 def test_a_policy_written_in_the_admin_and_its_compliance_page(daphne, make_user, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     device = staff_with_authenticator(make_user, "pat", "PlatformEngineer", PASSWORD)
     PolicyFragment().apply_yaml(FRAGMENT).save()
     server = daphne()
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
-            page.set_default_timeout(15000)
-            admin_login(page, server.base, "/admin/compliance/policy/add/", "pat", PASSWORD, device)
+    with chromium() as browser:
+        page = open_page(browser, server.base, VIEWPORT)
+        admin_login(page, server.base, "/admin/compliance/policy/add/", "pat", PASSWORD, device)
 
-            page.fill("#id_yaml_source", POLICY.replace("triggers:", "scope: 'ostype == '\n  triggers:"))
-            page.click("input[name=_save]")
-            assert "spec.scope is not a valid scope expression" in page.inner_text(".errorlist")
-            assert off_thread(lambda: Policy.objects.count()) == 0
+        page.fill("#id_yaml_source", POLICY.replace("triggers:", "scope: 'ostype == '\n  triggers:"))
+        page.click("input[name=_save]")
+        assert "spec.scope is not a valid scope expression" in page.inner_text(".errorlist")
+        assert off_thread(lambda: Policy.objects.count()) == 0
 
-            page.fill("#id_yaml_source", POLICY)
-            page.click("input[name=_save]")
-            page.wait_for_url(f"{server.base}/admin/compliance/policy/")
+        page.fill("#id_yaml_source", POLICY)
+        page.click("input[name=_save]")
+        page.wait_for_url(f"{server.base}/admin/compliance/policy/")
 
-            def verdicts():
-                policy = Policy.objects.get()
-                for agent, status in zip(agents("web-1", "web-2", "web-3", "web-4"),
-                                         ("compliant", "compliant", "compliant", "non_compliant"), strict=True):
-                    PolicyAgentStatus.objects.create(policy=policy, agent=agent, status=status,
-                                                     last_check_at=timezone.now())
-                return policy.pk
+        def verdicts():
+            policy = Policy.objects.get()
+            for agent, status in zip(agents("web-1", "web-2", "web-3", "web-4"),
+                                     ("compliant", "compliant", "compliant", "non_compliant"), strict=True):
+                PolicyAgentStatus.objects.create(policy=policy, agent=agent, status=status,
+                                                 last_check_at=timezone.now())
+            return policy.pk
 
-            policy_id = off_thread(verdicts)
-            page.goto(f"/admin/compliance/policy/{policy_id}/change/")
-            text = page.inner_text(".field-compliance")
-            assert "75.0 % compliant of 4 evaluated agent(s)" in text and "1 non-compliant" in text
-            page.screenshot(path=str(tmp_path / "compliance-policy.png"), full_page=True)
-            if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
-                page.screenshot(path=str(ROOT / "docs" / "img" / "compliance-policy.png"), full_page=True)
-            page.click("text=Verdicts per agent")
-            page.wait_for_url(f"**/admin/compliance/policyagentstatus/?policy__id__exact={policy_id}")
-            page.wait_for_selector("#result_list tbody tr")
-            assert page.locator("#result_list tbody tr").count() == 4
-        finally:
-            browser.close()
+        policy_id = off_thread(verdicts)
+        page.goto(f"/admin/compliance/policy/{policy_id}/change/")
+        text = page.inner_text(".field-compliance")
+        assert "75.0 % compliant of 4 evaluated agent(s)" in text and "1 non-compliant" in text
+        page.screenshot(path=str(tmp_path / "compliance-policy.png"), full_page=True)
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            page.screenshot(path=str(ROOT / "docs" / "img" / "compliance-policy.png"), full_page=True)
+        page.click("text=Verdicts per agent")
+        page.wait_for_url(f"**/admin/compliance/policyagentstatus/?policy__id__exact={policy_id}")
+        page.wait_for_selector("#result_list tbody tr")
+        assert page.locator("#result_list tbody tr").count() == 4

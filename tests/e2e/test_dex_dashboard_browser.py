@@ -12,10 +12,10 @@ import pytest
 from fleet.models import Agent
 from tests.dex.conftest import agent, observe
 from tests.support.browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     admin_login,
+    chromium,
     off_thread,
+    open_page,
     require_browser,
     staff_with_authenticator,
 )
@@ -42,31 +42,26 @@ def fleet():
 
 
 def test_the_dex_dashboard(daphne, make_user, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     device = staff_with_authenticator(make_user, "pat", "PlatformEngineer", PASSWORD)
     server = daphne()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(base_url=server.base, viewport=VIEWPORT)
-            page.set_default_timeout(15000)
-            admin_login(page, server.base, "/admin/dex/devicefacts/", "pat", PASSWORD, device)
-            assert "nobody reported" in page.inner_text("#dex-perf")  # an empty fleet: no zeros
-            off_thread(fleet)
-            page.reload()
-            assert page.inner_text("#dex-perf-reporting") == "12"
-            assert page.inner_text("#dex-under-pressure") == "1"
-            cpu_row = page.inner_text("#dex-perf tbody tr:first-child")
-            assert "96.5" in cpu_row and "12" in cpu_row
-            disk_n = page.inner_text("#dex-perf tbody tr:nth-child(3) td:last-child")
-            assert disk_n == "11"  # a01 reported no disk latency: not counted as 0
-            worst_cpu = page.locator("#dex-worst-1 tbody tr").first
-            assert "build-07" in worst_cpu.inner_text() and "100" in worst_cpu.inner_text()
-            signals = page.inner_text("#dex-signals")
-            assert "perf.cpu_sustained" in signals and "storage.low" in signals and "kiosk-02" in signals
-            page.screenshot(path=str(tmp_path / "dex-dashboard.png"), full_page=True)
-            if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
-                page.screenshot(path=str(ROOT / "docs" / "img" / "dex-dashboard.png"), full_page=True)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = open_page(browser, server.base, VIEWPORT)
+        admin_login(page, server.base, "/admin/dex/devicefacts/", "pat", PASSWORD, device)
+        assert "nobody reported" in page.inner_text("#dex-perf")  # an empty fleet: no zeros
+        off_thread(fleet)
+        page.reload()
+        assert page.inner_text("#dex-perf-reporting") == "12"
+        assert page.inner_text("#dex-under-pressure") == "1"
+        cpu_row = page.inner_text("#dex-perf tbody tr:first-child")
+        assert "96.5" in cpu_row and "12" in cpu_row
+        disk_n = page.inner_text("#dex-perf tbody tr:nth-child(3) td:last-child")
+        assert disk_n == "11"  # a01 reported no disk latency: not counted as 0
+        worst_cpu = page.locator("#dex-worst-1 tbody tr").first
+        assert "build-07" in worst_cpu.inner_text() and "100" in worst_cpu.inner_text()
+        signals = page.inner_text("#dex-signals")
+        assert "perf.cpu_sustained" in signals and "storage.low" in signals and "kiosk-02" in signals
+        page.screenshot(path=str(tmp_path / "dex-dashboard.png"), full_page=True)
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            page.screenshot(path=str(ROOT / "docs" / "img" / "dex-dashboard.png"), full_page=True)
     assert off_thread(lambda: AuditEvent.objects.filter(action="dex.dashboard.view", principal="pat").count()) == 2

@@ -23,7 +23,7 @@ from django_otp.oath import totp
 
 from approvals.models import Approval
 from fleet.models import Agent, Execution
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, McpHttp, require_browser
+from tests.support.browser import McpHttp, chromium, open_page, require_browser
 from tests.support.stack import Stack, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -48,7 +48,7 @@ def authenticator(key):
 
 
 def test_a_fresh_install_completes_its_first_approval(daphne, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     stack = Stack(daphne(), tmp_path)
     try:
         server = stack.server
@@ -68,42 +68,37 @@ def test_a_fresh_install_completes_its_first_approval(daphne, tmp_path):
         assert not Execution.objects.exists()
         summary = f"Run os.info on {Agent.objects.get(pk=agent_id).hostname}"  # up to three agents by name
 
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(base_url=server.base, viewport={"width": 1280, "height": 800})
-                page.set_default_timeout(15000)
-                # Sign in with what bootstrap printed, in one submission.
-                page.goto("/admin/")
-                page.fill("#id_username", username)
-                page.fill("#id_password", password)
-                page.fill("#id_otp_token", code())
-                page.click("input[type=submit]")
-                page.wait_for_url(f"{server.base}/admin/")
+        with chromium() as browser:
+            page = open_page(browser, server.base, {"width": 1280, "height": 800})
+            # Sign in with what bootstrap printed, in one submission.
+            page.goto("/admin/")
+            page.fill("#id_username", username)
+            page.fill("#id_password", password)
+            page.fill("#id_otp_token", code())
+            page.click("input[type=submit]")
+            page.wait_for_url(f"{server.base}/admin/")
 
-                # The header says a ticket waits; the queue says what it will do.
-                assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
-                page.click("#yuzu-pending-approvals a")
-                page.wait_for_url(f"{server.base}/admin/approvals/approval/")
-                row = page.locator("#result_list tbody tr", has_text=tid[:8])
-                assert summary in row.inner_text() and "claude" in row.inner_text()
-                shoot(page, tmp_path, "approvals-queue.png")
+            # The header says a ticket waits; the queue says what it will do.
+            assert page.inner_text("#yuzu-pending-approvals") == "Approvals (1 pending)"
+            page.click("#yuzu-pending-approvals a")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            row = page.locator("#result_list tbody tr", has_text=tid[:8])
+            assert summary in row.inner_text() and "claude" in row.inner_text()
+            shoot(page, tmp_path, "approvals-queue.png")
 
-                # The review page: what, where, who, how risky; then approve (the sign-in proof is fresh).
-                row.locator("a.yuzu-review-link").click()
-                page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
-                assert page.inner_text("#ticket-summary") == summary
-                assert "Reports the operating system" in page.inner_text("#ticket-description")
-                assert agent_id in page.inner_text("#ticket-targets")
-                assert page.inner_text("#ticket-token") == "bootstrap MCP (supervised) (supervised tier)"
-                assert page.locator("#id_otp_token").count() == 0
-                page.fill("#id_comment", "first approval")
-                shoot(page, tmp_path, "approval-review.png")
-                page.click("#approve-button")
-                page.wait_for_url(f"{server.base}/admin/approvals/approval/")
-                assert f"Approved: {summary}" in page.inner_text(".messagelist")
-            finally:
-                browser.close()
+            # The review page: what, where, who, how risky; then approve (the sign-in proof is fresh).
+            row.locator("a.yuzu-review-link").click()
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/{tid}/review/")
+            assert page.inner_text("#ticket-summary") == summary
+            assert "Reports the operating system" in page.inner_text("#ticket-description")
+            assert agent_id in page.inner_text("#ticket-targets")
+            assert page.inner_text("#ticket-token") == "bootstrap MCP (supervised) (supervised tier)"
+            assert page.locator("#id_otp_token").count() == 0
+            page.fill("#id_comment", "first approval")
+            shoot(page, tmp_path, "approval-review.png")
+            page.click("#approve-button")
+            page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+            assert f"Approved: {summary}" in page.inner_text(".messagelist")
 
         ticket = Approval.objects.get(pk=tid)
         assert (ticket.status, ticket.reviewed_by, ticket.submitted_by) == ("approved", "admin", "claude")

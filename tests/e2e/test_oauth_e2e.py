@@ -27,7 +27,7 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from approvals.models import Approval
 from fleet.models import Agent
 from oauth.models import Authorization
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, off_thread, require_browser
+from tests.support.browser import chromium, off_thread, require_browser
 from tests.support.metadata_server import MetadataServer
 from tests.support.otp import code
 from yuzu.models import ApiToken, AuditEvent
@@ -173,7 +173,7 @@ STEPS = [
 
 
 def test_official_client_oauth_with_a_metadata_document_against_serve(tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     _, alice_device = person("alice", "Operator")
     _, root_device = person("root", superuser=True)
     sdk_dir = tmp_path / "md"
@@ -194,44 +194,40 @@ def test_official_client_oauth_with_a_metadata_document_against_serve(tmp_path):
         url = sdk.authorization_url(1)
         assert url.startswith(serve.base + "/oauth/authorize?")
 
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-            try:
-                alice = Person(browser, serve.base, sdk.callback)
-                alice.page.goto(url)
-                alice.page.wait_for_url(f"{serve.base}/admin/login/?next=**")
-                alice.sign_in("alice", alice_device, shot="oauth-login.png")
-                facts, redirect = alice.consent("supervised", shot="oauth-consent.png")
-                assert facts["client"] == CLIENT_NAME and facts["endpoint"] == "/mcp/v1/" and facts["user"] == "alice"
-                assert facts["tiers"] == ["readonly", "operator", "supervised"]
-                sdk.deliver(1, redirect)
+        with chromium() as browser:
+            alice = Person(browser, serve.base, sdk.callback)
+            alice.page.goto(url)
+            alice.page.wait_for_url(f"{serve.base}/admin/login/?next=**")
+            alice.sign_in("alice", alice_device, shot="oauth-login.png")
+            facts, redirect = alice.consent("supervised", shot="oauth-consent.png")
+            assert facts["client"] == CLIENT_NAME and facts["endpoint"] == "/mcp/v1/" and facts["user"] == "alice"
+            assert facts["tiers"] == ["readonly", "operator", "supervised"]
+            sdk.deliver(1, redirect)
 
-                # The gated call made a ticket; the administrator approves it in the admin.
-                tid = wait_until(lambda: off_thread(lambda: Approval.objects.filter(
-                    status="pending", submitted_by="alice").values_list("pk", flat=True).first()), 90,
-                    what="alice's call to wait for an approval")
-                admin = Person(browser, serve.base, sdk.callback).page
-                admin.goto("/admin/login/?next=/admin/")
-                admin.fill("#id_username", "root")
-                admin.fill("#id_password", "root-password-1")
-                admin.fill("#id_otp_token", off_thread(code, root_device))
-                admin.click("input[type=submit][value='Log in']")
-                admin.wait_for_url(f"{serve.base}/admin/")
-                admin.goto(f"/admin/approvals/approval/{tid}/review/")
-                assert admin.inner_text("#ticket-submitter") == "alice"
-                assert "(supervised tier)" in admin.inner_text("#ticket-token")
-                admin.click("#approve-button")
-                admin.wait_for_url(f"{serve.base}/admin/approvals/approval/")
-                approved.touch()
-                obs = sdk.result()
+            # The gated call made a ticket; the administrator approves it in the admin.
+            tid = wait_until(lambda: off_thread(lambda: Approval.objects.filter(
+                status="pending", submitted_by="alice").values_list("pk", flat=True).first()), 90,
+                what="alice's call to wait for an approval")
+            admin = Person(browser, serve.base, sdk.callback).page
+            admin.goto("/admin/login/?next=/admin/")
+            admin.fill("#id_username", "root")
+            admin.fill("#id_password", "root-password-1")
+            admin.fill("#id_otp_token", off_thread(code, root_device))
+            admin.click("input[type=submit][value='Log in']")
+            admin.wait_for_url(f"{serve.base}/admin/")
+            admin.goto(f"/admin/approvals/approval/{tid}/review/")
+            assert admin.inner_text("#ticket-submitter") == "alice"
+            assert "(supervised tier)" in admin.inner_text("#ticket-token")
+            admin.click("#approve-button")
+            admin.wait_for_url(f"{serve.base}/admin/approvals/approval/")
+            approved.touch()
+            obs = sdk.result()
 
-                # What the administrator sees afterwards: the client and alice's connection.
-                admin.goto("/admin/oauth2_provider/application/")
-                assert CLIENT_NAME in admin.inner_text("#result_list") and "active" in admin.inner_text("#result_list")
-                admin.goto("/admin/oauth/authorization/")
-                assert "alice" in admin.inner_text("#result_list")
-            finally:
-                browser.close()
+            # What the administrator sees afterwards: the client and alice's connection.
+            admin.goto("/admin/oauth2_provider/application/")
+            assert CLIENT_NAME in admin.inner_text("#result_list") and "active" in admin.inner_text("#result_list")
+            admin.goto("/admin/oauth/authorization/")
+            assert "alice" in admin.inner_text("#result_list")
     finally:
         if serve is not None:
             serve.stop()
@@ -279,29 +275,25 @@ def test_official_client_oauth_with_a_metadata_document_against_serve(tmp_path):
 
 
 def test_official_client_registers_dynamically_and_steps_up(daphne, tmp_path):
-    sync_playwright = require_browser()
+    require_browser()  # fails before any set-up when chromium is missing
     _, device = person("alice", "Operator")
     server = daphne()
     steps = [{"op": "list", "kind": "tools"},
              {"op": "call", "tool": "set_tag", "as": "stepped_up", "args": {"agent_id": "nope", "key": "k", "value": "v"}},
              {"op": "list", "kind": "tools", "as": "tools_after"}]
     sdk = Sdk(tmp_path, server.mcp, steps, {})
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            alice = Person(browser, server.base, sdk.callback)
-            alice.page.goto(sdk.authorization_url(1))
-            alice.sign_in("alice", device)
-            facts, redirect = alice.consent("readonly")
-            assert facts["client"] == CLIENT_NAME and "registered itself" in facts["how"]
-            sdk.deliver(1, redirect)
-            # set_tag needs operator: 403 insufficient_scope, the SDK re-authorizes; alice is still signed in.
-            alice.page.goto(sdk.authorization_url(2))
-            facts, redirect = alice.consent("operator")
-            sdk.deliver(2, redirect)
-            obs = sdk.result()
-        finally:
-            browser.close()
+    with chromium() as browser:
+        alice = Person(browser, server.base, sdk.callback)
+        alice.page.goto(sdk.authorization_url(1))
+        alice.sign_in("alice", device)
+        facts, redirect = alice.consent("readonly")
+        assert facts["client"] == CLIENT_NAME and "registered itself" in facts["how"]
+        sdk.deliver(1, redirect)
+        # set_tag needs operator: 403 insufficient_scope, the SDK re-authorizes; alice is still signed in.
+        alice.page.goto(sdk.authorization_url(2))
+        facts, redirect = alice.consent("operator")
+        sdk.deliver(2, redirect)
+        obs = sdk.result()
 
     paths = [(h["method"], h["path"], h["status"]) for h in obs["http"]]
     assert ("POST", "/oauth/register", 201) in paths

@@ -2,6 +2,7 @@
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -60,6 +61,26 @@ def require_browser():
     except ImportError:
         pytest.fail("the playwright package is missing: pip install -r requirements-test.txt")
     return sync_playwright
+
+
+@contextmanager
+def chromium():
+    """Debian's chromium, headless, for one test: the browser, closed at the end however the test ends."""
+    sync_playwright = require_browser()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_page(browser, base_url=None, viewport=None, timeout=15000):
+    """A new page of ``browser`` (or of a context of it) on ``base_url``, waiting at most ``timeout`` ms a step."""
+    options = {k: v for k, v in (("base_url", base_url), ("viewport", viewport)) if v}
+    page = browser.new_page(**options)
+    page.set_default_timeout(timeout)
+    return page
 
 
 def staff_with_authenticator(make_user, username, role, password):
