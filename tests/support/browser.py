@@ -1,4 +1,5 @@
-"""Debian's chromium for the browser tests, and a minimal MCP client over real HTTP."""
+"""Debian's chromium for the browser tests, signing in to the admin (in it, or with Django's test client), and a
+minimal MCP client over real HTTP."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -83,14 +84,29 @@ def open_page(browser, base_url=None, viewport=None, timeout=15000):
     return page
 
 
-def staff_with_authenticator(make_user, username, role, password):
-    """A staff user holding ``role``, with a confirmed TOTP device (the admin's second factor)."""
+def staff_with_authenticator(make_user, username, role, password, *, group=None, superuser=False):
+    """A staff user holding ``role`` (on ``group``), with a confirmed TOTP device (the admin's second factor)."""
     from django.contrib.auth import get_user_model
     from django_otp.plugins.otp_totp.models import TOTPDevice
 
-    user = make_user(username, role, password=password)
+    user = make_user(username, role, group=group, superuser=superuser, password=password)
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
     return TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+
+
+def staff_client(make_user, username, role=None, group=None, superuser=False, password="pw-long-enough-1"):
+    """A Django test client signed in to the admin (password + authenticator code) as a staff user holding ``role``;
+    ``.device`` is its authenticator."""
+    from django.test import Client
+
+    from .otp import code
+
+    device = staff_with_authenticator(make_user, username, role, password, group=group, superuser=superuser)
+    c = Client(raise_request_exception=False)
+    r = c.post("/admin/login/?next=/admin/", {"username": username, "password": password, "otp_token": code(device)})
+    assert r.status_code == 302, r.content[:500]
+    c.device = device
+    return c
 
 
 def admin_login(page, base, next_path, username, password, device):

@@ -13,7 +13,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from tests.support.otp import code, next_code
+from tests.support.browser import staff_client
+from tests.support.otp import next_code
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.models import AccountLockout, AuditEvent
 
@@ -21,17 +22,6 @@ pytestmark = pytest.mark.django_db
 
 PASSWORD = "pw-long-enough-1"
 LIST = "/admin/otp_totp/totpdevice/"
-
-
-def signed_in(make_user, username, password=PASSWORD, superuser=False, role=None):
-    user = make_user(username, role, superuser=superuser, password=password)
-    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
-    c = Client(raise_request_exception=False)
-    r = c.post("/admin/login/?next=/admin/", {"username": username, "password": password, "otp_token": code(device)})
-    assert r.status_code == 302, r.content[:500]
-    c.device = device
-    return c
 
 
 def secrets_of(device):
@@ -45,7 +35,7 @@ def shows_secret(response, device):
 
 
 def test_the_superuser_never_sees_an_approvers_authenticator_secret(make_user):
-    root = signed_in(make_user, "root", superuser=True)
+    root = staff_client(make_user, "root", superuser=True)
     alice = make_user("alice", "Approver", password="alice-password-1")
     device = TOTPDevice.objects.create(user=alice, name="alice's phone", confirmed=True)
     change = f"{LIST}{device.pk}/change/"
@@ -73,7 +63,7 @@ def test_the_superuser_never_sees_an_approvers_authenticator_secret(make_user):
 
 
 def test_an_administrator_adds_an_authenticator_its_user_alone_sets_up(make_user):
-    root = signed_in(make_user, "root", superuser=True)
+    root = staff_client(make_user, "root", superuser=True)
     nina = make_user("nina", password="nina-password-1")
     get_user_model().objects.filter(pk=nina.pk).update(is_staff=True)
     r = root.post(f"{LIST}add/", {"user": nina.pk, "name": "nina's phone", "key": "00" * 20, "confirmed": "on"})
@@ -122,7 +112,7 @@ def test_an_administrator_adds_an_authenticator_its_user_alone_sets_up(make_user
 def test_a_password_alone_never_sets_up_a_second_authenticator(make_user):
     """An account that has a working authenticator adds another only signed in with it (and a fresh code): with
     the password alone a thief would enrol a pending one."""
-    c = signed_in(make_user, "bob", role="Approver")
+    c = staff_client(make_user, "bob", role="Approver")
     pending = TOTPDevice.objects.create(user=get_user_model().objects.get(username="bob"), name="new", confirmed=False)
     r = Client().post("/admin/enrol/", {"username": "bob", "password": PASSWORD})
     assert r.status_code == 200 and not shows_secret(r, pending)
@@ -138,7 +128,7 @@ def test_a_password_alone_never_sets_up_a_second_authenticator(make_user):
 
 
 def test_a_reset_authenticator_is_set_up_again_by_its_user(make_user):
-    root = signed_in(make_user, "root", superuser=True)
+    root = staff_client(make_user, "root", superuser=True)
     alice = make_user("alice", "Approver", password="alice-password-1")
     device = TOTPDevice.objects.create(user=alice, name="phone", confirmed=True)
     old = device.key

@@ -6,11 +6,11 @@ import time
 from urllib.parse import quote
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.test import Client
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from tests.support.browser import staff_client
 from tests.support.otp import code, next_code
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.models import ApiToken, AuditEvent
@@ -18,18 +18,6 @@ from yuzu.models import ApiToken, AuditEvent
 pytestmark = pytest.mark.django_db
 
 PASSWORD = "pw-long-enough-1"
-
-
-def staff_client(make_user, username, role=None, group=None, superuser=False):
-    """A browser signed in to the admin (password + authenticator code) as a staff user holding ``role``."""
-    user = make_user(username, role, group=group, superuser=superuser, password=PASSWORD)
-    get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
-    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
-    c = Client(raise_request_exception=False)
-    r = c.post("/admin/login/?next=/admin/", {"username": username, "password": PASSWORD, "otp_token": code(device)})
-    assert r.status_code == 302, r.content[:500]
-    c.device = device
-    return c
 
 
 def messages_of(c, response):
