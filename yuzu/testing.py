@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
@@ -49,7 +50,8 @@ def server_env(**extra: object) -> dict[str, str]:
         env.pop("YUZU_DATABASE_URL", None)
     else:
         user = db.get("USER") or "postgres"
-        env["YUZU_DATABASE_URL"] = f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+        host = quote(db.get("HOST") or "127.0.0.1", safe="")  # a Unix socket's directory, URL-encoded
+        env["YUZU_DATABASE_URL"] = f"postgres://{user}@{host}:{db.get('PORT') or 5432}/{db['NAME']}"
     env["DJANGO_SETTINGS_MODULE"] = "yuzu.settings"
     env["YUZU_KEK_DIR"] = str(settings.YUZU_KEK_DIR)  # the servers open the secrets the test sealed
     env["PYTHONUNBUFFERED"] = "1"
