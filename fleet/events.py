@@ -23,6 +23,7 @@ def event(execution):
         "agents_targeted": execution.agents_targeted, "agents_responded": execution.agents_responded,
         "agents_success": execution.agents_success, "agents_failure": execution.agents_failure,
         "terminal": execution.is_terminal,
+        **({"status_reason": execution.last_error_detail} if execution.last_error_detail else {}),  # why it stopped
     }
 
 

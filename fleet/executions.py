@@ -13,11 +13,9 @@ channel-layer group (fleet.events).
 import json
 import logging
 import secrets
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
@@ -33,6 +31,7 @@ from yuzu.plans import SENSITIVE_KEY_RE, Plan, redact
 
 from . import catalogue, events
 from .catalogue import BadSchema
+from .gates import dispatch_gate
 from .models import (
     Agent,
     AgentExecStatus,
@@ -58,23 +57,6 @@ MAX_BUNDLE_STEPS = 32
 MAX_EXPIRES_IN = 86400
 REDACTED = "[redacted]"
 GROUP_BY = ("status", "agent_id", "exit_code", "output")
-
-
-#: Callables ``(plugin, action, targets, principal)`` installed by other apps in their AppConfig.ready
-#: (operations: plugin kill switches): each raises a YuzuError to refuse the whole dispatch, or returns the
-#: targets it holds back ({agent_id: why}), which the dispatch leaves out. Run when a command's targets are known
-#: (its plan) and again when it is launched, whatever path it came by (tools, bundles, policies, schedules).
-#: ``principal`` is the caller a refusal is said to (None: the server's own dispatch), so that it names only
-#: what that caller may read.
-DISPATCH_GATES: list[Callable[[str, str, Sequence[str], Any], dict[str, str]]] = []
-
-
-def dispatch_gate(plugin, action, targets=(), principal=None):
-    """The targets held back ({agent_id: why}); raises when the dispatch is refused."""
-    held = {}
-    for gate in DISPATCH_GATES:
-        held.update(gate(plugin, action, targets, principal))
-    return held
 
 
 def _gated(plugin, action, targets, principal=None):
@@ -373,7 +355,9 @@ def _enqueue(execution_id, sensitive):
     except Exception as exc:
         log.exception("dispatch of execution %s failed", execution_id)
         ex = Execution.objects.get(pk=execution_id)
-        ex.cancel(f"dispatch failed: {exc}"[:2000])
+        # The reason is shown to readers of the execution (status_reason); the queue's own error (hosts, ports) is
+        # the log's, above.
+        ex.cancel(f"dispatch failed: the task queue did not take it ({type(exc).__name__})")
         events.publish(ex)
         raise
 

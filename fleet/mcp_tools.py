@@ -257,7 +257,11 @@ EXECUTION = obj({"id": string(32), "status": enum(Execution.Status.values),
                  "resent": integer(0, description="How many times the command was sent again to an agent that had "
                                                   "not acknowledged it (delivery is at-least-once; each agent runs "
                                                   "it once)"),
-                 "retry_after_ms": nullable(integer(0))}, ["id", "status"], additional=True)
+                 "retry_after_ms": nullable(integer(0)),
+                 "status_reason": nullable(string(8192, "Why the execution stopped early, e.g. 'cancelled by bob', or "
+                                                        "'kill_switched: …' when a kill switch engaged after the "
+                                                        "launch stopped its sends"))},
+                ["id", "status"], additional=True)
 EXECUTION_ID = string(32, "The execution_id execute_instruction returned", minLength=1)
 RESPONSE = obj({"agent_id": string(128), "status": string(16), "output": string(1 << 20),
                 "exit_code": nullable(integer()), "error": nullable(string(8192)), "timestamp": nullable(string(64))},
@@ -272,7 +276,8 @@ def _progress(execution_id):
 def _final(execution_id, receipt):
     view = Execution.objects.get(pk=execution_id).to_dict()
     return {**receipt, "status": view["status"], "agents_responded": view["agents_responded"],
-            "agents_success": view["agents_success"], "agents_failure": view["agents_failure"]}
+            "agents_success": view["agents_success"], "agents_failure": view["agents_failure"],
+            **({"status_reason": view["status_reason"]} if view["status_reason"] else {})}
 
 
 @follow_recipe("fleet.execution")
@@ -346,7 +351,8 @@ def _poll(tool_name, ready):
 @tool(name="get_execution_status", title="Execution status", securable="Execution", operation="Read", poll=True,
       description="One execution: status (running | succeeded | completed | cancelled), counts and progress_pct. "
                   "retry_after_ms is set only while it is still running: wait that long before polling again. "
-                  "completed means some agents failed or timed out.",
+                  "completed means some agents failed or timed out; cancelled ones say why in status_reason "
+                  "(kill_switched: a kill switch engaged after the launch stopped the sends).",
       input_schema=obj({"execution_id": EXECUTION_ID}, ["execution_id"]), output_schema=EXECUTION)
 def get_execution_status(ctx, args):
     view = executions.execution_status(ctx.principal, args["execution_id"])

@@ -322,6 +322,7 @@ class Execution(models.Model):
             "agents_success": self.agents_success, "agents_failure": self.agents_failure,
             "progress_pct": self.progress_pct, "resent": self.resent,
             "retry_after_ms": None if self.is_terminal else RESULT_POLL_RETRY_MS, "bundle_id": self.bundle_id or None,
+            "status_reason": self.last_error_detail or None,
         }
 
     def cancel(self, reason):

@@ -28,6 +28,10 @@ log = logging.getLogger("yuzu.fleet")
 
 SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight land before TIMEOUT
 RECEIVED = "RECEIVED"  # a frame's status for a `received` frame: an acknowledgement, not an answer
+#: the answer the server stores for an agent the dispatch gates held back before it was sent the command (fleet.tasks):
+#: what the agent answers for a switched-off plugin, naming no switch (a group's is named only to who may read it)
+HELD = ("kill_switched: {switch} is switched off by a kill switch that reaches this agent (held back after the launch); "
+        "the command was not sent to it")
 FORGOTTEN = ("the agent no longer knew the command when asked after it reconnected (it restarted or forgot it); "
              "it was not run again")
 
@@ -178,6 +182,18 @@ def expire_overdue(now=None, limit=5000):
                                 acknowledge=False)
     events.publish(*changed)
     return timed_out
+
+
+def hold(execution, agent_ids):
+    """The agents of ``execution`` the dispatch gates held back from the batch just claimed for its first send
+    (fleet.tasks, in the claim's transaction): never sent the command, they end as an agent ends one for a switched-off
+    plugin — REJECTED ``kill_switched`` (HELD) — counted like any answer, so the execution still completes; their
+    rows keep no send (``attempts`` 0). Returns the changed executions, without publishing."""
+    AgentExecStatus.objects.filter(execution_id=execution.id, agent_id__in=agent_ids,
+                                   status=AgentState.DISPATCHED).update(attempts=0, last_sent_at=None)
+    reason = HELD.format(switch=f"{execution.plugin}.{execution.action}")
+    return _apply([(agent_id, execution.command_id, AgentState.REJECTED, None, None, reason) for agent_id in agent_ids],
+                  acknowledge=False)[1]
 
 
 def running_commands(agent_id, limit):

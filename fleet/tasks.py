@@ -29,9 +29,14 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Min, Q
 from django.utils import timezone
 
+from yuzu.audit import audit
+from yuzu.errors import YuzuError
+
+from . import events
+from .gates import held_back
 from .models import Agent, AgentExecStatus, AgentState, Execution, touch_interval
 from .push import send_to_agents
-from .responses import expire_overdue
+from .responses import expire_overdue, hold
 
 BATCH = 500  # re-sends per round
 CLAIM_BATCH = 5000  # first sends claimed (one statement) and sent (one batched send) at a time
@@ -39,6 +44,9 @@ ACK_WINDOW_S = 5.0  # a send not acknowledged within this is due again; doubled 
 ACK_QUIET_S = 2.0  # re-sends wait until the execution had no send, acknowledgement or answer for this long
 PER_AGENT_S = 0.01  # both grow with the fan-out: the window by this per agent, the quiet period by a fifth
 MAX_SENDS = 5  # sends per agent in all (then the expiry sweep's TIMEOUT)
+SYSTEM = "system:dispatch"  # who the audit row names when the dispatch gates stop an execution
+#: a sent agent's row the dispatch gates held back from a re-send: never sent again (fleet.tasks._lost skips it)
+NOT_RESENT = "kill_switched: not sent again, {switch} is switched off by a kill switch that reaches this agent"
 log = logging.getLogger("yuzu.fleet")
 
 
@@ -59,22 +67,35 @@ def quiet_period(targeted):
 def dispatch_execution(execution_id, sensitive=None):
     """Send the execution's command to the agents that should get it now: its pending agents, a batch
     at a time, until none are left or the execution stops running (cancelled); then the agents whose
-    acknowledgement is overdue (re-sends). While any agent may still need a re-send, schedule this task
-    again for when that is due. ``sensitive`` carries the parameter values that are stored redacted (so
-    only this task's messages hold them). Returns how many sends this run made."""
+    acknowledgement is overdue (re-sends). The dispatch gates (kill switches) are asked about each batch and
+    each round of re-sends before it is sent, as the server's own dispatch: the agents they hold back are not
+    sent it, and a refusal of the whole dispatch stops the execution (``_stop``). While any agent may still need
+    a re-send, schedule this task again for when that is due. ``sensitive`` carries the parameter values that are
+    stored redacted (so only this task's messages hold them). Returns how many sends this run made."""
     ex = Execution.objects.filter(pk=execution_id).first()
     if ex is None:
         return 0
     frame = {"type": "command", "command_id": ex.command_id, "plugin": ex.plugin, "action": ex.action,
              "parameters": {**ex.parameter_values, **(sensitive or {})}, "expires_at": ex.expires_at.timestamp()}
     sent = 0
-    while Execution.objects.filter(pk=execution_id, status=Execution.Status.RUNNING).exists():
-        agent_ids = _claim(execution_id)
-        if not agent_ids:
-            break
-        async_to_sync(send_to_agents)(agent_ids, {"type": "agent.command", "payload": frame})
-        sent += len(agent_ids)
-    overdue = _claim_unacknowledged(execution_id)
+    try:
+        while Execution.objects.filter(pk=execution_id, status=Execution.Status.RUNNING).exists():
+            claimed, agent_ids = _claim_gated(ex)
+            if not claimed:
+                break
+            if agent_ids:
+                async_to_sync(send_to_agents)(agent_ids, {"type": "agent.command", "payload": frame})
+                sent += len(agent_ids)
+        overdue = _claim_unacknowledged(ex)
+    except YuzuError as refusal:
+        if refusal.retry_after_ms is None:
+            _stop(ex, refusal.message)
+            return sent
+        # The gates could not tell (their store failed): nothing more is sent now (fail closed), and the
+        # dispatch is asked again once the store may be back.
+        log.warning("dispatch of execution %s deferred: %s", execution_id, refusal.message)
+        _schedule(execution_id, sensitive, refusal.retry_after_ms / 1000)
+        return sent
     if overdue:
         async_to_sync(send_to_agents)(overdue, {"type": "agent.command", "payload": frame, "resend": True})
         sent += len(overdue)
@@ -109,6 +130,35 @@ def _claim(execution_id):
         return [agent_id for (agent_id,) in cursor.fetchall()]
 
 
+def _claim_gated(ex):
+    """Claim the next batch of first sends (``_claim``) and ask the dispatch gates about it, in one transaction,
+    before anything is sent: the claimed rows stay locked until the gates have answered for them (so no other
+    worker takes them meanwhile), a refusal rolls the claim back (the agents stay pending: ``_stop`` withholds
+    them) and the agents held back are answered REJECTED ``kill_switched`` (responses.hold), never sent. One gate
+    call per batch, however many agents it holds. Returns (how many were claimed, the agents to send to)."""
+    with transaction.atomic():
+        claimed = _claim(ex.id)
+        held = held_back(ex.plugin, ex.action, claimed) if claimed else {}
+        changed = hold(ex, sorted(held)) if held else []
+    if held:
+        log.info("execution %s: %d agents held back by a kill switch after the launch", ex.id, len(held))
+    events.publish(*changed)
+    return len(claimed), [agent_id for agent_id in claimed if agent_id not in held]
+
+
+def _stop(ex, why):
+    """The dispatch gates refused the execution's dispatch as a whole (its plugin switched off fleet-wide): it is
+    cancelled with their refusal as its reason (``status_reason``) — its pending agents are never sent the
+    command, none is sent it again, answers from agents already sent it still count — audited and published.
+    Releasing the switch resumes nothing: a stopped execution stays stopped."""
+    cancelled, withheld = ex.cancel(why)
+    if cancelled:
+        log.warning("execution %s stopped: %s", ex.id, why)
+        audit(SYSTEM, "execution.cancel", "success", target_type="Execution", target_id=ex.id,
+              detail=f"command_id={ex.command_id} status={ex.status} withheld={withheld} reason={why}")
+        events.publish(ex)
+
+
 def _lost(statuses, now, targeted):
     """The rows of ``statuses`` due a re-send: still ``dispatched`` (sent, not acknowledged) past the window
     of their last send, with sends left, their agent connected, and evidence the command may be lost — the
@@ -119,13 +169,16 @@ def _lost(statuses, now, targeted):
         window = timedelta(seconds=ack_window(attempts, targeted))
         due |= Q(attempts=attempts, last_sent_at__lte=now - window) & (
             Q(agent__connected_since__gt=F("last_sent_at")) | Q(agent__caught_up_at__gte=F("last_sent_at") + window))
-    return statuses.filter(due, status=AgentState.DISPATCHED, agent__connected=True)
+    return statuses.filter(due, status=AgentState.DISPATCHED, error_detail="", agent__connected=True)
 
 
-def _claim_unacknowledged(execution_id):
+def _claim_unacknowledged(ex):
     """Claim a re-send of up to BATCH agents due one (``_lost``) while the execution runs, has not expired
-    and its agents have gone quiet. Counts them in the execution's ``resent``."""
-    now = timezone.now()
+    and its agents have gone quiet. Counts them in the execution's ``resent``. The dispatch gates are asked
+    about them while their rows are locked: a refusal raises (nothing is claimed); an agent held back is not
+    sent it again, ever (NOT_RESENT marks its row, which stays ``dispatched``: it was sent the command once,
+    so its answer, if it ran it, still counts)."""
+    execution_id, now = ex.id, timezone.now()
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
     with transaction.atomic():
         targeted = _running(execution_id, now)
@@ -136,6 +189,11 @@ def _claim_unacknowledged(execution_id):
             return []
         rows = list(_lost(statuses, now, targeted).select_for_update(skip_locked=True, of=("self",))
                     .order_by("id").values_list("id", "agent_id")[:BATCH])
+        held = held_back(ex.plugin, ex.action, [agent_id for _, agent_id in rows]) if rows else {}
+        if held:
+            AgentExecStatus.objects.filter(pk__in=[pk for pk, agent_id in rows if agent_id in held]).update(
+                error_detail=NOT_RESENT.format(switch=f"{ex.plugin}.{ex.action}"))
+            rows = [(pk, agent_id) for pk, agent_id in rows if agent_id not in held]
         if rows:
             AgentExecStatus.objects.filter(pk__in=[pk for pk, _ in rows], status=AgentState.DISPATCHED).update(
                 attempts=F("attempts") + 1, last_sent_at=now)
@@ -154,7 +212,8 @@ def _next_check(execution_id):
         return None
     statuses = AgentExecStatus.objects.filter(execution_id=execution_id)
     due = [row["oldest"] + timedelta(seconds=ack_window(row["attempts"], targeted)) for row in
-           statuses.filter(status=AgentState.DISPATCHED, attempts__lt=MAX_SENDS).order_by().values("attempts")
+           statuses.filter(status=AgentState.DISPATCHED, error_detail="", attempts__lt=MAX_SENDS).order_by()
+           .values("attempts")
            .annotate(oldest=Min("last_sent_at")) if row["oldest"] is not None]
     if not due:
         return None

@@ -13,6 +13,7 @@ from django.db import DatabaseError, transaction
 
 from fleet.catalogue import BadSchema, declaring_agents
 from fleet.catalogue import first_error as declared_schema_error
+from fleet.gates import EveryTargetHeld
 from fleet.groups import agents_in_groups
 from fleet.models import Agent, AgentInventory, ManagementGroup
 from fleet.push import send_to_agent
@@ -419,17 +420,19 @@ def _held(scopes, plugin, action, targets, principal=None):
     return held
 
 
-def _refuse(plugin, action, why):
+def _refuse(plugin, action, why, held=None):
+    """Refuse the dispatch: a switch off fleet-wide, or (``held``) group switches holding back every target."""
     KILL_SWITCH_REFUSALS.inc()
-    raise YuzuError(f"kill_switched: {plugin}.{action} refused: {why}", status=403, rpc_code=-32602,
-                    remediation="set_plugin_kill_switch with enabled=true turns it back on",
-                    extra={"reason": "kill_switched"}, audit_result="denied")
+    options = {"status": 403, "rpc_code": -32602, "remediation": "set_plugin_kill_switch with enabled=true turns it "
+               "back on", "extra": {"reason": "kill_switched"}, "audit_result": "denied"}
+    message = f"kill_switched: {plugin}.{action} refused: {why}"
+    raise YuzuError(message, **options) if held is None else EveryTargetHeld(message, held, **options)
 
 
 def dispatch_gate(plugin, action, targets=(), principal=None):
-    """fleet.executions' hook: refuse a dispatch to a plugin or action switched off fleet-wide, or one whose every
-    target a group's switch holds back; otherwise return the targets held back ({agent_id: why}), which are left
-    out of the dispatch."""
+    """fleet.gates' hook (a command's plan, its launch, and each batch of its background dispatch): refuse a dispatch
+    to a plugin or action switched off fleet-wide, or one whose every target a group's switch holds back
+    (EveryTargetHeld); otherwise return the targets held back ({agent_id: why}), which are left out of the dispatch."""
     try:  # one query for the plugin's switches, whatever their scope
         scopes = _scopes(plugin)
         off = _off(scopes.get(None, {}), plugin, action)
@@ -439,7 +442,8 @@ def dispatch_gate(plugin, action, targets=(), principal=None):
     if off:
         _refuse(plugin, action, _why(off))
     if targets and len(held) == len(set(targets)):
-        _refuse(plugin, action, next(iter(held.values())) + (f" (all {len(held)} targets)" if len(held) > 1 else ""))
+        _refuse(plugin, action, next(iter(held.values())) + (f" (all {len(held)} targets)" if len(held) > 1 else ""),
+                held)
     return held
 
 

@@ -204,7 +204,9 @@ def test_a_dispatch_failure_cancels_and_answers_500(agents, op, monkeypatch):
     err = info.value
     assert (err.status, err.rpc_code, err.retry_after_ms) == (500, -32603, 5000)
     ex = Execution.objects.get(pk=err.extra["execution_id"])
-    assert ex.status == "cancelled" and "broker down" in ex.last_error_detail
+    assert ex.status == "cancelled" and ex.last_error_detail.startswith("dispatch failed")
+    # its reason is shown to the execution's readers: the queue's own error (hosts, ports) stays in the log
+    assert ex.to_dict()["status_reason"] == "dispatch failed: the task queue did not take it (ConnectionError)"
 
 
 def test_dispatch_is_idempotent_and_stops_when_cancelled(start, agents, op):
