@@ -12,10 +12,12 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 from django.test import Client
 from django.utils import timezone
+from jsonschema import Draft202012Validator
 
-from fleet import events, executions, tasks
+from fleet import events, executions, mcp_tools, tasks
 from fleet.models import Agent, AgentExecStatus, AgentState, Execution, ManagementGroup, Response
 from fleet.responses import record_responses
+from mcp.registry import catalogue
 from operations import plugins
 from operations.models import PluginKillSwitch
 from tests.fleet.test_dispatch_claims import race
@@ -82,12 +84,15 @@ def rows(eid):
 
 def assert_stopped(eid, admin, mint):
     """The execution is cancelled with the fleet-wide switch's refusal as its reason, everywhere a caller reads it:
-    the view (MCP and REST), its progress event (SSE and MCP progress), and an audit row."""
+    the view (MCP, valid against its output schema, and REST), its progress event, a streamed call's result, and an
+    audit row."""
     ex = Execution.objects.get(pk=eid)
     assert ex.status == "cancelled" and ex.completed_at is not None
     view = ex.to_dict()
     assert view["status_reason"].startswith("kill_switched: os.info refused") and "incident 42" in view["status_reason"]
+    assert not list(Draft202012Validator(catalogue("v1").tools["get_execution_status"].output_schema).iter_errors(view))
     assert events.event(ex)["status_reason"] == view["status_reason"] and events.event(ex)["terminal"]
+    assert mcp_tools._final(eid, {"execution_id": eid})["status_reason"] == view["status_reason"]  # a streamed call's
     rest = Client(headers={"Authorization": f"Bearer {mint('olive', role='Operator')}"})
     assert rest.get(f"/api/v1/executions/{eid}").json()["data"]["status_reason"] == view["status_reason"]
     row = AuditEvent.objects.get(action="execution.cancel", target_id=eid)
