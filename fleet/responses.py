@@ -30,8 +30,8 @@ SWEEP_GRACE = timedelta(seconds=5)  # lets a terminal frame already in flight la
 RECEIVED = "RECEIVED"  # a frame's status for a `received` frame: an acknowledgement, not an answer
 #: the answer the server stores for an agent the dispatch gates held back before it was sent the command (fleet.tasks):
 #: what the agent answers for a switched-off plugin, naming no switch (a group's is named only to who may read it)
-HELD = ("kill_switched: {switch} is switched off by a kill switch that reaches this agent (held back after the launch); "
-        "the command was not sent to it")
+HELD = ("kill_switched: {switch} is switched off by a kill switch that reaches this agent (held back after the "
+        "launch); the command was not sent to it")
 FORGOTTEN = ("the agent no longer knew the command when asked after it reconnected (it restarted or forgot it); "
              "it was not run again")
 

@@ -15,7 +15,11 @@ re-send was a send plus a duplicate answer added to that backlog), and the expir
 bound. Re-sends must not add to the load of a server that is merely slow either: the window grows with
 the number of agents targeted, re-sends wait until the execution has gone quiet (no send, and no
 acknowledgement or answer stored, for a while), and go out at most BATCH at a time, one round per quiet
-period."""
+period.
+
+Every send is put to the dispatch gates (fleet.gates: the kill switches) first — each claimed batch of first
+sends and each round of re-sends, in the transaction that claims it — so a switch engaged after the launch stops
+the sends from its next batch on (docs/fleet.md, "Kill switches and the dispatch")."""
 
 import asyncio
 import contextvars
@@ -161,9 +165,9 @@ def _stop(ex, why):
 
 def _lost(statuses, now, targeted):
     """The rows of ``statuses`` due a re-send: still ``dispatched`` (sent, not acknowledged) past the window
-    of their last send, with sends left, their agent connected, and evidence the command may be lost — the
-    agent's connection was opened after the send, or its server process found that connection caught up
-    (AgentQuerySet.touch) a window or more after the send."""
+    of their last send, with sends left, not held back from a re-send by a kill switch (NOT_RESENT), their agent
+    connected, and evidence the command may be lost — the agent's connection was opened after the send, or its
+    server process found that connection caught up (AgentQuerySet.touch) a window or more after the send."""
     due = Q()
     for attempts in range(1, MAX_SENDS):
         window = timedelta(seconds=ack_window(attempts, targeted))
