@@ -1,9 +1,11 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils import timezone
 
-from yuzu.admin_rbac import AuditedAdmin
+from yuzu.admin_rbac import AuditedAdmin, HiddenColumnsAdmin, ServiceForm, ServiceFormAdmin, session_principal
 from yuzu.audit import audit
+from yuzu.errors import YuzuError
 
+from . import services
 from .models import (
     Agent,
     AgentExecStatus,
@@ -31,10 +33,55 @@ class AgentAdmin(AuditedAdmin):
     inlines = [TagInline]
 
 
+class GroupForm(ServiceForm):
+    """A group is created and changed by fleet.services, as over REST and MCP: a parent that is the group itself or
+    one of its descendants, a name another group has, a scope expression that does not parse are the form's errors
+    (checked again under the row locks as it writes); members are added and removed one by one, audited."""
+
+    service_fields = {"parent_id": "parent", "group": "members"}
+
+    class Meta:
+        model = ManagementGroup
+        fields = ["name", "description", "parent", "membership_type", "scope_expression", "members"]
+
+    def write(self, principal, data):
+        parent = data.get("parent")
+        fields = {"name": data["name"], "description": data["description"], "parent_id": parent.pk if parent else "",
+                  "membership_type": data["membership_type"], "scope_expression": data["scope_expression"]}
+        if self.instance._state.adding:
+            before = set()
+            group_id = services.create_group(principal, **{**fields, "parent_id": fields["parent_id"] or None})["id"]
+        else:
+            before = set(self.instance.members.values_list("pk", flat=True))
+            group_id = self.instance.pk
+            changed = {k: v for k, v in fields.items() if self.service_fields.get(k, k) in self.changed_data}
+            if changed:
+                services.update_group(principal, group_id, **changed)
+        after = {agent.pk for agent in data.get("members") or ()}
+        for agent_id in sorted(after - before):
+            services.add_group_member(principal, group_id, agent_id)
+        for agent_id in sorted(before - after):
+            services.remove_group_member(principal, group_id, agent_id)
+        return group_id
+
+
 @admin.register(ManagementGroup)
-class ManagementGroupAdmin(AuditedAdmin):
+class ManagementGroupAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
+    """Every write through fleet.services (GroupForm; deletes one group at a time), which audits it."""
+
+    form = GroupForm
     list_display = ("name", "membership_type", "parent", "created_by", "updated_at")
     filter_horizontal = ("members",)
+
+    def delete_model(self, request, obj):
+        try:
+            services.delete_group(session_principal(request), obj.pk)
+        except YuzuError as exc:
+            self.message_user(request, f"{obj}: {exc.message}", messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
 
 
 @admin.register(DeviceToken)

@@ -344,6 +344,29 @@ def add_group_member(principal, group_id=None, agent_id=None, *, cid="", plan=No
     return {"group_id": g.id, "agent_id": agent.agent_id, "added": True}
 
 
+def remove_group_member(principal, group_id, agent_id, *, cid=""):
+    """Take an agent out of a static group (the admin's group page is its face)."""
+    g = _group(group_id, principal, "Write")
+    _require_fleet_wide_write(principal)
+    g.members.remove(agent_id)
+    audit(principal, "management_group.remove_member", "success", target_type="ManagementGroup", target_id=g.id,
+          detail=f"agent_id={agent_id}", correlation_id=cid)
+    return {"group_id": g.id, "agent_id": agent_id, "removed": True}
+
+
+def delete_group(principal, group_id, *, cid=""):
+    """Delete a group (the admin's group page is its face): its role assignments, kill switches and policy
+    bindings go with it, and its child groups become top-level (a grant on it no longer reaches them)."""
+    g = _group(group_id, principal, "Write")
+    _require_fleet_wide_write(principal)
+    pk, children = g.pk, sorted(g.children.values_list("name", flat=True))
+    g.delete()
+    audit(principal, "management_group.delete", "success", target_type="ManagementGroup", target_id=pk,
+          detail=f"name={g.name}" + (f" children_now_top_level={','.join(children)}"[:1000] if children else ""),
+          correlation_id=cid)
+    return {"group_id": pk, "deleted": True}
+
+
 def _may_manage_group_roles(principal, g, operation):
     """Compound gate: a fleet-wide ManagementGroup permission, or ITServiceOwner on this group."""
     if rbac.may(principal, "ManagementGroup", operation):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import transaction
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -15,6 +18,7 @@ from django.utils.http import urlencode
 from . import rbac
 from .audit import audit
 from .auth import MFA_SESSION_KEY
+from .errors import YuzuError
 from .stepup import mfa_is_fresh
 
 if TYPE_CHECKING:
@@ -76,9 +80,10 @@ class HiddenColumnsAdmin(admin.ModelAdmin[Any]):
 
 class AuditedAdmin(HiddenColumnsAdmin):
     """A page that edits rows directly (the superuser's: roles, role assignments, users, permission groups,
-    authenticators, lockouts, agents, groups, device tokens, bridge profiles): every add, change and delete also writes yuzu's audit row — Django's own change log
-    is no audit trail (it is not in the audit log, its API or its export). The RbacAdmin pages edit through the
-    services, which audit for themselves."""
+    authenticators, lockouts, agents, device tokens, bridge profiles): every add, change and delete also writes
+    yuzu's audit row — Django's own change log is no audit trail (it is not in the audit log, its API or its
+    export). The pages that edit through the services (ServiceForm, the RbacAdmin pages) leave the services'
+    rows."""
 
     def _audited(self, request: HttpRequest, what: str, obj: Model, detail: str = "") -> None:
         meta = self.model._meta
@@ -147,3 +152,54 @@ class ReadOnlyAdmin(RbacAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
+
+
+class ServiceForm(forms.ModelForm[Any]):
+    """An admin form that is the service call: once its fields parse, its validation runs ``write`` — the service
+    functions REST and MCP run (their checks, row locks, version and audit row) — in a savepoint, and a refusal
+    (including one a concurrent edit causes at write time) is the form's error with nothing written. The page
+    (ServiceFormAdmin) then saves nothing itself. ``service_fields`` names, for a service's error on one of its
+    fields, the form field that shows it."""
+
+    request: HttpRequest
+    service_fields: dict[str, str] = {}
+
+    def write(self, principal: rbac.Principal, data: dict[str, Any]) -> Any:
+        """Call the service; return the primary key of the row it created or changed."""
+        raise NotImplementedError
+
+    def validate_unique(self) -> None:
+        """The service checks uniqueness itself, at write time too (a concurrent write takes a name in between)."""
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        if not self.is_bound or self.errors:
+            return
+        try:
+            with transaction.atomic():
+                pk = self.write(session_principal(self.request), self.cleaned_data)
+        except ValidationError as exc:
+            errors = exc.error_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.error_list}
+            for field, messages_ in errors.items():
+                shown = self.service_fields.get(field, field)
+                self.add_error(shown if shown in self.fields else None, messages_)
+        except YuzuError as exc:
+            self.add_error(None, exc.message)
+        else:
+            self.instance = self._meta.model.objects.get(pk=pk)  # as written, for the page's message and redirect
+
+
+class ServiceFormAdmin(admin.ModelAdmin[Any]):
+    """A page whose form (a ServiceForm) has written through the service by the time Django saves: its save is
+    none of Django's ``save()`` (nor its many-to-many ``set()``), and the service's audit row is the record."""
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form: Any = super().get_form(request, obj, change, **kwargs)
+        form.request = request  # a class made for this request (modelform_factory)
+        return form
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """Written already, by the form's service call."""
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """Written already, by the form's service call."""

@@ -1,0 +1,117 @@
+"""The superuser's management-group page writes through fleet.services, as REST and MCP do: what those refuse (a
+cycle, a taken name, a scope expression that does not parse, members of a dynamic group) is a form error with
+nothing written, and what they allow leaves their audit rows."""
+
+import html
+
+import pytest
+
+from fleet.models import Agent, ManagementGroup
+from tests.support.browser import staff_client
+from yuzu.models import AuditEvent, RoleAssignment
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def root(make_user):
+    return staff_client(make_user, "root", superuser=True)
+
+
+def form(group, **changes):
+    """The change form's fields as the page posts them, with ``changes``."""
+    data = {"name": group.name, "description": group.description, "parent": group.parent_id or "",
+            "membership_type": group.membership_type, "scope_expression": group.scope_expression,
+            "members": [a.pk for a in group.members.all()]}
+    return {**data, **changes}
+
+
+def page_text(r):
+    return html.unescape(r.content.decode())
+
+
+def test_a_group_under_its_own_descendant_is_refused_on_the_page_and_nothing_changes(root):
+    top = ManagementGroup.objects.create(name="top")
+    mid = ManagementGroup.objects.create(name="mid", parent=top)
+    leaf = ManagementGroup.objects.create(name="leaf", parent=mid)
+    for under in (leaf, top):  # its grandchild, itself
+        r = root.post(f"/admin/fleet/managementgroup/{top.pk}/change/", form(top, parent=under.pk))
+        assert r.status_code == 200 and "a group cannot be its own ancestor" in page_text(r)
+        top.refresh_from_db()
+        assert top.parent_id is None
+    assert not AuditEvent.objects.filter(action__startswith="management_group.").exists()
+    assert not AuditEvent.objects.filter(action__startswith="admin.managementgroup").exists()
+
+
+def test_a_rename_to_a_taken_name_is_refused_and_a_rename_leaves_the_services_audit_row(root):
+    ManagementGroup.objects.create(name="web")
+    db = ManagementGroup.objects.create(name="db")
+    r = root.post(f"/admin/fleet/managementgroup/{db.pk}/change/", form(db, name="web"))
+    assert r.status_code == 200 and "a group named 'web' already exists" in page_text(r)
+    db.refresh_from_db()
+    assert db.name == "db"
+    r = root.post(f"/admin/fleet/managementgroup/{db.pk}/change/", form(db, name="database"))
+    assert r.status_code == 302
+    db.refresh_from_db()
+    assert db.name == "database"
+    row = AuditEvent.objects.get(action="management_group.update")
+    assert (row.principal, row.target_id, row.detail) == ("root", db.pk, "name")
+
+
+def test_a_group_is_created_through_the_service_which_checks_its_scope_expression(root):
+    new = {"name": "linux", "description": "", "parent": "", "membership_type": "dynamic", "members": []}
+    r = root.post("/admin/fleet/managementgroup/add/", {**new, "scope_expression": "ostype ==="})
+    assert r.status_code == 200 and "unexpected character '='" in page_text(r)
+    assert not ManagementGroup.objects.exists()
+    r = root.post("/admin/fleet/managementgroup/add/", {**new, "scope_expression": "ostype == linux"})
+    assert r.status_code == 302
+    group = ManagementGroup.objects.get()
+    assert group.created_by == "root"
+    assert AuditEvent.objects.filter(action="management_group.create", target_id=group.pk).count() == 1
+
+
+def test_members_are_added_and_removed_through_the_service_and_a_dynamic_group_takes_none(root):
+    a1, a2 = (Agent.objects.create(agent_id=i, hostname=f"{i}.example") for i in ("a1", "a2"))
+    static = ManagementGroup.objects.create(name="static")
+    static.members.add(a1)
+    r = root.post(f"/admin/fleet/managementgroup/{static.pk}/change/", form(static, members=[a2.pk]))
+    assert r.status_code == 302
+    assert list(static.members.values_list("pk", flat=True)) == ["a2"]
+    assert AuditEvent.objects.filter(action="management_group.add_member", detail="agent_id=a2").exists()
+    assert AuditEvent.objects.filter(action="management_group.remove_member", detail="agent_id=a1").exists()
+
+    dynamic = ManagementGroup.objects.create(name="dyn", membership_type="dynamic", scope_expression="ostype == linux")
+    r = root.post(f"/admin/fleet/managementgroup/{dynamic.pk}/change/", form(dynamic, members=[a1.pk]))
+    assert r.status_code == 200 and "a dynamic group's members come from its scope expression" in page_text(r)
+    assert not dynamic.members.exists()
+
+
+def test_a_refusal_after_a_write_undoes_the_write(root):
+    """One form, several service calls: the rename went through, then adding a member to the (dynamic) group was
+    refused — the rename and its audit row are undone with it."""
+    agent = Agent.objects.create(agent_id="a1")
+    dynamic = ManagementGroup.objects.create(name="dyn", membership_type="dynamic", scope_expression="ostype == linux")
+    r = root.post(f"/admin/fleet/managementgroup/{dynamic.pk}/change/", form(dynamic, name="renamed",
+                                                                                 members=[agent.pk]))
+    assert r.status_code == 200 and "a dynamic group's members" in page_text(r)
+    dynamic.refresh_from_db()
+    assert dynamic.name == "dyn"
+    assert not AuditEvent.objects.filter(action="management_group.update").exists()
+
+
+def test_deleting_groups_goes_through_the_service_one_by_one(root, make_user):
+    parent = ManagementGroup.objects.create(name="parent")
+    child = ManagementGroup.objects.create(name="child", parent=parent)
+    other = ManagementGroup.objects.create(name="other")
+    make_user("owner", "ITServiceOwner", group=parent)
+    r = root.post("/admin/fleet/managementgroup/", {"action": "delete_selected", "post": "yes",
+                                                    "_selected_action": [parent.pk, other.pk]})
+    assert r.status_code == 302
+    assert list(ManagementGroup.objects.values_list("name", "parent")) == [("child", None)]
+    assert not RoleAssignment.objects.filter(user__username="owner").exists()
+    rows = AuditEvent.objects.filter(action="management_group.delete", principal="root")
+    assert sorted(rows.values_list("target_id", "detail")) == sorted(
+        [(parent.pk, "name=parent children_now_top_level=child"), (other.pk, "name=other")])
+    r = root.post(f"/admin/fleet/managementgroup/{child.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302 and not ManagementGroup.objects.exists()
+    assert AuditEvent.objects.filter(action="management_group.delete", target_id=child.pk).count() == 1
