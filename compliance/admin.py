@@ -7,11 +7,11 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from yuzu.admin_rbac import RbacAdmin, session_principal
+from yuzu.admin_rbac import RbacAdmin, ServiceForm, ServiceFormAdmin, session_principal
 from yuzu.audit import audit
 from yuzu.errors import YuzuError
 
-from . import guardian, services
+from . import services
 from .documents import DocumentError
 from .models import GuardianEvent, GuardRule, Policy, PolicyAgentStatus, PolicyFragment
 
@@ -156,24 +156,37 @@ class VerdictAdmin(ReadOnlyAdmin):
     search_fields = ("agent__agent_id", "agent__hostname", "policy__name")
 
 
-class GuardRuleForm(forms.ModelForm):
+class GuardRuleForm(ServiceForm):
+    """A rule is created and changed by compliance.services, as over REST and MCP: its spec and scope checked, and
+    a change made under the rule's row lock, raising its version, with the service's audit row."""
+
+    service_fields = {"spec": "spec_json"}
     spec_json = forms.JSONField(label="spec", widget=forms.Textarea(attrs={"rows": 16, "cols": 100}),
                                 help_text="{spark, assertion, remediation}: see get_guardian_schemas")
+    # The version the page showed: a rule changed since (another tab, REST, MCP) is refused, not overwritten with
+    # the values this page showed (Django compares the post with the row as it is now, not as it was shown).
+    seen_version = forms.IntegerField(widget=forms.HiddenInput)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["seen_version"].initial = self.instance.version
 
     class Meta:
         model = GuardRule
         fields = ["name", "spec_json", "enabled", "enforcement_mode", "severity", "os_target", "scope_expr"]
 
-    def clean_spec_json(self):
-        spec = self.cleaned_data["spec_json"]
-        error = guardian.check_spec(spec)
-        if error:
-            raise forms.ValidationError(error)
-        return spec
+    def write(self, principal, data):
+        values = {("spec" if f == "spec_json" else f): data[f] for f in self.Meta.fields}
+        if self.instance._state.adding:
+            return services.create_rule(principal, values)["rule_id"]
+        changed = {k: v for k, v in values.items() if self.service_fields.get(k, k) in self.changed_data}
+        if not changed:
+            return self.instance.pk
+        return services.update_rule(principal, self.instance.pk, changed, version=data["seen_version"])["rule_id"]
 
 
 @admin.register(GuardRule)
-class GuardRuleAdmin(ServiceDeleteAdmin):
+class GuardRuleAdmin(ServiceFormAdmin, ServiceDeleteAdmin):
     securable = "GuaranteedState"
     form = GuardRuleForm
     list_display = ("name", "assertion", "enforcement_mode", "severity", "os_target", "enabled", "version")
@@ -182,16 +195,6 @@ class GuardRuleAdmin(ServiceDeleteAdmin):
     @admin.display(description="assertion")
     def assertion(self, obj):
         return (obj.spec_json.get("assertion") or {}).get("type", "")
-
-    def save_model(self, request, obj, form, change):
-        obj.updated_by = request.user.get_username()
-        if not change:
-            obj.created_by = obj.updated_by
-        super().save_model(request, obj, form, change)
-        if change:
-            obj.bump(obj.updated_by)
-        audit(request.user, f"guaranteed_state.rule.{'update' if change else 'create'}", "success",
-              target_type="GuardRule", target_id=obj.pk, detail=f"name={obj.name} via=admin")
 
     def service_delete(self, principal, obj):
         services.delete_rule(principal, obj.pk)

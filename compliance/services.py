@@ -249,12 +249,18 @@ def create_rule(principal, data, cid=""):
     return rule.to_dict()
 
 
-def update_rule(principal, rule_id, data, cid=""):
+def update_rule(principal, rule_id, data, cid="", *, version=None):
     """Read, change and save the rule under its row lock: a concurrent edit neither loses this one's change nor
-    shares its version, and a concurrent delete is never undone (save() would insert the row again)."""
+    shares its version, and a concurrent delete is never undone (save() would insert the row again). ``version``:
+    the one the caller's edit started from (the admin's form); a rule changed since is refused, not overwritten
+    with what the caller saw."""
     try:
         with transaction.atomic():
             rule = _rule(rule_id, lock=True)
+            if version is not None and rule.version != version:
+                raise YuzuError(f"guard rule '{rule.name}' was changed (it is at version {rule.version}, your edit "
+                                f"started from version {version}); nothing was saved", status=409, rpc_code=-32602,
+                                remediation="reload the rule and make your change again")
             _check_rule(data)
             for k in RULE_FIELDS:
                 if k in data:

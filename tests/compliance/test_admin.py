@@ -2,13 +2,15 @@
 
 
 import html
+import json
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from compliance.models import Policy, PolicyAgentStatus, PolicyFragment
+from compliance.models import GuardRule, Policy, PolicyAgentStatus, PolicyFragment
+from tests.support.browser import staff_client
 from tests.support.compliance import FRAGMENT, POLICY, agents
 from tests.support.otp import code
 from yuzu.models import AuditEvent
@@ -73,3 +75,55 @@ def test_the_admin_follows_rbac(make_user):
     assert approver.get("/admin/compliance/guardrule/").status_code == 403
 
 
+
+
+# --- guard rules: the page writes through compliance.services ----------------------------------------
+
+SPEC = {"spark": {"type": "file-change"}, "assertion": {"type": "file-exists", "params": {"path": "/etc/passwd"}},
+        "remediation": {"type": "alert-only"}}
+
+
+def rule_form(rule, **changes):
+    data = {"name": rule.name, "spec_json": json.dumps(rule.spec_json), "enforcement_mode": rule.enforcement_mode,
+            "severity": rule.severity, "os_target": rule.os_target, "scope_expr": rule.scope_expr,
+            "seen_version": rule.version}
+    if rule.enabled:
+        data["enabled"] = "on"
+    return {**data, **changes}
+
+
+def test_a_guard_rule_edited_on_its_page_is_versioned_and_audited_as_the_service_does(make_user):
+    c = staff_client(make_user, "pete", "PlatformEngineer")
+    r = c.post("/admin/compliance/guardrule/add/", rule_form(GuardRule(name="passwd", spec_json=SPEC)))
+    assert r.status_code == 302, r.content.decode()[:2000]
+    rule = GuardRule.objects.get()
+    assert (rule.version, rule.created_by) == (1, "pete")
+    assert AuditEvent.objects.get(action="guaranteed_state.rule.create").detail == "name=passwd assertion=file-exists"
+
+    r = c.post(f"/admin/compliance/guardrule/{rule.pk}/change/", rule_form(rule, severity="high"))
+    assert r.status_code == 302
+    rule.refresh_from_db()
+    assert (rule.severity, rule.version, rule.updated_by) == ("high", 2, "pete")
+    row = AuditEvent.objects.get(action="guaranteed_state.rule.update")
+    assert (row.principal, row.target_id, row.detail) == ("pete", rule.pk, "name=passwd version=2")
+    assert "severity: high" in rule.yaml_source
+
+    r = c.post(f"/admin/compliance/guardrule/{rule.pk}/change/", rule_form(rule, severity="low", seen_version=1))
+    assert r.status_code == 200  # an edit of the page as it was at version 1: it would put "medium" back
+    assert "was changed (it is at version 2, your edit started from version 1)" in html.unescape(r.content.decode())
+    rule.refresh_from_db()
+    assert (rule.severity, rule.version) == ("high", 2)
+
+
+def test_a_guard_rule_the_service_refuses_is_a_form_error_and_nothing_changes(make_user):
+    c = staff_client(make_user, "pete", "PlatformEngineer")
+    GuardRule.objects.create(name="taken", spec_json=SPEC)
+    rule = GuardRule.objects.create(name="passwd", spec_json=SPEC)
+    for changes, said in (({"scope_expr": "ostype ==="}, "scope_expr is not a valid scope expression"),
+                          ({"name": "taken"}, "a guard rule named 'taken' exists already"),
+                          ({"spec_json": json.dumps({**SPEC, "assertion": {"type": "nope"}})}, "nope")):
+        r = c.post(f"/admin/compliance/guardrule/{rule.pk}/change/", rule_form(rule, severity="high", **changes))
+        assert r.status_code == 200 and said in html.unescape(r.content.decode()), changes
+        rule.refresh_from_db()
+        assert (rule.name, rule.severity, rule.scope_expr, rule.version) == ("passwd", "medium", "", 1)
+    assert not AuditEvent.objects.filter(action__startswith="guaranteed_state.rule.").exists()
