@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin, messages
 from django.utils import timezone
 
@@ -39,10 +40,17 @@ class GroupForm(ServiceForm):
     (checked again under the row locks as it writes); members are added and removed one by one, audited."""
 
     service_fields = {"parent_id": "parent", "group": "members"}
+    # When the page showed the group: one changed since (another tab, REST, MCP) is refused, not overwritten with
+    # the values this page showed (Django compares the post with the row as it is now, not as it was shown).
+    seen_updated_at = forms.DateTimeField(widget=forms.HiddenInput, required=False)
 
     class Meta:
         model = ManagementGroup
         fields = ["name", "description", "parent", "membership_type", "scope_expression", "members"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["seen_updated_at"].initial = self.instance.updated_at
 
     def write(self, principal, data):
         parent = data.get("parent")
@@ -56,7 +64,7 @@ class GroupForm(ServiceForm):
             group_id = self.instance.pk
             changed = {k: v for k, v in fields.items() if self.service_fields.get(k, k) in self.changed_data}
             if changed:
-                services.update_group(principal, group_id, **changed)
+                services.update_group(principal, group_id, unchanged_since=data["seen_updated_at"], **changed)
         after = {agent.pk for agent in data.get("members") or ()}
         for agent_id in sorted(after - before):
             services.add_group_member(principal, group_id, agent_id)

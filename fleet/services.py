@@ -304,16 +304,24 @@ def plan_update_group(principal, group_id, *, pinned=None, **fields):
                 risk="write")
 
 
-def update_group(principal, group_id=None, *, cid="", plan=None, **fields):
+def update_group(principal, group_id=None, *, cid="", plan=None, unchanged_since=None, **fields):
     """Writes only the fields asked for (a concurrent edit of the others stands); a new parent is checked again
-    with every group locked, so two re-parentings at once cannot make a cycle that each alone would not."""
+    with every group locked, so two re-parentings at once cannot make a cycle that each alone would not.
+    ``unchanged_since``: the ``updated_at`` the caller's edit started from (the admin's form, which cannot tell
+    what its user changed from what someone else changed since): a group changed since is refused."""
     g, fields = (plan or plan_update_group(principal, group_id, **fields)).value
 
     def write():
         if "parent" in fields:  # every group locked, in one order: one re-parenting at a time
             list(ManagementGroup.objects.select_for_update().order_by("pk").values_list("pk", flat=True))
             _check_not_own_ancestor(g, fields["parent"])
-        if not ManagementGroup.objects.filter(pk=g.pk).update(updated_at=timezone.now(), **fields):
+        rows = ManagementGroup.objects.filter(pk=g.pk)
+        if unchanged_since is not None:
+            rows = rows.filter(updated_at=unchanged_since)
+        if not rows.update(updated_at=timezone.now(), **fields):
+            if unchanged_since is not None and ManagementGroup.objects.filter(pk=g.pk).exists():
+                raise ValidationError(f"management group '{g.name}' was changed after your edit started; nothing "
+                                      "was saved: reload it and make your change again")
             raise NotFound(f"management group not found: {g.pk}")
 
     _unique_name(write, fields.get("name"))

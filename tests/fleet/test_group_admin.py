@@ -5,6 +5,7 @@ nothing written, and what they allow leaves their audit rows."""
 import html
 
 import pytest
+from django.utils import timezone
 
 from fleet.models import Agent, ManagementGroup
 from tests.support.browser import staff_client
@@ -22,8 +23,13 @@ def form(group, **changes):
     """The change form's fields as the page posts them, with ``changes``."""
     data = {"name": group.name, "description": group.description, "parent": group.parent_id or "",
             "membership_type": group.membership_type, "scope_expression": group.scope_expression,
-            "members": [a.pk for a in group.members.all()]}
+            "members": [a.pk for a in group.members.all()], "seen_updated_at": seen(group)}
     return {**data, **changes}
+
+
+def seen(group):
+    """The page's hidden field: when it showed the group (Django renders it naive, in the current time zone)."""
+    return timezone.localtime(group.updated_at).replace(tzinfo=None).isoformat(" ")
 
 
 def page_text(r):
@@ -56,6 +62,24 @@ def test_a_rename_to_a_taken_name_is_refused_and_a_rename_leaves_the_services_au
     assert db.name == "database"
     row = AuditEvent.objects.get(action="management_group.update")
     assert (row.principal, row.target_id, row.detail) == ("root", db.pk, "name")
+
+
+def test_an_edit_of_a_group_changed_since_the_page_showed_it_is_refused(root):
+    """The page posts every field; Django compares them with the row as it is now. Someone renamed the group after
+    this page showed it: saving the page's description would have put the old name back."""
+    group = ManagementGroup.objects.create(name="web")
+    page = page_text(root.get(f"/admin/fleet/managementgroup/{group.pk}/change/"))
+    assert f'name="seen_updated_at" value="{seen(group)}"' in page
+    shown = form(group, description="the web tier")
+    ManagementGroup.objects.filter(pk=group.pk).update(name="www", updated_at=timezone.now())  # REST, meanwhile
+    r = root.post(f"/admin/fleet/managementgroup/{group.pk}/change/", shown)
+    assert r.status_code == 200 and "was changed after your edit started; nothing was saved" in page_text(r)
+    group.refresh_from_db()
+    assert (group.name, group.description) == ("www", "")
+    r = root.post(f"/admin/fleet/managementgroup/{group.pk}/change/", form(group, description="the web tier"))
+    assert r.status_code == 302
+    group.refresh_from_db()
+    assert (group.name, group.description) == ("www", "the web tier")
 
 
 def test_a_group_is_created_through_the_service_which_checks_its_scope_expression(root):
