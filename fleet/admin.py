@@ -21,8 +21,67 @@ from .models import (
 
 
 class TagInline(admin.TabularInline):
+    """An agent's tags, shown: they are set and deleted on the Tags page, through fleet.services."""
+
     model = Tag
     extra = 0
+    fields = readonly_fields = ("key", "value")
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class TagForm(ServiceForm):
+    """set_tag, as over REST and MCP: the key and value checked and normalised (a ``service`` tag decides what a
+    service-scoped token reaches), the agent sent its new tags, the audit row written."""
+
+    class Meta:
+        model = Tag
+        fields = ["agent", "key", "value"]
+
+    def write(self, principal, data):
+        agent = data["agent"] if "agent" in data else self.instance.agent  # agent and key: read-only on a change
+        tag = services.set_tag(principal, agent.pk, data.get("key", self.instance.key), data["value"])
+        return Tag.objects.get(agent_id=tag["agent_id"], key=tag["key"]).pk
+
+
+@admin.register(Tag)
+class TagAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
+    """Tags set (TagForm) and deleted (one by one) through fleet.services, which audits and pushes them."""
+
+    form = TagForm
+    list_display = ("agent", "key", "value")
+    list_filter = ("key",)
+    search_fields = ("agent__agent_id", "key", "value")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("agent", "key") if obj is not None else ()
+
+    def delete_model(self, request, obj):
+        try:
+            services.delete_tag(session_principal(request), obj.agent_id, obj.key)
+        except YuzuError as exc:
+            self.message_user(request, f"{obj.key}: {exc.message}", messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+class RecordAdmin(AuditedAdmin):
+    """Rows the system writes — what was dispatched, what agents answered and report: shown, never added or edited
+    here (a record of what happened is no one's to rewrite from a form). Deletes stay, audited: deleting an Agent
+    (the way to cut one off) deletes its records, and the admin refuses that to whoever may not delete them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Agent)
@@ -108,10 +167,11 @@ class DeviceTokenAdmin(AuditedAdmin):
 
 
 @admin.register(Execution)
-class ExecutionAdmin(AuditedAdmin):
+class ExecutionAdmin(RecordAdmin):
     list_display = ("id", "plugin", "action", "status", "dispatched_by", "dispatched_at", "agents_targeted",
                     "agents_responded", "agents_failure")
     list_filter = ("status",)
 
 
-admin.site.register([Tag, AgentInventory, InstructionDefinition, AgentExecStatus, Response], AuditedAdmin)
+admin.site.register([AgentInventory, AgentExecStatus, Response], RecordAdmin)
+admin.site.register(InstructionDefinition, AuditedAdmin)

@@ -1,13 +1,14 @@
-"""The superuser's management-group page writes through fleet.services, as REST and MCP do: what those refuse (a
-cycle, a taken name, a scope expression that does not parse, members of a dynamic group) is a form error with
-nothing written, and what they allow leaves their audit rows."""
+"""The superuser's fleet pages write through fleet.services, as REST and MCP do: on the group page what those refuse
+(a cycle, a taken name, a scope expression that does not parse, members of a dynamic group, an edit of a group
+changed since) is a form error with nothing written, and what they allow leaves their audit rows; tags are set and
+deleted by the tag service; executions and responses are shown, not edited."""
 
 import html
 
 import pytest
 from django.utils import timezone
 
-from fleet.models import Agent, ManagementGroup
+from fleet.models import Agent, Execution, ManagementGroup, Response, Tag
 from tests.support.browser import staff_client
 from yuzu.models import AuditEvent, RoleAssignment
 
@@ -139,3 +140,41 @@ def test_deleting_groups_goes_through_the_service_one_by_one(root, make_user):
     r = root.post(f"/admin/fleet/managementgroup/{child.pk}/delete/", {"post": "yes"})
     assert r.status_code == 302 and not ManagementGroup.objects.exists()
     assert AuditEvent.objects.filter(action="management_group.delete", target_id=child.pk).count() == 1
+
+
+# --- tags and records: the rest of the fleet pages ---------------------------------------------------
+
+def test_a_tag_is_set_and_deleted_on_its_page_through_the_service(root):
+    """Set on the page with Django's save(), a tag was never sent to its agent and left the admin's audit row, not
+    the service's (tag.set, as REST and MCP write it)."""
+    Agent.objects.create(agent_id="a1", hostname="a1.example")
+    r = root.post("/admin/fleet/tag/add/", {"agent": "a1", "key": "bad key!", "value": "x"})
+    assert r.status_code == 200 and "tag key must be 1-64 characters" in page_text(r)
+    assert not Tag.objects.exists()
+    r = root.post("/admin/fleet/tag/add/", {"agent": "a1", "key": "Service", "value": " Web "})
+    assert r.status_code == 302
+    tag = Tag.objects.get()
+    assert (tag.key, tag.value) == ("service", "web")
+    assert AuditEvent.objects.filter(action="tag.set", target_id="a1", detail="service=web").exists()
+    r = root.post(f"/admin/fleet/tag/{tag.pk}/change/", {"value": "Db"})
+    assert r.status_code == 302
+    assert Tag.objects.get().value == "db"
+    r = root.post(f"/admin/fleet/tag/{tag.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302 and not Tag.objects.exists()
+    assert AuditEvent.objects.filter(action="tag.delete", target_id="a1", detail="key=service deleted=True").exists()
+
+
+def test_executions_and_responses_are_shown_not_edited_and_an_agent_can_still_be_deleted(root):
+    agent = Agent.objects.create(agent_id="a1", hostname="a1.example")
+    Tag.objects.create(agent=agent, key="env", value="prod")
+    execution = Execution.objects.create(plugin="system", action="uptime", command_id="c1", dispatched_by="op")
+    Response.objects.create(execution=execution, instruction_id="c1", agent_id="a1", status="success")
+    assert root.get(f"/admin/fleet/execution/{execution.pk}/change/").status_code == 200
+    r = root.post(f"/admin/fleet/execution/{execution.pk}/change/", {"status": "failed", "dispatched_by": "nobody"})
+    assert r.status_code == 403
+    assert root.get("/admin/fleet/response/add/").status_code == 403
+    assert Execution.objects.get().dispatched_by == "op"
+    page = page_text(root.get("/admin/fleet/agent/a1/change/"))
+    assert "prod" in page and 'name="tags-0-value"' not in page  # the agent's tags: shown, set on the Tags page
+    r = root.post("/admin/fleet/agent/a1/delete/", {"post": "yes"})
+    assert r.status_code == 302 and not Agent.objects.exists()
