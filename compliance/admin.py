@@ -8,11 +8,9 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from yuzu.admin_rbac import RbacAdmin, ServiceForm, ServiceFormAdmin, session_principal
-from yuzu.audit import audit
 from yuzu.errors import YuzuError
 
 from . import services
-from .documents import DocumentError
 from .models import GuardianEvent, GuardRule, Policy, PolicyAgentStatus, PolicyFragment
 
 
@@ -46,22 +44,22 @@ class ReadOnlyAdmin(RbacAdmin):
         return [f.name for f in self.model._meta.fields]
 
 
-class YamlForm(forms.ModelForm):
-    """The YAML is the only input; every other column is derived from it on save."""
+class YamlForm(ServiceForm):
+    """The YAML is the only input: the service checks it, derives every other column from it and writes, as the
+    REST routes' do; a refusal is the YAML field's error (with its line and column), nothing written."""
 
+    refusal_field = "yaml_source"
     yaml_source = forms.CharField(label="YAML", widget=forms.Textarea(attrs={
         "rows": 20, "cols": 100, "class": "vLargeTextField", "spellcheck": "false", "wrap": "off",
         "style": "font-family: monospace"}),
                                   help_text="apiVersion: yuzu.io/v1alpha1 — see docs/compliance.md")
 
     def clean_yaml_source(self):
-        text = self.cleaned_data["yaml_source"].replace("\r\n", "\n")
-        try:
-            self.check_document(text)
-        except DocumentError as exc:
-            where = f" (line {exc.extra['line']}, column {exc.extra.get('column')})" if "line" in exc.extra else ""
-            raise forms.ValidationError(exc.message + where) from None
-        return text
+        return self.cleaned_data["yaml_source"].replace("\r\n", "\n")
+
+    def describe(self, exc):
+        where = f" (line {exc.extra['line']}, column {exc.extra.get('column')})" if "line" in exc.extra else ""
+        return exc.message + where
 
 
 class FragmentForm(YamlForm):
@@ -69,15 +67,10 @@ class FragmentForm(YamlForm):
         model = PolicyFragment
         fields = ["yaml_source"]
 
-    def check_document(self, text):
-        self.instance.apply_yaml(text)
-        if PolicyFragment.objects.filter(name=self.instance.name).exclude(pk=self.instance.pk).exists():
-            raise DocumentError(f"a fragment named '{self.instance.name}' exists already")
-        for policy in Policy.objects.filter(fragment_id=self.instance.pk):  # they must still bind every ${input}
-            try:
-                self.instance.check_inputs(policy.inputs())
-            except DocumentError as exc:
-                raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
+    def write(self, principal, data):
+        if self.instance._state.adding:
+            return services.create_fragment(principal, data["yaml_source"])["id"]
+        return services.update_fragment(principal, self.instance.pk, data["yaml_source"])["id"]
 
 
 class PolicyForm(YamlForm):
@@ -85,32 +78,26 @@ class PolicyForm(YamlForm):
         model = Policy
         fields = ["yaml_source"]
 
-    def check_document(self, text):
-        meta = Policy.plan_yaml(text)[0]
-        if Policy.objects.filter(name=meta["name"]).exclude(pk=self.instance.pk).exists():
-            raise DocumentError(f"a policy named '{meta['name']}' exists already")
+    def write(self, principal, data):
+        if self.instance._state.adding:
+            return services.create_policy(principal, data["yaml_source"])["id"]
+        return services.update_policy(principal, self.instance.pk, data["yaml_source"])["id"]
 
 
 @admin.register(PolicyFragment)
-class PolicyFragmentAdmin(ServiceDeleteAdmin):
+class PolicyFragmentAdmin(ServiceFormAdmin, ServiceDeleteAdmin):
     securable = "Policy"
     form = FragmentForm
     list_display = ("name", "check_instruction", "fix_instruction", "updated_at")
     search_fields = ("name",)
     readonly_fields = ("check_instruction", "check_compliance", "fix_instruction", "post_check_instruction")
 
-    def save_model(self, request, obj, form, change):
-        obj.apply_yaml(form.cleaned_data["yaml_source"])
-        obj.save()
-        audit(request.user, f"policy.fragment.{'update' if change else 'create'}", "success",
-              target_type="PolicyFragment", target_id=obj.pk, detail=f"name={obj.name} via=admin")
-
     def service_delete(self, principal, obj):
         services.delete_fragment(principal, obj.pk)
 
 
 @admin.register(Policy)
-class PolicyAdmin(ServiceDeleteAdmin):
+class PolicyAdmin(ServiceFormAdmin, ServiceDeleteAdmin):
     securable = "Policy"
     form = PolicyForm
     list_display = ("name", "fragment", "enabled", "interval_seconds", "compliance_pct", "last_dispatch_at")
@@ -138,11 +125,6 @@ class PolicyAdmin(ServiceDeleteAdmin):
             "{} compliant, {} non-compliant, {} unknown, {} fixing, {} error. <a href=\"{}\">Verdicts per agent</a>",
             f"{pct:.1f}", s["total"], s["compliant"], s["non_compliant"], s["unknown"], s["fixing"], s["error"],
             verdicts)
-
-    def save_model(self, request, obj, form, change):
-        policy = Policy.from_yaml(form.cleaned_data["yaml_source"], instance=obj)
-        audit(request.user, f"policy.{'update' if change else 'create'}", "success", target_type="Policy",
-              target_id=policy.pk, detail=f"name={policy.name} via=admin")
 
     def service_delete(self, principal, obj):
         services.delete_policy(principal, obj.pk)

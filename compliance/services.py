@@ -75,6 +75,31 @@ def create_fragment(principal, text, cid=""):
     return {"id": fragment.id, "status": "created"}
 
 
+def update_fragment(principal, fragment_id, text, cid=""):
+    """Replace a fragment's definition (the admin's fragment page is its face), under its row lock: the document
+    checked completely, and every policy using the fragment must still bind each of its ${inputs}."""
+    try:
+        with transaction.atomic():
+            fragment = PolicyFragment.objects.select_for_update().filter(pk=fragment_id).first()
+            if fragment is None:
+                raise NotFound(f"fragment not found: {str(fragment_id)[:64]}")
+            fragment.apply_yaml(yaml_of(text))
+            for policy in fragment.policies.all():
+                try:
+                    fragment.check_inputs(policy.inputs())
+                except DocumentError as exc:
+                    raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
+            fragment.save()
+    except DocumentError as exc:
+        raise document_error(exc) from None
+    except IntegrityError:
+        raise YuzuError("a fragment with that metadata.name exists already", status=409, rpc_code=-32602) from None
+    audit(principal, "policy.fragment.update", "success", target_type="PolicyFragment", target_id=fragment.id,
+          detail=f"name={fragment.name} check={fragment.check_instruction}", correlation_id=cid)
+    _forget_fleet()
+    return {"id": fragment.id, "status": "updated"}
+
+
 def list_fragments():
     rows = [f.to_dict() for f in PolicyFragment.objects.all()[:1000]]
     return {"fragments": rows, "count": len(rows)}
@@ -109,6 +134,25 @@ def create_policy(principal, text, cid=""):
           detail=f"name={policy.name} fragment={policy.fragment.name}", correlation_id=cid)
     _forget_fleet()
     return {"id": policy.id, "status": "created"}
+
+
+def update_policy(principal, policy_id, text, cid=""):
+    """Replace a policy's definition — triggers, inputs, group bindings — under its row lock (the admin's policy
+    page is its face)."""
+    try:
+        with transaction.atomic():
+            policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
+            if policy is None:
+                raise NotFound(f"policy not found: {str(policy_id)[:64]}")
+            policy = Policy.from_yaml(yaml_of(text), instance=policy)
+    except DocumentError as exc:
+        raise document_error(exc) from None
+    except IntegrityError:
+        raise YuzuError("a policy with that metadata.name exists already", status=409, rpc_code=-32602) from None
+    audit(principal, "policy.update", "success", target_type="Policy", target_id=policy.id,
+          detail=f"name={policy.name} fragment={policy.fragment.name}", correlation_id=cid)
+    _forget_fleet()
+    return {"id": policy.id, "status": "updated"}
 
 
 def list_policies(*, enabled=None, name=None, fragment_id=None, limit=MAX_POLICIES):

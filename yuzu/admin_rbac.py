@@ -163,6 +163,11 @@ class ServiceForm(forms.ModelForm[Any]):
 
     request: HttpRequest
     service_fields: dict[str, str] = {}
+    refusal_field: str | None = None  # where a service's refusal (a YuzuError) shows: None, above the form
+
+    def describe(self, exc: YuzuError) -> str:
+        """A service's refusal as the page says it."""
+        return exc.message
 
     def write(self, principal: rbac.Principal, data: dict[str, Any]) -> Any:
         """Call the service; return the primary key of the row it created or changed."""
@@ -184,7 +189,7 @@ class ServiceForm(forms.ModelForm[Any]):
                 shown = self.service_fields.get(field, field)
                 self.add_error(shown if shown in self.fields else None, messages_)
         except YuzuError as exc:
-            self.add_error(None, exc.message)
+            self.add_error(self.refusal_field, self.describe(exc))
         else:
             self.instance = self._meta.model.objects.get(pk=pk)  # as written, for the page's message and redirect
 

@@ -127,3 +127,28 @@ def test_a_guard_rule_the_service_refuses_is_a_form_error_and_nothing_changes(ma
         rule.refresh_from_db()
         assert (rule.name, rule.severity, rule.scope_expr, rule.version) == ("passwd", "medium", "", 1)
     assert not AuditEvent.objects.filter(action__startswith="guaranteed_state.rule.").exists()
+
+
+def test_fragments_and_policies_edited_on_their_pages_go_through_the_services(make_user):
+    """Saved by the page itself, an edit left its own audit row ("via=admin") and kept the fleet's cached compliance
+    counts: the service's create and update forget them, as the REST routes' do."""
+    from django.core.cache import cache
+
+    from compliance.services import FLEET_CACHE_KEY, fleet_compliance
+
+    c = staff_client(make_user, "pe", "PlatformEngineer")
+    assert c.post("/admin/compliance/policyfragment/add/", {"yaml_source": FRAGMENT}).status_code == 302
+    assert c.post("/admin/compliance/policy/add/", {"yaml_source": POLICY}).status_code == 302
+    policy, fragment = Policy.objects.get(), PolicyFragment.objects.get()
+    fleet_compliance()
+    assert cache.get(FLEET_CACHE_KEY) is not None
+    r = c.post(f"/admin/compliance/policy/{policy.pk}/change/",
+               {"yaml_source": POLICY.replace("interval_seconds: 120", "interval_seconds: 600")})
+    assert r.status_code == 302 and cache.get(FLEET_CACHE_KEY) is None
+    fleet_compliance()
+    r = c.post(f"/admin/compliance/policyfragment/{fragment.pk}/change/",
+               {"yaml_source": FRAGMENT.replace("a marker file must exist", "the marker file must exist")})
+    assert r.status_code == 302 and cache.get(FLEET_CACHE_KEY) is None
+    details = dict(AuditEvent.objects.filter(principal="pe").values_list("action", "detail"))
+    assert details["policy.create"] == details["policy.update"] == "name=marker fragment=marker-present"
+    assert details["policy.fragment.update"].startswith("name=marker-present check=")
