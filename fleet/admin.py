@@ -86,11 +86,19 @@ class RecordAdmin(AuditedAdmin):
 
 @admin.register(Agent)
 class AgentAdmin(AuditedAdmin):
+    """What an agent reports (its OS, hostname, attributes …) is shown, not edited: scope expressions match on it,
+    so a dynamic group's members — and what a role on that group reaches — would change with a form. Agents are
+    enrolled, not added here; deleting one cuts it off; the quarantine flag stays editable (docs/fleet.md)."""
+
     list_display = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
     list_filter = ("connected", "os", "quarantined", "simulated")
     search_fields = ("agent_id", "hostname")
-    readonly_fields = ("credential_hash",)
+    readonly_fields = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "enrolled_at",
+                       "attributes", "simulated", "credential_hash")
     inlines = [TagInline]
+
+    def has_add_permission(self, request):
+        return False
 
 
 class GroupForm(ServiceForm):

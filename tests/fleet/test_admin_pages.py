@@ -178,3 +178,15 @@ def test_executions_and_responses_are_shown_not_edited_and_an_agent_can_still_be
     assert "prod" in page and 'name="tags-0-value"' not in page  # the agent's tags: shown, set on the Tags page
     r = root.post("/admin/fleet/agent/a1/delete/", {"post": "yes"})
     assert r.status_code == 302 and not Agent.objects.exists()
+
+
+def test_what_an_agent_reports_is_shown_not_edited_and_its_quarantine_flag_still_is(root):
+    """Scope expressions match an agent's reported OS: changed on its page, it moved the agent into or out of
+    dynamic groups — and so under or out of the roles held on them — until the agent next said otherwise."""
+    Agent.objects.create(agent_id="a1", hostname="a1.example", os="linux", quarantined=True)
+    assert root.get("/admin/fleet/agent/add/").status_code == 403  # agents are enrolled
+    r = root.post("/admin/fleet/agent/a1/change/", {"os": "windows", "hostname": "dc1", "quarantine_reason": "",
+                                                    "tags-TOTAL_FORMS": "0", "tags-INITIAL_FORMS": "0"})
+    assert r.status_code == 302
+    agent = Agent.objects.get()
+    assert (agent.os, agent.hostname, agent.quarantined) == ("linux", "a1.example", False)
