@@ -108,6 +108,7 @@ def test_a_guard_rule_edited_on_its_page_is_versioned_and_audited_as_the_service
     assert (row.principal, row.target_id, row.detail) == ("pete", rule.pk, "name=passwd version=2")
     assert "severity: high" in rule.yaml_source
 
+    assert 'name="seen_version" value="2"' in c.get(f"/admin/compliance/guardrule/{rule.pk}/change/").content.decode()
     r = c.post(f"/admin/compliance/guardrule/{rule.pk}/change/", rule_form(rule, severity="low", seen_version=1))
     assert r.status_code == 200  # an edit of the page as it was at version 1: it would put "medium" back
     assert "was changed (it is at version 2, your edit started from version 1)" in html.unescape(r.content.decode())
