@@ -7,13 +7,13 @@ else with Approval:Read sees only the tickets they submitted themselves."""
 
 from django.db import transaction
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from fleet.groups import agent_group_ids, agents_in_groups
 from fleet.models import Agent, ManagementGroup
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied, YuzuError
+from yuzu.models import TOTPDevice
 from yuzu.stepup import mfa_is_fresh
 
 from .models import Approval

@@ -24,7 +24,6 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from . import tokens
 from .accounts import record_failure
@@ -41,6 +40,7 @@ from .models import (
     Role,
     RoleAssignment,
     RolePermission,
+    TOTPDevice,
 )
 from .stepup import (
     CODE_REQUIRED,
@@ -186,8 +186,7 @@ class RoleAssignmentAdmin(StepUpAdmin, AuditedAdmin):
     list_filter = ("role",)
 
 
-# django-otp's page showed every authenticator's secret (and a QR code of it) to the superuser.
-admin.site.unregister(TOTPDevice)
+# Not django-otp's TOTP page, which showed every authenticator's secret (and a QR code of it) to the superuser.
 admin.site.register(TOTPDevice, AuthenticatorAdmin)
 
 

@@ -1,5 +1,5 @@
-"""Authenticators (django-otp's TOTP devices): a secret known to its user alone, so that an approval's code proves
-*that* approver.
+"""Authenticators (yuzu.models.TOTPDevice: django-otp's TOTP device, its seed sealed): a secret known to its user
+alone, so that an approval's code proves *that* approver.
 
 The superuser's page lists them, adds one for a user, resets or deletes one, and shows whether each is confirmed — never
 the secret: not in a form, a column, a filter, a search or the history. (django-otp's own page showed it, and a QR code
@@ -25,11 +25,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
 from django_otp import devices_for_user
-from django_otp.plugins.otp_totp.models import TOTPDevice, default_key
 from django_otp.qr import write_qrcode_image
 
 from .admin_rbac import AuditedAdmin, StepUpAdmin, session_principal
 from .audit import audit
+from .models import TOTPDevice
 from .stepup import CODE_THROTTLED, CODE_WRONG, StepUpForm, mfa_is_fresh
 
 if TYPE_CHECKING:
@@ -50,13 +50,13 @@ def pending(user: Any) -> TOTPDevice | None:
 
 
 class AuthenticatorAdmin(StepUpAdmin, AuditedAdmin):
-    """django-otp's TOTP device page without the secret (``exclude``: no form field and no query-string filter);
-    adding, resetting or deleting one needs a fresh code."""
+    """The TOTP device page without the secret (it is sealed, ``key_sealed``, and not editable: no form field;
+    ``exclude`` keeps it out of query-string filters too); adding, resetting or deleting one needs a fresh code."""
 
     list_display = ("user", "name", "confirmed", "created_at", "last_used_at")
     list_filter = ("confirmed",)
     search_fields = ("user__username", "name")
-    exclude = ("key",)
+    exclude = ("key_sealed",)
     actions = ["reset"]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -77,8 +77,7 @@ class AuthenticatorAdmin(StepUpAdmin, AuditedAdmin):
     @admin.action(description="Reset selected authenticators (a new secret; their users set them up again)")
     def reset(self, request: HttpRequest, queryset: QuerySet[TOTPDevice]) -> None:
         for device in queryset:
-            device.key, device.confirmed, device.drift, device.last_t = default_key(), False, 0, -1
-            device.throttle_reset(commit=False)
+            device.reset()
             device.save()
             self._audited(request, "reset", device)
         messages.success(request, f"Reset {len(queryset)} authenticator(s): each user sets theirs up again at "
@@ -107,7 +106,8 @@ def _unlocked_by_password(request: HttpRequest) -> TOTPDevice | None:
     if not (isinstance(held, list) and len(held) == 2 and time.time() - float(held[1]) <= ENROL_SECONDS):
         request.session.pop(ENROL_SESSION_KEY, None)
         return None
-    device = TOTPDevice.objects.filter(pk=held[0], confirmed=False, user__is_active=True).select_related("user").first()
+    device: TOTPDevice | None = TOTPDevice.objects.filter(
+        pk=held[0], confirmed=False, user__is_active=True).select_related("user").first()
     if device is None or any(devices_for_user(device.user, confirmed=True)):
         return None
     return device

@@ -1,19 +1,27 @@
-"""Cross-cutting models: RBAC (roles, permissions, assignments), API tokens and the audit log."""
+"""Cross-cutting models: RBAC (roles, permissions, assignments), API tokens, the audit log and the admins'
+authenticators (TOTP devices)."""
 
 import hashlib
 import secrets
+import time
+from base64 import b32encode
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import quote, urlencode
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection, models
+from django.db import connection, models, transaction
 from django.utils import timezone
+from django_otp.models import Device, ThrottlingMixin, TimestampMixin
+from django_otp.oath import TOTP
 
 from .text import check_label
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+    from .secrets import Where
 
 # The fixed securable catalogue and operations (spec/yuzu-mcp.md §1.1).
 SECURABLES = (
@@ -256,3 +264,148 @@ class AuthVersion(models.Model):
                 cursor.execute(cls.READ_SQL)
                 row = cursor.fetchone()
         return int(row[0]) if row else -1
+
+
+class TOTPDevice(TimestampMixin, ThrottlingMixin, Device):  # type: ignore[misc]  # django-otp has no type information
+    """An admin's authenticator: django-otp's TOTP device with its seed **sealed** (yuzu.secrets) instead of a hex
+    column. The seed proves *that* approver (sign-in, step-up, approvals), so a database dump, backup or replica
+    must not yield it: ``key_sealed`` opens only in this row, with the KEK, which lives outside the database.
+    The seed is in memory only while a code is verified, or while it is shown once at enrolment.
+
+    Verification is django-otp's ``TOTPDevice.verify_token``: ``tolerance`` steps either side, the drift it learns
+    (``OTP_TOTP_SYNC``), a code accepted once is refused after (``last_t``), exponential back-off after wrong codes
+    (``OTP_TOTP_THROTTLE_FACTOR``). ``TOTPDevice.objects.create(user=…, name=…)`` draws a new seed; so does
+    ``reset()``."""
+
+    SEED_BYTES = 20
+
+    key_sealed: models.BinaryField[bytes | memoryview, bytes | memoryview] = models.BinaryField(
+        editable=False, help_text="the TOTP seed, sealed with yuzu.secrets (bound to this row): a dump never shows it")
+    # django-otp's TOTPDevice fields, as they are there
+    step: models.PositiveSmallIntegerField[int, int] = models.PositiveSmallIntegerField(
+        default=30, help_text="The time step in seconds.")
+    t0: models.BigIntegerField[int, int] = models.BigIntegerField(
+        default=0, help_text="The Unix time at which to begin counting steps.")
+    digits: models.PositiveSmallIntegerField[int, int] = models.PositiveSmallIntegerField(
+        choices=[(6, 6), (8, 8)], default=6, help_text="The number of digits to expect in a token.")
+    tolerance: models.PositiveSmallIntegerField[int, int] = models.PositiveSmallIntegerField(
+        default=1, help_text="The number of time steps in the past or future to allow.")
+    drift: models.SmallIntegerField[int, int] = models.SmallIntegerField(
+        default=0, help_text="The number of time steps the prover is known to deviate from our clock.")
+    last_t: models.BigIntegerField[int, int] = models.BigIntegerField(default=-1, help_text=(
+        "The t value of the latest verified token. The next token must be at a higher time step."))
+
+    class Meta(Device.Meta):  # type: ignore[misc]  # as above
+        verbose_name = "TOTP device"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._new_seed: bytes | None = None  # drawn, not yet sealed into the row
+
+    def reset(self) -> None:
+        """A new seed, unconfirmed until its user sets it up again (saved by ``save()``)."""
+        self._new_seed = secrets.token_bytes(self.SEED_BYTES)
+        self.confirmed, self.drift, self.last_t = False, 0, -1
+        self.throttle_reset(commit=False)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Seals a new seed (a new device draws one): the blob is bound to the row's pk, so a new row is inserted
+        first and sealed in the same transaction."""
+        if self._new_seed is None and not self.key_sealed:
+            self._new_seed = secrets.token_bytes(self.SEED_BYTES)
+        seed, self._new_seed = self._new_seed, None
+        if seed is None:
+            super().save(*args, **kwargs)
+            return
+        from .secrets import seal  # cycle: yuzu.secrets reads KekVersion from this module
+
+        with transaction.atomic(using=kwargs.get("using")):
+            if self.pk is None:
+                self.key_sealed = b""
+                super().save(*args, **kwargs)
+                self.key_sealed = seal(seed, self.sealed_where())
+                type(self)._default_manager.filter(pk=self.pk).update(key_sealed=self.key_sealed)
+            else:
+                self.key_sealed = seal(seed, self.sealed_where())
+                if kwargs.get("update_fields") is not None:
+                    kwargs["update_fields"] = {*kwargs["update_fields"], "key_sealed"}
+                super().save(*args, **kwargs)
+
+    @property
+    def bin_key(self) -> bytes:
+        """The seed, unsealed for the caller's use (never kept on the instance); SecretError when the blob does not
+        open in this row (copied from another, tampered with, or its KEK is gone)."""
+        if self._new_seed is not None:
+            return self._new_seed
+        from .secrets import unseal  # cycle: yuzu.secrets reads KekVersion from this module
+
+        return unseal(bytes(self.key_sealed), self.sealed_where())
+
+    def sealed_where(self) -> "Where":
+        """Where this row's seed blob lives, the only place it opens."""
+        from .secrets import AUTHENTICATOR_SEED  # cycle: yuzu.secrets reads KekVersion from this module
+
+        return AUTHENTICATOR_SEED.where(int(self.pk))
+
+    def verify_token(self, token: Any) -> bool:
+        """django-otp's TOTP verification (django_otp.plugins.otp_totp), on the unsealed seed. A seed that does not
+        open verifies nothing (audited ``secret.decrypt_failure`` by yuzu.secrets) and is no wrong code."""
+        from .secrets import SecretError  # cycle: yuzu.secrets reads KekVersion from this module
+
+        if not self.verify_is_allowed()[0]:
+            return False
+        try:
+            code = int(token)
+            key = self.bin_key
+        except (TypeError, ValueError):
+            verified = False
+        except SecretError:
+            return False
+        else:
+            totp = TOTP(key, self.step, self.t0, self.digits, self.drift)
+            totp.time = time.time()
+            verified = totp.verify(code, self.tolerance, self.last_t + 1)
+            if verified:
+                self.last_t = totp.t()
+                if getattr(settings, "OTP_TOTP_SYNC", True):
+                    self.drift = totp.drift
+                self.throttle_reset(commit=False)
+                self.set_last_used_timestamp(commit=False)
+                self.save()
+        if not verified:
+            self.throttle_increment(commit=True)
+        return bool(verified)
+
+    def was_used(self, token: str) -> bool:
+        """True when ``token`` is a code this device already accepted (its time step is at or before the last
+        accepted one): then "wrong code" would mislead — the person typed the right code a second time."""
+        from .secrets import SecretError  # cycle: yuzu.secrets reads KekVersion from this module
+
+        if self.last_t < 0:
+            return False
+        try:
+            code = int(token)
+            totp = TOTP(self.bin_key, self.step, self.t0, self.digits, self.drift)
+        except (TypeError, ValueError, SecretError):
+            return False
+        totp.time = time.time()
+        for offset in range(-self.tolerance, self.tolerance + 1):
+            totp.drift = self.drift + offset
+            if totp.t() <= self.last_t and totp.token() == code:
+                return True
+        return False
+
+    def get_throttle_factor(self) -> int:
+        return int(getattr(settings, "OTP_TOTP_THROTTLE_FACTOR", 1))
+
+    @property
+    def config_url(self) -> str:
+        """The otpauth:// URI an authenticator app scans (it holds the seed: shown once, at enrolment)."""
+        label = str(self.user.get_username())
+        params = urlencode({"secret": b32encode(self.bin_key), "algorithm": "SHA1", "digits": self.digits,
+                            "period": self.step})
+        issuer = str(getattr(settings, "OTP_TOTP_ISSUER", "") or "").replace(":", "")
+        if issuer:
+            label = f"{issuer}:{label}"
+            params += f"&issuer={quote(issuer)}"
+        return f"otpauth://totp/{quote(label)}?{params}"

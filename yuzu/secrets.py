@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import models, transaction
 
-from .models import KekVersion
+from .models import KekVersion, TOTPDevice
 
 BLOB_VERSION = 1
 KEY_BYTES = 32
@@ -331,3 +331,7 @@ def rewrap_all(version: int | None = None) -> int:
             new = rewrap(blob, col.where(pk), version)
             moved += col.model._default_manager.filter(pk=pk, **{col.column: bytes(blob)}).update(**{col.column: new})
     return moved
+
+
+#: the admins' authenticator seeds (yuzu.models.TOTPDevice)
+AUTHENTICATOR_SEED = sealed_column("yuzu", TOTPDevice, "key_sealed")

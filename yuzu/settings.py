@@ -86,8 +86,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_otp",
-    "django_otp.plugins.otp_totp",
+    "django_otp",  # its TOTP plugin is not installed: yuzu.models.TOTPDevice seals the seed its device kept in clear
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI served from pinned static files: no CDN, works offline

@@ -21,7 +21,6 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import F
-from django_otp.plugins.otp_totp.models import TOTPDevice
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +30,7 @@ from fleet.models import Agent, AgentExecStatus, Execution, Tag
 from mcp.server import Request, handle
 from tests.support.authz import _agent, _headers, open_session
 from yuzu.errors import YuzuError
+from yuzu.models import TOTPDevice
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,6 @@ from django.db import DatabaseError, connections
 from django.db.models import F
 from django.test import Client
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 from prometheus_client import REGISTRY
 
 from approvals.gate import (
@@ -36,7 +35,7 @@ from tests.support.mcp_http import McpClient, request
 from tests.support.otp import code, next_code
 from tests.support.races import at_once
 from yuzu.auth import MFA_SESSION_KEY
-from yuzu.models import AuditEvent
+from yuzu.models import AuditEvent, TOTPDevice
 from yuzu.rbac import Principal
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("release_worker_connections")]

@@ -7,13 +7,12 @@ import json
 import pytest
 from django.test import Client
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from compliance.models import GuardRule, Policy, PolicyAgentStatus, PolicyFragment
 from tests.support.browser import staff_client
 from tests.support.compliance import FRAGMENT, POLICY, agents
 from tests.support.otp import code
-from yuzu.models import AuditEvent
+from yuzu.models import AuditEvent, TOTPDevice
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,6 @@ from base64 import b32encode
 
 import pytest
 from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from tests.support.browser import (
     admin_login,
@@ -22,7 +21,7 @@ from tests.support.browser import (
 )
 from tests.support.otp import code, next_code
 from yuzu.admin import CODE_REUSED
-from yuzu.models import AuditEvent
+from yuzu.models import AuditEvent, TOTPDevice
 from yuzu.testing import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
@@ -89,12 +88,12 @@ def test_an_added_authenticator_is_shown_to_its_user_only(daphne, make_user):
 
     with chromium() as browser:
         page = open_page(browser, server.base, VIEWPORT)
-        admin_login(page, server.base, "/admin/otp_totp/totpdevice/add/", "root", PASSWORD, root)
+        admin_login(page, server.base, "/admin/yuzu/totpdevice/add/", "root", PASSWORD, root)
         assert page.locator("[name=key]").count() == 0
         page.select_option("#id_user", label="nina")
         page.fill("#id_name", "nina's phone")
         page.click("input[name=_save]")
-        page.wait_for_url(f"{server.base}/admin/otp_totp/totpdevice/")
+        page.wait_for_url(f"{server.base}/admin/yuzu/totpdevice/")
         device = off_thread(lambda: TOTPDevice.objects.get(user__username="nina"))
         assert not device.confirmed
         page.click("text=nina's phone")

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]
 
 
 def test_official_client_sees_32006_then_the_recall_runs(daphne, mint, make_user, tmp_path):
-    from django_otp.plugins.otp_totp.models import TOTPDevice
+    from yuzu.models import TOTPDevice
 
     if not MCP_PY.exists():
         pytest.fail(f"{MCP_PY} is missing: run `make test`")

@@ -30,7 +30,6 @@ import psutil
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from approvals.services import review
@@ -38,7 +37,7 @@ from fleet.models import Agent, AgentExecStatus, AgentState, Execution, Response
 from fleet.responses import FORGOTTEN
 from tests.support.lossy_proxy import LossyProxy
 from tests.support.stack import REDIS, Stack, wait_for
-from yuzu.models import AuditEvent
+from yuzu.models import AuditEvent, TOTPDevice
 from yuzu.rbac import Principal, seed_builtin_roles
 from yuzu.testing import ROOT
 

@@ -8,14 +8,13 @@ import subprocess
 import time
 
 import pytest
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from approvals.services import review
 from fleet.models import Agent
 from governance.models import EnginePrincipal, EngineRotation
 from tests.support.official_client import DRIVE, MCP_PY, client_env
-from yuzu.models import ApiToken, Role, RolePermission
+from yuzu.models import ApiToken, Role, RolePermission, TOTPDevice
 from yuzu.rbac import Principal, seed_builtin_roles
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]

@@ -22,7 +22,6 @@ import time
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from fleet.models import Agent
@@ -30,7 +29,7 @@ from oauth.models import Authorization
 from tests.support.browser import chromium, off_thread, require_browser
 from tests.support.metadata_server import MetadataServer
 from tests.support.otp import code
-from yuzu.models import ApiToken, AuditEvent
+from yuzu.models import ApiToken, AuditEvent, TOTPDevice
 from yuzu.rbac import assign_role
 from yuzu.testing import ROOT, free_port, server_env, spawn, wait_until
 

@@ -27,7 +27,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from django.core.management import call_command
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import Approval
 from fleet.agent import signing
@@ -38,6 +37,7 @@ from pki.models import IssuedCert
 from tests.support.official_client import DRIVE, MCP_PY, client_env
 from tests.support.otp import code
 from tests.support.stack import Stack, wait_for
+from yuzu.models import TOTPDevice
 from yuzu.rbac import seed_builtin_roles
 
 pytestmark = [pytest.mark.live, pytest.mark.django_db(transaction=True)]

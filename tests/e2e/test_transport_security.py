@@ -11,10 +11,10 @@ import sys
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from fleet.models import Agent, Tag
 from tests.support.otp import code
+from yuzu.models import TOTPDevice
 from yuzu.rbac import seed_builtin_roles
 from yuzu.testing import ROOT, free_port, server_env
 

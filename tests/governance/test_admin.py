@@ -5,14 +5,13 @@ import re
 
 import pytest
 from django.test import Client
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from bridge.models import Profile
 from governance import reviews
 from governance.models import AccessReviewCampaign
 from tests.support.otp import code, next_code
 from yuzu.auth import MFA_SESSION_KEY
-from yuzu.models import RoleAssignment
+from yuzu.models import RoleAssignment, TOTPDevice
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db

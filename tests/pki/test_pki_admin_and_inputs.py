@@ -5,7 +5,6 @@ import time
 
 import pytest
 from django.test import Client
-from django_otp.plugins.otp_totp.models import TOTPDevice
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from pki.models import IssuedCert
 from tests.pki.test_ca import agent_leaf
 from tests.support.otp import code
 from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import TOTPDevice
 
 pytestmark = pytest.mark.django_db
 LIST = "/admin/pki/issuedcert/"

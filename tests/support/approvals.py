@@ -2,10 +2,9 @@
 
 import time
 
-from django_otp.plugins.otp_totp.models import TOTPDevice
-
 from approvals.models import Approval
 from approvals.services import review
+from yuzu.models import TOTPDevice
 from yuzu.rbac import Principal
 
 PASSWORD = "approver-password-1"

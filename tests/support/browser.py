@@ -87,7 +87,8 @@ def open_page(browser, base_url=None, viewport=None, timeout=15000):
 def staff_with_authenticator(make_user, username, role, password, *, group=None, superuser=False):
     """A staff user holding ``role`` (on ``group``), with a confirmed TOTP device (the admin's second factor)."""
     from django.contrib.auth import get_user_model
-    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    from yuzu.models import TOTPDevice
 
     user = make_user(username, role, group=group, superuser=superuser, password=password)
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)

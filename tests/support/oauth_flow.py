@@ -10,9 +10,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from django.test import Client
 from django_otp import DEVICE_ID_SESSION_KEY
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from yuzu.auth import MFA_SESSION_KEY
+from yuzu.models import TOTPDevice
 
 HOST = "127.0.0.1:8000"
 BASE = f"http://{HOST}"

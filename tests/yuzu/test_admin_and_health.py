@@ -8,7 +8,6 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from tests.support.otp import code, next_code
 from yuzu.admin import (
@@ -21,7 +20,7 @@ from yuzu.admin import (
     NO_DEVICE,
 )
 from yuzu.auth import MFA_SESSION_KEY
-from yuzu.models import AccountLockout, AuditEvent
+from yuzu.models import AccountLockout, AuditEvent, TOTPDevice
 
 pytestmark = pytest.mark.django_db
 

@@ -8,12 +8,11 @@ from urllib.parse import quote
 import pytest
 from django.contrib.messages import get_messages
 from django.test import Client
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from tests.support.browser import staff_client
 from tests.support.otp import code, next_code
 from yuzu.auth import MFA_SESSION_KEY
-from yuzu.models import ApiToken, AuditEvent
+from yuzu.models import ApiToken, AuditEvent, TOTPDevice
 
 pytestmark = pytest.mark.django_db
 
@@ -238,7 +237,7 @@ def test_granting_roles_in_the_admin_needs_a_fresh_authenticator_code(make_user)
                                                      "date_joined_1": "00:00:00"}),
         (f"/admin/auth/user/{mallory.pk}/password/", {"password1": "Mallory-pass-123", "password2": "Mallory-pass-123",
                                                        "usable_password": "true"}),
-        ("/admin/otp_totp/totpdevice/add/", {"user": mallory.pk, "name": "phone"}),
+        ("/admin/yuzu/totpdevice/add/", {"user": mallory.pk, "name": "phone"}),
     ]
     before = AuditEvent.objects.count()
     stale(c)
@@ -279,7 +278,7 @@ def test_taking_over_an_approver_in_the_admin_is_audited(make_user):
     row = AuditEvent.objects.get(action="admin.user.change", target_id=str(alice.pk))
     assert row.principal == "root" and "alice" in row.detail and "Taken-over" not in row.detail
     device = TOTPDevice.objects.create(user=alice, name="phone", confirmed=True)
-    assert c.post("/admin/otp_totp/totpdevice/", {"action": "reset", "_selected_action": [device.pk]}).status_code == 302
+    assert c.post("/admin/yuzu/totpdevice/", {"action": "reset", "_selected_action": [device.pk]}).status_code == 302
     assert AuditEvent.objects.filter(action="admin.totpdevice.reset", principal="root").count() == 1
 
 

@@ -20,10 +20,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
-from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from yuzu.audit import audit
-from yuzu.models import ApiToken
+from yuzu.models import ApiToken, TOTPDevice
 from yuzu.rbac import assign_role, seed_builtin_roles
 
 
