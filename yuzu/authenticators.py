@@ -30,6 +30,7 @@ from django_otp.qr import write_qrcode_image
 from .admin_rbac import AuditedAdmin, StepUpAdmin, session_principal
 from .audit import audit
 from .models import TOTPDevice
+from .secrets import SecretError
 from .stepup import CODE_THROTTLED, CODE_WRONG, StepUpForm, mfa_is_fresh
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ HAS_AUTHENTICATOR = ("This account already has an authenticator: sign in with it
                      "another.")
 NOTHING_PENDING = ("No authenticator is waiting to be set up for this account. Ask an administrator to add one for "
                    "you (admin → TOTP devices), then come back here.")
+UNREADABLE = ("This authenticator's secret cannot be opened on this server. Ask an administrator to reset it (admin → "
+              "TOTP devices), then come back here.")
 
 
 def pending(user: Any) -> TOTPDevice | None:
@@ -147,7 +150,11 @@ def enrol(request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
                              " Sign in with your password and the code it shows."))
             return redirect("admin:index" if signed_in else "admin:login")
         form.add_error("otp_token", CODE_WRONG if allowed else CODE_THROTTLED)
+    try:
+        uri = device.config_url  # the seed, unsealed to be shown once
+    except SecretError:  # audited by yuzu.secrets; a reset seals a new one
+        return render(request, "admin/enrol.html", {**page, "notice": UNREADABLE})
     qr = io.BytesIO()
-    write_qrcode_image(device.config_url, qr)
-    return render(request, "admin/enrol.html", {**page, "device": device, "form": form, "uri": device.config_url,
+    write_qrcode_image(uri, qr)
+    return render(request, "admin/enrol.html", {**page, "device": device, "form": form, "uri": uri,
                                                 "qr": base64.b64encode(qr.getvalue()).decode()})

@@ -93,6 +93,17 @@ def test_a_seed_blob_copied_to_another_row_does_not_verify(make_user):
     assert AuditEvent.objects.filter(action="secret.decrypt_failure", target_id=str(victim.pk)).exists()
     # the blob still opens where it belongs
     assert mallory.verify_token(code(mallory))
+    # set up at /admin/enrol/, a copied blob shows nothing (no 500, no one else's secret) until a reset
+    TOTPDevice.objects.filter(pk=victim.pk).update(confirmed=False)
+    c = Client(raise_request_exception=False)
+    assert c.post("/admin/enrol/", {"username": "alice", "password": PASSWORD}).status_code == 302
+    page = c.get("/admin/enrol/")
+    assert page.status_code == 200 and "cannot be opened on this server" in page.content.decode()
+    assert not any(s.decode() in page.content.decode() for s in spellings(mallory.bin_key)[1:])
+    victim.refresh_from_db()
+    victim.reset()
+    victim.save()
+    assert "otpauth://" in c.get("/admin/enrol/").content.decode()
 
 
 def test_rewrap_after_a_kek_rotation_rewraps_the_seed_and_codes_still_verify(make_user):
