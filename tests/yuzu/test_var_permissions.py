@@ -44,11 +44,12 @@ def modes(var):
 def test_a_fresh_install_is_private_and_a_loose_one_is_reported(tmp_path):
     var = tmp_path / "var"
     manage(var, "migrate", "--noinput", "-v0")
-    manage(var, "bootstrap")  # writes the admin, its TOTP seed and a token into the database
+    manage(var, "bootstrap")  # writes the admin, its TOTP seed (sealed: the KEK's file too) and a token
     assert stat.S_IMODE(var.stat().st_mode) == 0o700
-    assert modes(var) == {"secret_key": 0o600, "yuzu.sqlite3": 0o600}
+    assert modes(var) == {"keys": 0o700, "secret_key": 0o600, "yuzu.sqlite3": 0o600}
+    assert modes(var / "keys") == {"secrets-kek-v1.key": 0o600}
     seen = json.loads(manage(var, code=PROBE).stdout.strip().splitlines()[-1])
-    assert seen == {"secret_key": "0o600", "yuzu.sqlite3": "0o600", "yuzu.sqlite3-shm": "0o600",
+    assert seen == {"keys": "0o700", "secret_key": "0o600", "yuzu.sqlite3": "0o600", "yuzu.sqlite3-shm": "0o600",
                     "yuzu.sqlite3-wal": "0o600"}
     assert "yuzu.W001" not in manage(var, "check").stderr
 
