@@ -7,6 +7,7 @@ behind and the TOTP plugin, which is no longer installed, could be installed afr
 Going back drops the sealed devices: each user sets theirs up again (the seeds are never written back in clear).
 """
 
+from datetime import UTC, datetime
 from typing import Any
 
 import django.db.models.deletion
@@ -35,7 +36,9 @@ def seal_legacy_devices(apps: Any, schema_editor: Any) -> None:
         rows = cursor.fetchall()
     Device = apps.get_model("yuzu", "TOTPDevice")
     for key, *values in rows:
-        fields = dict(zip(columns, values, strict=True))
+        # SQLite's driver hands a stored (UTC) timestamp back naive
+        fields = {name: value.replace(tzinfo=UTC) if isinstance(value, datetime) and value.tzinfo is None else value
+                  for name, value in zip(columns, values, strict=True)}
         device = Device.objects.create(key_sealed=b"", **fields)
         blob = seal(bytes.fromhex(key), Where("yuzu", Device._meta.db_table, "key_sealed", device.pk))
         # created_at again: auto_now_add stamped the copy with today
