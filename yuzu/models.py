@@ -278,6 +278,8 @@ class TOTPDevice(TimestampMixin, ThrottlingMixin, Device):  # type: ignore[misc]
     ``reset()``."""
 
     SEED_BYTES = 20
+    #: what a verification reads and changes: re-read under the row lock before each one
+    STATE = ("last_t", "drift", "throttling_failure_timestamp", "throttling_failure_count")
 
     key_sealed: models.BinaryField[bytes | memoryview, bytes | memoryview] = models.BinaryField(
         editable=False, help_text="the TOTP seed, sealed with yuzu.secrets (bound to this row): a dump never shows it")
@@ -348,33 +350,40 @@ class TOTPDevice(TimestampMixin, ThrottlingMixin, Device):  # type: ignore[misc]
         return AUTHENTICATOR_SEED.where(int(self.pk))
 
     def verify_token(self, token: Any) -> bool:
-        """django-otp's TOTP verification (django_otp.plugins.otp_totp), on the unsealed seed. A seed that does not
-        open verifies nothing (audited ``secret.decrypt_failure`` by yuzu.secrets) and is no wrong code."""
+        """django-otp's TOTP verification (django_otp.plugins.otp_totp), on the unsealed seed, under the row's lock:
+        one code sent from several places at once is accepted once (each verification reads the ``last_t`` and
+        throttling state the one before it left). A seed that does not open verifies nothing (audited
+        ``secret.decrypt_failure`` by yuzu.secrets) and is no wrong code."""
         from .secrets import SecretError  # cycle: yuzu.secrets reads KekVersion from this module
 
-        if not self.verify_is_allowed()[0]:
-            return False
-        try:
-            code = int(token)
-            key = self.bin_key
-        except (TypeError, ValueError):
-            verified = False
-        except SecretError:
-            return False
-        else:
-            totp = TOTP(key, self.step, self.t0, self.digits, self.drift)
-            totp.time = time.time()
-            verified = totp.verify(code, self.tolerance, self.last_t + 1)
-            if verified:
-                self.last_t = totp.t()
-                if getattr(settings, "OTP_TOTP_SYNC", True):
-                    self.drift = totp.drift
-                self.throttle_reset(commit=False)
-                self.set_last_used_timestamp(commit=False)
-                self.save()
-        if not verified:
-            self.throttle_increment(commit=True)
-        return bool(verified)
+        with transaction.atomic():
+            if self.pk is not None:
+                locked = type(self)._default_manager.select_for_update().filter(pk=self.pk).values(*self.STATE).first()
+                for name, value in (locked or {}).items():
+                    setattr(self, name, value)
+            if not self.verify_is_allowed()[0]:
+                return False
+            try:
+                code = int(token)
+                key = self.bin_key
+            except (TypeError, ValueError):
+                verified = False
+            except SecretError:
+                return False
+            else:
+                totp = TOTP(key, self.step, self.t0, self.digits, self.drift)
+                totp.time = time.time()
+                verified = totp.verify(code, self.tolerance, self.last_t + 1)
+                if verified:
+                    self.last_t = totp.t()
+                    if getattr(settings, "OTP_TOTP_SYNC", True):
+                        self.drift = totp.drift
+                    self.throttle_reset(commit=False)
+                    self.set_last_used_timestamp(commit=False)
+                    self.save()
+            if not verified:
+                self.throttle_increment(commit=True)
+            return bool(verified)
 
     def was_used(self, token: str) -> bool:
         """True when ``token`` is a code this device already accepted (its time step is at or before the last

@@ -16,6 +16,7 @@ from django_otp import device_classes, devices_for_user, match_token
 from django_otp.oath import TOTP
 
 from tests.support.otp import code
+from tests.support.races import at_once
 from yuzu import secrets
 from yuzu.models import AuditEvent, TOTPDevice
 
@@ -180,3 +181,18 @@ def test_the_migration_seals_the_devices_django_otp_stored_in_clear(make_user):
     # and an install that never had django-otp's table migrates without it
     MIGRATION.seal_legacy_devices(apps, SimpleNamespace(connection=connection))
     assert TOTPDevice.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_code_verified_from_several_places_at_once_is_accepted_once(make_user):
+    """The same fresh code sent at the same instant (two approvals, or an approval and a sign-in, by someone who
+    saw it): the device's row lock makes the verifications take turns, so the second finds the first's ``last_t``
+    and refuses it, as it would in sequence."""
+    device = TOTPDevice.objects.create(user=make_user("alice"), name="phone", confirmed=True)
+    seed = TOTPDevice.objects.get(pk=device.pk).bin_key
+    for _ in range(10):
+        token = code_for(seed, now_t())
+        TOTPDevice.objects.filter(pk=device.pk).update(last_t=now_t() - 2, throttling_failure_count=0,
+                                                       throttling_failure_timestamp=None)
+        outcomes = at_once(*[lambda t=token: TOTPDevice.objects.get(pk=device.pk).verify_token(t)] * 3)
+        assert sorted(out for _, out in outcomes) == [False, False, True], outcomes
