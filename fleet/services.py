@@ -410,10 +410,12 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
     role_obj = Role.objects.filter(name=role).first()
     if role_obj is None:
         raise NotFound(f"role not found: {role}")
-    if role_obj.name == "Administrator":
-        raise PermissionDenied("UserManagement:Write", "the Administrator role is granted globally, not on a group",
+    try:
+        RoleAssignment(user=user, role=role_obj, group=g).clean()  # the rules the admin's page keeps too
+    except ValidationError as exc:
+        raise PermissionDenied("UserManagement:Write", exc.messages[0],
                                remediation="an administrator assigns it globally in the admin "
-                                           f"({rbac.ROLE_ASSIGNMENT_PAGE}, no group)")
+                                           f"({rbac.ROLE_ASSIGNMENT_PAGE}, no group)") from None
     permissions = sorted((p.securable, p.operation) for p in role_obj.permissions.all())
     # No escalation: a group's ITServiceOwner granted itself (or anyone) Approver there, reading and — as staff —
     # reviewing tickets it held no permission for. A grantor passes on only what it holds on the group itself, of

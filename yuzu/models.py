@@ -47,6 +47,10 @@ def hash_secret(raw: str) -> str:
 
 
 class Role(models.Model):
+    #: Roles held only globally. Administrator is "everything, on every device": held on a group it would confer only
+    #: that group's device-scoped part (yuzu.rbac.GROUP_SCOPED) while every list of assignments reads "Administrator".
+    GLOBAL_ONLY = frozenset({"Administrator"})
+
     name = models.CharField(max_length=64, unique=True)
     description = models.CharField(max_length=256, blank=True)
     builtin = models.BooleanField(default=False)
@@ -92,6 +96,12 @@ class RoleAssignment(models.Model):
     def __str__(self) -> str:
         where = f"on {self.group}" if self.group_id else "globally"
         return f"{self.user} is {self.role} {where}"
+
+    def clean(self) -> None:
+        """The rules every grant keeps, whoever makes it: the admin's page (its form runs this) and the group-role
+        service (fleet.services.plan_assign_group_role) alike."""
+        if self.group_id is not None and self.role_id is not None and self.role.name in Role.GLOBAL_ONLY:
+            raise ValidationError({"group": f"the {self.role.name} role is granted globally, not on a group"})
 
 
 class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
