@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -77,10 +78,31 @@ def unlock_account(principal: Principal, username: str = "", *, cid: str = "",
                    plan: Plan[User] | None = None) -> JsonObject:
     user = (plan or plan_unlock_account(principal, username)).value
     username = user.get_username()
-    was_locked = AccountLockout.objects.filter(user=user, locked_until__gt=timezone.now()).exists()
-    AccountLockout.objects.filter(user=user).update(failed_attempts=0, locked_until=None, manual=False)
+    with transaction.atomic():  # the row locked, as record_failure locks it: a failure counted meanwhile waits
+        lock = AccountLockout.objects.select_for_update().filter(user=user).first()
+        was_locked = lock is not None and lock.is_locked()
+        if lock is not None:
+            lock.failed_attempts, lock.locked_until, lock.manual = 0, None, False
+            lock.save(update_fields=["failed_attempts", "locked_until", "manual"])
     audit(principal, "account.unlock", "success", target_type="User", target_id=username,
           detail=f"was_locked={was_locked}", correlation_id=cid)
     return {"username": username, "unlocked": True, "was_locked": was_locked}
 
 
+
+
+def lock_account(principal: Principal, username: str, until: datetime, *, cid: str = "") -> JsonObject:
+    """An administrator's lock (the admin's lockout page): new sign-ins are refused and live sessions end until
+    ``until``. The row is locked as record_failure locks it, so a failed sign-in counted meanwhile is not lost."""
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"user not found: {username}")
+    if until <= timezone.now():
+        raise ValidationError({"locked_until": "a lock ends in the future; to unlock, leave it empty"})
+    with transaction.atomic():
+        lock, _ = AccountLockout.objects.select_for_update().get_or_create(user=user)
+        lock.locked_until, lock.manual = until, True
+        lock.save(update_fields=["locked_until", "manual"])
+    audit(principal, "account.lock", "success", target_type="User", target_id=username,
+          detail=f"until={until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}", correlation_id=cid)
+    return {"username": username, "locked": True, "locked_until": until.astimezone(UTC).isoformat()}

@@ -25,9 +25,9 @@ from django.views.decorators.cache import never_cache
 from django_otp import devices_for_user
 from django_otp.admin import OTPAdminAuthenticationForm, OTPAdminSite
 
-from . import tokens
+from . import accounts, tokens
 from .accounts import record_failure
-from .admin_rbac import AuditedAdmin, StepUpAdmin, session_principal
+from .admin_rbac import AuditedAdmin, ServiceForm, ServiceFormAdmin, StepUpAdmin, session_principal
 from .audit import audit
 from .auth import MFA_SESSION_KEY
 from .authenticators import AuthenticatorAdmin, enrol
@@ -263,10 +263,61 @@ class AuditEventAdmin(admin.ModelAdmin[AuditEvent]):
         return False
 
 
-@admin.register(AccountLockout)
-class AccountLockoutAdmin(StepUpAdmin, AuditedAdmin):
-    """Failed sign-ins lock an account for new sign-ins only; a lock set here with "locked by an administrator"
-    also ends its live sessions."""
+class LockoutForm(ServiceForm):
+    """The accounts service's lock and unlock, as REST and MCP's unlock_account: the row locked as a failed sign-in
+    locks it (a full-row save wrote back the failure count the page had shown), and the service's audit rows
+    (``account.lock``, ``account.unlock``). A date locks the account until then; no date unlocks it."""
 
+    class Meta:
+        model = AccountLockout
+        fields = ["user", "locked_until"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "locked_until" in self.fields:
+            self.fields["locked_until"].help_text = ("Until when the account is locked (new sign-ins refused, live "
+                                                     "sessions ended). Leave it empty to unlock the account.")
+            self.fields["locked_until"].required = self.instance.pk is None  # a new row is a lock
+
+    def write(self, principal: Any, data: dict[str, Any]) -> Any:
+        user = data["user"] if "user" in data else self.instance.user  # read-only on a change
+        if self.instance.pk is not None and "locked_until" not in self.changed_data:
+            return self.instance.pk  # nothing asked: the failures' own lock stays theirs
+        cid = request_cid(self.request)
+        if data.get("locked_until") is None:
+            accounts.unlock_account(principal, user.get_username(), cid=cid)
+        else:
+            accounts.lock_account(principal, user.get_username(), data["locked_until"], cid=cid)
+        return AccountLockout.objects.get(user=user).pk
+
+
+@admin.register(AccountLockout)
+class AccountLockoutAdmin(StepUpAdmin, ServiceFormAdmin, AuditedAdmin):
+    """Failed sign-ins lock an account for new sign-ins only; a lock set here is an administrator's: it also ends the
+    account's live sessions. Locks and unlocks go through yuzu.accounts (LockoutForm, the unlock action); a row's
+    delete (a user's, with the user) stays, audited."""
+
+    form = LockoutForm
     list_display = ("user", "failed_attempts", "locked_until", "manual")
     list_filter = ("manual",)
+    actions = ["unlock"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: AccountLockout | None = None) -> tuple[str, ...]:
+        return ("user", "failed_attempts", "manual") if obj is not None else ()
+
+    def get_fields(self, request: HttpRequest, obj: AccountLockout | None = None) -> Any:
+        return ["user", "failed_attempts", "manual", "locked_until"] if obj is not None else ["user", "locked_until"]
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        return admin.ModelAdmin.log_addition(self, request, obj, message)  # the service's row is the record
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        return admin.ModelAdmin.log_change(self, request, obj, message)  # the service's row is the record
+
+    @admin.action(description="Unlock selected accounts (needs a fresh authenticator code)", permissions=["change"])
+    def unlock(self, request: HttpRequest, queryset: QuerySet[AccountLockout]) -> None:
+        """unlock_account, account by account: its row lock and audit row, as over REST and MCP."""
+        principal = session_principal(request)
+        for lock in queryset.select_related("user"):
+            accounts.unlock_account(principal, lock.user.get_username(), cid=request_cid(request))
+        messages.success(request, f"Unlocked {len(queryset)} account{'s' if len(queryset) != 1 else ''}.")

@@ -51,3 +51,60 @@ def test_the_administrator_role_is_not_granted_on_a_group_on_the_page_either(roo
     r = root.post("/admin/yuzu/roleassignment/add/", {"user": mallory.pk, "role": admin_role.pk, "group": ""})
     assert r.status_code == 302
     assert RoleAssignment.objects.filter(user=mallory, role=admin_role, group=None).exists()
+
+
+def lockout_form(until=None):
+    return {"locked_until_0": f"{until:%Y-%m-%d}", "locked_until_1": f"{until:%H:%M:%S}"} if until else \
+        {"locked_until_0": "", "locked_until_1": ""}
+
+
+def test_the_lockout_page_locks_and_unlocks_through_the_accounts_service(root, make_user):
+    """The page saved the whole row: the failed-sign-in count it had shown went back over the ones counted since
+    (record_failure counts under a row lock), and its audit row was admin.accountlockout.*, not the service's."""
+    from yuzu.accounts import record_failure
+    from yuzu.models import AccountLockout
+
+    alice = make_user("alice")
+    until = timezone.now() + timedelta(days=3)
+    r = root.post("/admin/yuzu/accountlockout/add/", {"user": alice.pk, **lockout_form(until)})
+    assert r.status_code == 302, page_text(r)
+    lock = AccountLockout.objects.get(user=alice)
+    assert lock.manual and lock.is_locked()
+    row = AuditEvent.objects.get(action="account.lock")
+    assert (row.principal, row.target_type, row.target_id) == ("root", "User", "alice")
+    assert row.detail.startswith(f"until={until:%Y-%m-%dT%H:%M}")
+    page = root.get(f"/admin/yuzu/accountlockout/{lock.pk}/change/")  # the page shows the count …
+    assert page.status_code == 200 and 'name="failed_attempts"' not in page.content.decode()
+    record_failure("alice")  # … and a failed sign-in is counted meanwhile
+    r = root.post(f"/admin/yuzu/accountlockout/{lock.pk}/change/", {"failed_attempts": 0, **lockout_form()})
+    assert r.status_code == 302, page_text(r)
+    lock.refresh_from_db()
+    assert not lock.is_locked() and not lock.manual and lock.failed_attempts == 0
+    row = AuditEvent.objects.get(action="account.unlock")  # the row REST and MCP's unlock_account write
+    assert (row.principal, row.target_type, row.target_id, row.detail) == ("root", "User", "alice", "was_locked=True")
+    assert not AuditEvent.objects.filter(action__startswith="admin.accountlockout").exists()
+
+
+def test_a_lock_in_the_past_is_refused_and_the_list_unlocks_through_the_service(root, make_user):
+    from yuzu.accounts import record_failure
+    from yuzu.models import AccountLockout
+
+    bob = make_user("bob")
+    for _ in range(5):
+        record_failure("bob")
+    lock = AccountLockout.objects.get(user=bob)
+    assert lock.is_locked() and not lock.manual
+    r = root.post(f"/admin/yuzu/accountlockout/{lock.pk}/change/",
+                  lockout_form(timezone.now() - timedelta(hours=1)))
+    assert r.status_code == 200 and "a lock ends in the future" in page_text(r)
+    r = root.post(f"/admin/yuzu/accountlockout/{lock.pk}/change/",
+                  lockout_form(timezone.localtime(lock.locked_until)))  # the page as shown, unchanged
+    assert r.status_code == 302
+    lock.refresh_from_db()
+    assert not lock.manual and lock.failed_attempts == 5  # nothing asked, nothing written
+    assert not AuditEvent.objects.filter(action__in=("account.lock", "account.unlock")).exists()
+    r = root.post("/admin/yuzu/accountlockout/", {"action": "unlock", "_selected_action": [lock.pk]})
+    assert r.status_code == 302
+    lock.refresh_from_db()
+    assert not lock.is_locked() and lock.failed_attempts == 0
+    assert AuditEvent.objects.get(action="account.unlock").detail == "was_locked=True"
