@@ -1,10 +1,9 @@
 from django import forms
 from django.contrib import admin, messages
-from django.utils import timezone
 
 from yuzu.admin_rbac import AuditedAdmin, HiddenColumnsAdmin, ServiceForm, ServiceFormAdmin, session_principal
-from yuzu.audit import audit
 from yuzu.errors import YuzuError
+from yuzu.middleware import request_cid
 
 from . import services
 from .models import (
@@ -160,18 +159,33 @@ class ManagementGroupAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
 
 
 @admin.register(DeviceToken)
-class DeviceTokenAdmin(AuditedAdmin):
+class DeviceTokenAdmin(HiddenColumnsAdmin):
+    """Shown, and revoked (fleet.services.revoke_device_token, audited token by token); never edited or deleted. A
+    token's expiry and uses are what it was minted with (``manage.py mint_device_token``): a form that moved the
+    expiry of a token that had leaked, or raised its uses, widened who may enrol with no record of it. Mint a new
+    token instead; a revoked one stays, the record of what enrolled the agents it let in."""
+
     list_display = ("name", "created_by", "created_at", "expires_at", "revoked_at", "uses", "max_uses")
-    readonly_fields = ("token_hash", "uses", "revoked_at")  # a revocation is for good: no clearing it here
+    fields = readonly_fields = ("id", "name", "created_by", "created_at", "expires_at", "max_uses", "uses",
+                                "revoked_at")
+    exclude = ("token_hash",)
     actions = ["revoke"]
 
     def has_add_permission(self, request):  # minted with `manage.py mint_device_token`, shown once
         return False
 
-    @admin.action(description="Revoke selected device tokens")
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Revoke selected device tokens", permissions=["view"])
     def revoke(self, request, queryset):
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        audit(request.user, "device_token.revoke", "success", target_type="DeviceToken", detail=f"count={n}")
+        principal, cid = session_principal(request), request_cid(request)
+        revoked = sum(services.revoke_device_token(principal, pk, cid=cid)["revoked"]
+                      for pk in queryset.values_list("pk", flat=True))
+        self.message_user(request, f"Revoked {revoked} device token{'s' if revoked != 1 else ''}.")
 
 
 @admin.register(Execution)

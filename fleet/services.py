@@ -18,7 +18,7 @@ from yuzu.plans import Plan
 from yuzu.stepup import require_fresh_mfa
 
 from .groups import agents_in_groups, group_agents, service_agent_ids
-from .models import Agent, ManagementGroup, Tag, normalise_tag
+from .models import Agent, DeviceToken, ManagementGroup, Tag, normalise_tag
 from .push import push_tags
 from .scope import ScopeError, parse
 
@@ -443,3 +443,16 @@ def assign_group_role(principal, group_id=None, username=None, role=None, *, cid
     audit(principal, "management_group.assign_role", "success", target_type="ManagementGroup", target_id=g.id,
           detail=f"username={user.get_username()} role={role_obj.name}", correlation_id=cid)
     return {"group_id": g.id, "username": user.get_username(), "role": role_obj.name, "assigned": True}
+
+
+def revoke_device_token(principal, token_id, *, cid=""):
+    """Revoke an enrolment token for good (the admin's device-token page, its only write): no agent enrols with it
+    again; agents enrolled with it keep their own credentials. A token already revoked is left as it is, unaudited."""
+    token = DeviceToken.objects.filter(pk=token_id).first()
+    if token is None:
+        raise NotFound(f"device token not found: {token_id}")
+    revoked = bool(DeviceToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()))
+    if revoked:
+        audit(principal, "device_token.revoke", "success", target_type="DeviceToken", target_id=token.pk,
+              detail=f"name={token.name} uses={token.uses}", correlation_id=cid)
+    return {"token_id": token.pk, "revoked": revoked}

@@ -108,3 +108,32 @@ def test_a_lock_in_the_past_is_refused_and_the_list_unlocks_through_the_service(
     lock.refresh_from_db()
     assert not lock.is_locked() and lock.failed_attempts == 0
     assert AuditEvent.objects.get(action="account.unlock").detail == "was_locked=True"
+
+
+def test_a_device_token_is_shown_and_revoked_not_edited(root):
+    """The device-token page edited a token's expiry and max uses with no service and no rule: a leaked enrolment
+    token's life was extended, or its uses raised, with an audit row that said only which fields."""
+    from fleet.management.commands.mint_device_token import mint_device_token
+    from fleet.models import DeviceToken
+
+    mint_device_token("lab", expires_days=1, max_uses=1)
+    token = DeviceToken.objects.get()
+    url = f"/admin/fleet/devicetoken/{token.pk}/change/"
+    page = root.get(url)
+    assert page.status_code == 200 and token.token_hash not in page.content.decode()
+    later = timezone.now() + timedelta(days=365)
+    r = root.post(url, {"name": "lab", "max_uses": 1000, "expires_at_0": f"{later:%Y-%m-%d}",
+                        "expires_at_1": f"{later:%H:%M:%S}"})
+    assert r.status_code == 403
+    assert root.post(f"/admin/fleet/devicetoken/{token.pk}/delete/", {"post": "yes"}).status_code == 403
+    token.refresh_from_db()
+    assert (token.max_uses, token.expires_at < timezone.now() + timedelta(days=2)) == (1, True)
+    r = root.post("/admin/fleet/devicetoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert r.status_code == 302
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+    row = AuditEvent.objects.get(action="device_token.revoke")
+    assert (row.principal, row.target_id, row.detail) == ("root", token.pk, "name=lab uses=0")
+    root.post("/admin/fleet/devicetoken/", {"action": "revoke", "_selected_action": [token.pk]})  # again: no change
+    assert AuditEvent.objects.filter(action="device_token.revoke").count() == 1
+    assert DeviceToken.objects.filter(pk=token.pk).exists()
