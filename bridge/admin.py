@@ -1,10 +1,11 @@
 """Bridge admin: profiles are edited here (their env is visible only to administrators in this admin,
-never through a tool); members, turns, messages and inbox items are read-only records."""
+never through a tool); members, turns, messages and inbox items are records (RecordAdmin): shown, not added or
+edited, and a delete — deleting a user deletes the workers it spawned, with their turns and messages — audited."""
 
 from django import forms
 from django.contrib import admin
 
-from yuzu.admin_rbac import AuditedAdmin
+from yuzu.admin_rbac import AuditedAdmin, RecordAdmin
 
 from .models import InboxItem, Member, Message, Profile, Turn, _validate_env
 
@@ -46,16 +47,8 @@ class ProfileAdmin(AuditedAdmin):
         return obj.spawnable
 
 
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Member)
-class MemberAdmin(ReadOnly):
+class MemberAdmin(RecordAdmin):
     list_display = ("session_id", "name", "profile_name", "pane_id", "status", "status_since", "owner", "stopped_at")
     list_filter = ("status", "profile_name")
     search_fields = ("session_id", "pane_id", "name")
@@ -63,19 +56,19 @@ class MemberAdmin(ReadOnly):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnly):
+class TurnAdmin(RecordAdmin):
     list_display = ("turn_id", "member", "state", "origin", "detached", "created_at", "closed_at")
     list_filter = ("state",)
     search_fields = ("turn_id",)
 
 
 @admin.register(Message)
-class MessageAdmin(ReadOnly):
+class MessageAdmin(RecordAdmin):
     list_display = ("id", "member", "turn", "state", "created_at", "delivered_at", "error")
     list_filter = ("state",)
 
 
 @admin.register(InboxItem)
-class InboxItemAdmin(ReadOnly):
+class InboxItemAdmin(RecordAdmin):
     list_display = ("item_id", "recipient_key", "kind", "created_at", "acked_at")
     list_filter = ("kind",)

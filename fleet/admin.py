@@ -1,7 +1,14 @@
 from django import forms
 from django.contrib import admin, messages
 
-from yuzu.admin_rbac import AuditedAdmin, HiddenColumnsAdmin, ServiceForm, ServiceFormAdmin, session_principal
+from yuzu.admin_rbac import (
+    AuditedAdmin,
+    HiddenColumnsAdmin,
+    RecordAdmin,
+    ServiceForm,
+    ServiceFormAdmin,
+    session_principal,
+)
 from yuzu.errors import YuzuError
 from yuzu.middleware import request_cid
 
@@ -69,18 +76,6 @@ class TagAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
     def delete_queryset(self, request, queryset):
         for obj in queryset:
             self.delete_model(request, obj)
-
-
-class RecordAdmin(AuditedAdmin):
-    """Rows the system writes — what was dispatched, what agents answered and report: shown, never added or edited
-    here (a record of what happened is no one's to rewrite from a form). Deletes stay, audited: deleting an Agent
-    (the way to cut one off) deletes its records, and the admin refuses that to whoever may not delete them."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Agent)

@@ -108,6 +108,19 @@ class AuditedAdmin(HiddenColumnsAdmin):
         return entries
 
 
+class RecordAdmin(AuditedAdmin):
+    """Rows the system writes — what was dispatched, what agents answered and report (fleet), a bridge's workers,
+    turns, messages and inbox: shown, never added or edited here (a record of what happened is no one's to rewrite
+    from a form). Deletes stay, audited: deleting what they hang from — an Agent (the way to cut one off), a User —
+    deletes them too, and the admin refuses that delete to whoever may not delete them."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
 class RbacAdmin(HiddenColumnsAdmin):
     """A ModelAdmin whose permissions are RBAC operations on ``securable``."""
 

@@ -137,3 +137,25 @@ def test_a_device_token_is_shown_and_revoked_not_edited(root):
     root.post("/admin/fleet/devicetoken/", {"action": "revoke", "_selected_action": [token.pk]})  # again: no change
     assert AuditEvent.objects.filter(action="device_token.revoke").count() == 1
     assert DeviceToken.objects.filter(pk=token.pk).exists()
+
+
+def test_the_bridges_records_are_shown_not_edited_and_a_delete_is_audited(root, make_user):
+    """The bridge's record pages deleted a worker, its turns and messages with nothing in yuzu's audit log. They
+    keep the delete (deleting a user deletes the workers it spawned, and the admin refuses that to whoever may not
+    delete them) but as the fleet's records do: audited, and nothing added or edited."""
+    from bridge.models import Member, Message, Turn
+
+    alice = make_user("alice")
+    member = Member.objects.create(name="w", profile_name="standin", socket_name="s", owner=alice, owner_key="k")
+    turn = Turn.objects.create(member=member, owner_key="k")
+    message = Message.objects.create(member=member, turn=turn, content="hello")
+    for page in ("member", "turn", "message", "inboxitem"):
+        assert root.get(f"/admin/bridge/{page}/add/").status_code == 403
+    r = root.post(f"/admin/bridge/turn/{turn.pk}/change/", {"state": "replied", "question": "?"})
+    assert r.status_code == 403
+    assert root.post(f"/admin/bridge/message/{message.pk}/delete/", {"post": "yes"}).status_code == 302
+    row = AuditEvent.objects.get(action="admin.message.delete")
+    assert (row.principal, row.target_type, row.target_id) == ("root", "bridge.Message", str(message.pk))
+    # a user with a worker is deleted on the user page, its worker and turns with it
+    r = root.post(f"/admin/auth/user/{alice.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302 and not Member.objects.exists() and not Turn.objects.exists()
