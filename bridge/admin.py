@@ -54,6 +54,11 @@ class MemberAdmin(RecordAdmin):
     search_fields = ("session_id", "pane_id", "name")
     exclude = ("token",)
 
+    def has_delete_permission(self, request, obj=None):
+        """Not a live worker's: its row is how the bridge polls, reaps and stops its pane, so deleting it left the
+        pane running on a live token that nothing would stop (bridge_stop it first). Nor, so, its user's."""
+        return super().has_delete_permission(request, obj) and (obj is None or obj.stopped_at is not None)
+
 
 @admin.register(Turn)
 class TurnAdmin(RecordAdmin):

@@ -156,6 +156,14 @@ def test_the_bridges_records_are_shown_not_edited_and_a_delete_is_audited(root, 
     assert root.post(f"/admin/bridge/message/{message.pk}/delete/", {"post": "yes"}).status_code == 302
     row = AuditEvent.objects.get(action="admin.message.delete")
     assert (row.principal, row.target_type, row.target_id) == ("root", "bridge.Message", str(message.pk))
-    # a user with a worker is deleted on the user page, its worker and turns with it
+    # a live worker's row is not deleted (nothing would stop its pane), nor, so, its user
+    assert root.post(f"/admin/bridge/member/{member.pk}/delete/", {"post": "yes"}).status_code == 403
+    r = root.post(f"/admin/auth/user/{alice.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 403
+    page = page_text(root.get(f"/admin/auth/user/{alice.pk}/delete/"))
+    assert "doesn't have permission to delete the following types of objects" in page
+    assert Member.objects.filter(pk=member.pk).exists()
+    # stopped, its user is deleted on the user page, the worker and its turns with it
+    Member.objects.filter(pk=member.pk).update(stopped_at=timezone.now())
     r = root.post(f"/admin/auth/user/{alice.pk}/delete/", {"post": "yes"})
     assert r.status_code == 302 and not Member.objects.exists() and not Turn.objects.exists()
