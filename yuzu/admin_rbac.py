@@ -80,7 +80,7 @@ class HiddenColumnsAdmin(admin.ModelAdmin[Any]):
 
 class AuditedAdmin(HiddenColumnsAdmin):
     """A page that edits rows directly (the superuser's: roles, role assignments, users, permission groups,
-    authenticators, lockouts, agents, device tokens, bridge profiles): every add, change and delete also writes
+    authenticators, agents, bridge profiles; the records' deletes): every add, change and delete also writes
     yuzu's audit row — Django's own change log is no audit trail (it is not in the audit log, its API or its
     export). The pages that edit through the services (ServiceForm, the RbacAdmin pages) leave the services'
     rows."""
