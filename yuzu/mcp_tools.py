@@ -1,6 +1,5 @@
 """Core MCP tools (audit, RBAC, API tokens, accounts), the resources, the prompts and the primer."""
 
-from drf_spectacular.generators import SchemaGenerator
 
 from fleet.models import Agent
 from mcp.context import ToolContext
@@ -10,6 +9,7 @@ from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj
 from . import rbac, tokens
 from .accounts import plan_unlock_account as plan_unlock
 from .accounts import unlock_account as unlock_service
+from .api import openapi
 from .audit import EPOCH_MAX, query_audit
 from .jsondata import JsonObject
 from .models import OPERATIONS, SECURABLES
@@ -204,8 +204,7 @@ def operating_model_resource(ctx: ToolContext) -> str:
 
 @resource(uri="yuzu://openapi", name="OpenAPI", description="The REST API's OpenAPI 3 document.")
 def openapi_resource(ctx: ToolContext) -> JsonObject:
-    schema: JsonObject = SchemaGenerator().get_schema(request=None, public=True)
-    return schema
+    return openapi.document()
 
 
 # --- prompts ---------------------------------------------------------------------------------

@@ -244,23 +244,6 @@ def test_a_tools_call_whose_name_is_not_a_string_is_no_500(mint, error_log):
     assert not error_log.records, error_log.report()
 
 
-def test_the_public_api_description_is_built_once_not_per_request(monkeypatch):
-    """Found timing the suite: /api/v1/openapi.yaml (public, no credential) rebuilt the whole document on every
-    request — about a second of CPU each, for anyone who asks. Now each document is cached (an hour)."""
-    from django.core.cache import cache
-    from drf_spectacular.generators import SchemaGenerator
-
-    cache.clear()
-    built = []
-    real = SchemaGenerator.get_schema
-    monkeypatch.setattr(SchemaGenerator, "get_schema", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
-    c = Client()
-    for path in ("/api/v1/openapi.yaml", "/api/v1/openapi.json"):
-        bodies_seen = {c.get(path).content for _ in range(3)}
-        assert len(bodies_seen) == 1
-    assert len(built) == 2
-
-
 # --- schemas an agent declares (fleet.catalogue): checked or refused with BadSchema, never another exception ---
 
 _KEYWORDS = ["type", "properties", "items", "pattern", "patternProperties", "$ref", "$dynamicRef", "$defs",
