@@ -5,15 +5,13 @@ service functions act. Writes are refused to an MCP token whose tier would gate 
 import time
 
 from django.http import HttpResponse
-from rest_framework.decorators import api_view, renderer_classes
+from rest_framework.decorators import api_view
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.renderers import BaseRenderer
 
 from mcp.schema import obj, string
 from yuzu import rbac
 from yuzu.api.contract import contract, payload, tool_input, tool_output
 from yuzu.api.envelope import cid_of, ok
-from yuzu.api.renderers import JSONRenderer
 from yuzu.api.views import principal_of
 from yuzu.errors import YuzuError
 from yuzu.metrics import (
@@ -160,29 +158,18 @@ def engine_role_detail(request, principal_id, role):
 # --- access reviews ---------------------------------------------------------------------------------
 
 class FormatIsOurs(DefaultContentNegotiation):
-    """``?format=`` is the export's own parameter (json | csv, a 400 otherwise), not DRF's renderer switch."""
+    """``?format=`` is the export's own parameter (json | csv, a 400 otherwise), not DRF's renderer switch: every
+    response DRF renders here — the JSON export and any error — is JSON; the view writes the CSV itself."""
 
     def select_renderer(self, request, renderers, format_suffix=None):
-        csv_wanted = request.query_params.get("format") == "csv"
-        renderer = renderers[-1] if csv_wanted else renderers[0]
-        return renderer, renderer.media_type
-
-
-class CsvRenderer(BaseRenderer):
-    """Lets ``?format=csv`` through DRF's content negotiation (the view writes the CSV itself)."""
-
-    media_type = "text/csv"
-    format = "csv"
-
-    def render(self, data, accepted_media_type=None, renderer_context=None):
-        return JSONRenderer().render(data)  # an error envelope on the csv path is still JSON
+        return renderers[0], renderers[0].media_type
 
 
 @contract("GET", "Access-review evidence: every principal's direct grants (or a campaign's rows), with sha256",
           response=tool_output("export_access_review"),
-          query=[("format", str, "json (default) or csv"), ("campaign_id", str, "a campaign's frozen rows")])
+          query=[("format", str, "json (default) or csv"), ("campaign_id", str, "a campaign's frozen rows")],
+          also={"text/csv": {"type": "string", "description": "with ?format=csv: the rows, then # sha256=…"}})
 @api_view(["GET"])
-@renderer_classes([JSONRenderer, CsvRenderer])
 def access_review_export_view(request):
     p = _check(request, "AccessReview", "Read")
     fmt = request.query_params.get("format", "json")

@@ -120,3 +120,29 @@ def test_a_supervised_token_cannot_revoke_grants_by_closing_a_review(mint, make_
                                 "role_name": "Administrator", "decision": "attested"})
     assert call("close_access_review", {"campaign_id": campaign}) == {"closed": True, "revocations_applied": 0}
     assert RoleAssignment.objects.filter(user__username="root-admin").exists()
+
+
+def test_the_csv_export_refuses_with_the_apis_json_error(mint):
+    """``?format=csv`` served its errors (JSON error documents) as ``text/csv``: a client that trusts the
+    Content-Type saved an error as the evidence file, or could not read why it was refused. Now an error is the
+    API's JSON error, the same as without ``?format=csv``; the export itself is CSV. The OpenAPI document says so."""
+    from yuzu.api.openapi import document
+
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('root', role='Administrator')}")
+    missing = "/api/v1/access-reviews/export?campaign_id=00000000-0000-0000-0000-000000000000"
+    for client, path, status in [(c, missing, 404), (c, "/api/v1/access-reviews/export?campaign_id=x", 404),
+                                 (Client(), "/api/v1/access-reviews/export", 401),
+                                 (Client(HTTP_AUTHORIZATION="Bearer yuzu_nope"), "/api/v1/access-reviews/export", 401)]:
+        as_json = client.get(path)
+        as_csv = client.get(path + ("&" if "?" in path else "?") + "format=csv")
+        assert as_json.status_code == as_csv.status_code == status, (path, as_csv.content)
+        assert as_csv["Content-Type"] == as_json["Content-Type"] == "application/json", path
+        body = as_csv.json()
+        assert body["error"]["code"] == status and body["error"]["message"] == as_json.json()["error"]["message"]
+        assert "Content-Disposition" not in as_csv
+    r = c.get("/api/v1/access-reviews/export?format=csv")
+    assert r.status_code == 200 and r["Content-Type"] == "text/csv; charset=utf-8"
+    assert r.content.startswith(b"principal_type,principal_id,")
+    responses = document()["paths"]["/api/v1/access-reviews/export"]["get"]["responses"]
+    assert set(responses["200"]["content"]) == {"application/json", "text/csv"}
+    assert all(set(responses[code]["content"]) == {"application/json"} for code in responses if code != "200")

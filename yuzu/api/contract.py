@@ -12,7 +12,7 @@ validator as tool arguments and refused with one 400 shape. Services keep only t
         data = payload(request)       # the validated body
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -69,9 +69,11 @@ def envelope(data: Schema) -> Schema:
 
 
 def contract(method: str, summary: str, *, body: Schema | None = None, response: Schema | None = None,
-             status: int = 200, query: Iterable[QueryParam] = (), description: str | None = None) -> Callable[[V], V]:
+             status: int = 200, query: Iterable[QueryParam] = (), description: str | None = None,
+             also: Mapping[str, Schema] | None = None) -> Callable[[V], V]:
     """The OpenAPI description of one method of a route: body schema, query parameters, the envelope
-    around ``response`` on ``status``, the error envelope on every refusal."""
+    around ``response`` on ``status`` (and ``also``: other media types of that success, e.g. a CSV export's
+    ``{"text/csv": …}``), the error envelope (JSON) on every refusal."""
     params = [OpenApiParameter(name, type=kind, location=OpenApiParameter.QUERY, required=False, description=text)
               for name, kind, text in query]
 
@@ -80,7 +82,9 @@ def contract(method: str, summary: str, *, body: Schema | None = None, response:
         described: V = extend_schema(methods=[method], summary=summary, description=description,
                                      parameters=params or None, operation_id=f"{name}_{method.lower()}",
                                      request={"application/json": body} if body is not None else None,
-                                     responses={status: envelope(response or ANY), **ERRORS})(view)
+                                     responses={(status, "application/json"): envelope(response or ANY),
+                                                **{(status, media): schema for media, schema in (also or {}).items()},
+                                                **ERRORS})(view)
         return described
 
     return decorate
