@@ -24,7 +24,7 @@ import redis
 from yuzu.jsondata import JsonObject
 
 from .backend import configured
-from .ring import RING_TTL
+from .ringkeys import RING_TTL
 
 LEASE_SECONDS = 10.0  # a follower renews its lease at least every ~2 s (follower.SNAPSHOT_EVERY)
 

@@ -8,7 +8,6 @@ memory in embedded mode and Redis when YUZU_REDIS_URL is set, so a client may PO
 resume its GET on another. Every ring is keyed by principal + session (``ring_key``).
 """
 
-import hashlib
 import json
 import threading
 import time
@@ -21,19 +20,16 @@ from yuzu.jsondata import JsonObject
 
 from .backend import configured
 from .metrics import EVICTIONS, TOO_LARGE
+from .ringkeys import REDIS_PREFIX, RING_TTL, redis_keys
+from .ringkeys import ring_key as ring_key  # (where the ring's users take it from)
 
 RING_FRAMES = 500
 RING_BYTES = 64 * 1024
 FRAME_CAP = 16 * 1024
 PIN_SLOTS = 4
-RING_TTL = 1800 + 300  # outlives the session's idle expiry
 
 #: one ring frame: (event id, stream tag — "get" or "post:<request id>", the frame's JSON text)
 Frame = tuple[int, str, str]
-
-
-def ring_key(principal_key: str, session_id: str | None) -> str:
-    return hashlib.sha256(f"{principal_key}\x00{session_id}".encode()).hexdigest()[:32]
 
 
 def encode(frame: JsonObject) -> str:
@@ -193,15 +189,15 @@ return {eid, evicted}
 class RedisRing(RingStore):
     """(The casts say what this client answers: synchronously, in str — see RedisSessionStore.)"""
 
-    prefix = "yuzu:mcp:ring:"
+    prefix = REDIS_PREFIX
 
     def __init__(self, url: str) -> None:
         self.redis: redis.Redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5)
         self._append = self.redis.register_script(_APPEND)
 
-    def _keys(self, key: str) -> list[str]:
-        p = self.prefix + key
-        return [p + ":seq", p + ":frames", p + ":ids", p + ":bytes", p + ":pins", p + ":oldest"]
+    @staticmethod
+    def _keys(key: str) -> list[str]:
+        return redis_keys(key)
 
     def append(self, key: str, frame: JsonObject, stream: str = "get", pin: bool = False) -> int:
         payload = json.dumps([stream, encode(frame)], separators=(",", ":"))

@@ -18,6 +18,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .backend import configured
+from .ringkeys import RING_SLIDE, RING_TTL, redis_keys, ring_key
 
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
@@ -198,16 +199,29 @@ if redis.call('HGET', KEYS[1], 'principal') == ARGV[1] then redis.call('HSET', K
 return 0
 """
 
-# Validate in one round trip: the session's fields, its idle expiry slid only when it is this principal's.
+# Validate in one round trip: the session's fields, its idle expiry slid only when it is this principal's — and with
+# it the expiry of its replay ring (KEYS[4..9], mcp.streaming.ring), which an append alone slid before (a session
+# kept busy with no stream event lost its replay window and its event ids). The ring's is slid at most once in
+# ARGV[6] seconds: the session remembers until when it last was (ring_until), so most checks add no command. A
+# ring's expiry is never before ring_until (an append only pushes it later), nor one made later.
 _VALIDATE = """
 local data = redis.call('HGETALL', KEYS[3])
-local principal = nil
-for i = 1, #data, 2 do if data[i] == 'principal' then principal = data[i + 1] end end
+local principal, ring_until = nil, 0
+for i = 1, #data, 2 do
+  if data[i] == 'principal' then principal = data[i + 1]
+  elseif data[i] == 'ring_until' then ring_until = tonumber(data[i + 1]) end
+end
 if principal ~= ARGV[1] then return {} end
-local exp = tonumber(ARGV[2]) + tonumber(ARGV[3])
+local now = tonumber(ARGV[2])
+local exp = now + tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[1], exp, ARGV[4])
 redis.call('ZADD', KEYS[2], exp, ARGV[4])
+local ring_ttl = tonumber(ARGV[5])
+if now + ring_ttl - ring_until > tonumber(ARGV[6]) then
+  for i = 4, 9 do redis.call('EXPIRE', KEYS[i], ring_ttl) end
+  redis.call('HSET', KEYS[3], 'ring_until', now + ring_ttl)
+end
 return data
 """
 
@@ -241,14 +255,18 @@ class RedisSessionStore(SessionStore):
         return Session(sid, principal, catalogue, protocol_version, client_name, client_version)
 
     def validate(self, sid: str, principal: str) -> Session | None:
-        return self._answer(sid, self._validate(keys=self._keys(principal, sid), args=self._validate_args(sid, principal)))
+        return self._answer(sid, self._validate(keys=self._validate_keys(principal, sid),
+                                                args=self._validate_args(sid, principal)))
 
     def begin_validate(self, sid: str, principal: str) -> PendingValidation:
         return _PendingRedis(self, sid, principal)
 
+    def _validate_keys(self, principal: str, sid: str) -> list[str]:
+        return self._keys(principal, sid) + redis_keys(ring_key(principal, sid))
+
     @staticmethod
     def _validate_args(sid: str, principal: str) -> list[str | float | int]:
-        return [principal, time.time(), IDLE_TTL, sid]
+        return [principal, time.time(), IDLE_TTL, sid, RING_TTL, RING_SLIDE]
 
     def _answer(self, sid: str, flat: object) -> Session | None:
         pairs = cast(list[str], flat)
@@ -316,7 +334,8 @@ class _PendingRedis(PendingValidation):
         self.conn: redis.Connection | None = None
         try:
             self.conn = self.pool.get_connection()
-            self.conn.send_command("EVALSHA", store._validate.sha, 3, *store._keys(principal, sid),
+            keys = store._validate_keys(principal, sid)
+            self.conn.send_command("EVALSHA", store._validate.sha, len(keys), *keys,
                                    *store._validate_args(sid, principal))
         except (RedisConnectionError, RedisTimeoutError, OSError):
             self._drop(disconnect=True)

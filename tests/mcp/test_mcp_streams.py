@@ -455,3 +455,39 @@ def test_redis_ring_matches_memory_ring():
 
 
 
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("YUZU_REDIS_URL"), reason="needs YUZU_REDIS_URL (CI sets it)")
+def test_a_session_in_use_keeps_its_redis_replay_ring(monkeypatch):
+    """The Redis ring's expiry was slid only when a frame was appended, the session's on every use: a session kept
+    busy past RING_TTL (35 min) with no new stream event lost its replay window — and its event-id counter, so ids
+    began again at 1 and an old Last-Event-ID could replay the wrong frames. Now the session check (one script, the
+    same round trip) slides the ring's expiry too. Here with RING_TTL 2 s on real Redis."""
+    import time
+
+    from django.conf import settings
+
+    from mcp.streaming import sessions as session_store
+
+    monkeypatch.setattr(replay, "RING_TTL", 2)
+    monkeypatch.setattr(session_store, "RING_TTL", 2)
+    monkeypatch.setattr(session_store, "RING_SLIDE", 0.5)
+    sessions, ring = session_store.RedisSessionStore(settings.REDIS_URL), replay.RedisRing(settings.REDIS_URL)
+    principal = "u1.t" + __import__("secrets").token_hex(4)
+    s = sessions.create(principal, "v1", "2025-11-25")
+    key = ring_key(principal, s.id)
+    first = ring.append(key, {"jsonrpc": "2.0", "method": "m", "params": {"n": 1}})
+    deadline = time.monotonic() + 4.5  # over twice the ring's TTL, used all along, no frame appended
+    while time.monotonic() < deadline:
+        assert sessions.validate(s.id, principal) is not None
+        pending = sessions.begin_validate(s.id, principal)  # the path every MCP call takes (mcp.server)
+        assert pending.result() is not None
+        pending.close()
+        time.sleep(0.4)
+    frames, gap = ring.read(key, 0)
+    assert not gap and [e for e, _, _ in frames] == [first]
+    assert ring.append(key, {"jsonrpc": "2.0", "method": "m"}) == first + 1  # the ids go on, never from 1 again
+    sessions.validate(s.id, "u2.tother")  # another principal's check of the id slides nothing
+    time.sleep(3.2)  # unused for longer than its TTL: the ring is gone (nothing kept forever)
+    assert ring.read(key, first)[1] is True and not sessions.redis.exists(ring._keys(key)[0])
+    sessions.delete(s.id, principal)

@@ -1,0 +1,18 @@
+"""Where a session's replay ring (mcp.streaming.ring) lives, apart from the ring itself: the Redis session store
+(sessions.py) slides the ring's expiry with the session's in its one validation script, and needs only this."""
+
+import hashlib
+
+RING_TTL = 1800 + 300  # outlives the session's idle expiry; slid on every append, and by the session's checks …
+RING_SLIDE = 60  # … at most once a minute (so a ring lives at least RING_TTL - RING_SLIDE past its session's last use)
+REDIS_PREFIX = "yuzu:mcp:ring:"
+
+
+def ring_key(principal_key: str, session_id: str | None) -> str:
+    return hashlib.sha256(f"{principal_key}\x00{session_id}".encode()).hexdigest()[:32]
+
+
+def redis_keys(key: str) -> list[str]:
+    """A ring's Redis keys, its counter first (the one every ring has: the first append's INCR made it)."""
+    p = REDIS_PREFIX + key
+    return [p + ":seq", p + ":frames", p + ":ids", p + ":bytes", p + ":pins", p + ":oldest"]
