@@ -48,12 +48,26 @@ class SubscriptionGuard:
         sock, _, pane = primary_pane.rpartition(":")  # a pane id holds no colon; a socket path may
         on_bridge_server = tmux_server(sock or socket_name) == socket_name
         if member is not None and on_bridge_server and pane in (member.pane_id, member.terminal_id):
-            raise BridgeFailure("subscription_boundary", "that pane is the primary's own pane")
+            raise BridgeFailure("subscription_boundary", _pane_refusal(
+                primary_pane, sock, socket_name,
+                f"it names this worker's pane ({pane}) as the primary's own, which the bridge will not close"))
         if member is None and on_bridge_server:
-            raise BridgeFailure(
-                "subscription_boundary",
-                f"the primary's own pane ({primary_pane}) lives on the bridge's tmux server '{socket_name}'; the "
-                "bridge will not manage workers beside it. Run the primary in another tmux server")
+            raise BridgeFailure("subscription_boundary", _pane_refusal(
+                primary_pane, sock, socket_name, "the bridge will not manage workers beside the primary's pane (it "
+                "closes panes on that server and may shut it down)"))
+
+
+def _pane_refusal(hint, sock, socket_name, what):
+    """The refusal of an ``X-Bridge-Pane`` hint, with what the caller can fix: a hint that names no tmux server is
+    taken to mean the bridge's (erring safe), which the caller may not have meant."""
+    if not sock:
+        return (f"X-Bridge-Pane '{hint}' names no tmux server, so it is taken to be on the bridge's private server "
+                f"'{socket_name}'; {what}. Send the header as the primary's pane knows itself — X-Bridge-Pane: "
+                "$TMUX:$TMUX_PANE, run in that pane (or <tmux -L name>:<pane>) — or leave it out when the primary is "
+                "not in tmux")
+    return (f"X-Bridge-Pane '{hint}' is on the bridge's private tmux server '{socket_name}'; {what}. Run the primary "
+            "in another tmux server, or correct the header (X-Bridge-Pane: $TMUX:$TMUX_PANE, run in the primary's "
+            "pane)")
 
 
 def tmux_server(socket):

@@ -183,3 +183,29 @@ def test_operator_role_holds_bridge_permissions(make_user):
     user = make_user("olga", "Operator")
     grants = Principal(user=user).grants()
     assert {("Bridge", "Read"), ("Bridge", "Write"), ("Bridge", "Execute")} <= set(grants)
+
+
+def test_a_pane_hint_refusal_says_what_to_fix():
+    """An X-Bridge-Pane that names no tmux server is taken to be on the bridge's own (erring safe) and refused; the
+    refusal said "the primary's own pane (%3) lives on the bridge's tmux server" — which the bridge had assumed,
+    not found — and for a stop only "that pane is the primary's own pane". Now each names the header, what was
+    read from it and how to send it (``$TMUX:$TMUX_PANE`` from the primary's pane, or no header outside tmux).
+    Messages only: the rule is as it was."""
+    member = Member(pane_id="%3", terminal_id="w-1", socket_name="yuzu-bridge")
+    for hint, stop in [("%3", False), (":", False), ("%3", True)]:
+        with pytest.raises(BridgeFailure) as refused:
+            SubscriptionGuard.check_primary_pane(hint, "yuzu-bridge", member if stop else None)
+        message = refused.value.message
+        assert refused.value.code == "subscription_boundary" and refused.value.status == 403
+        assert f"X-Bridge-Pane '{hint}' names no tmux server" in message and "'yuzu-bridge'" in message, message
+        assert "X-Bridge-Pane: $TMUX:$TMUX_PANE" in message, message
+        assert "leave it out when the primary is not in tmux" in message, message
+        assert ("will not close" if stop else "will not manage workers beside") in message, message
+    for hint, stop in [("yuzu-bridge:%3", False), ("/tmp/tmux-0/yuzu-bridge,77,0:%3", True)]:
+        with pytest.raises(BridgeFailure) as refused:
+            SubscriptionGuard.check_primary_pane(hint, "yuzu-bridge", member if stop else None)
+        message = refused.value.message
+        assert message.startswith(f"X-Bridge-Pane '{hint}' ") and "Run the primary in another tmux server" in message
+        assert "names no tmux server" not in message and "X-Bridge-Pane: $TMUX:$TMUX_PANE" in message, message
+        assert ("will not close" if stop else "will not manage workers beside") in message, message
+    SubscriptionGuard.check_primary_pane("elsewhere:%3", "yuzu-bridge", member)  # not the bridge's server: allowed
