@@ -2,10 +2,14 @@
 (sessions.py) slides the ring's expiry with the session's in its one validation script, and needs only this."""
 
 import hashlib
+from functools import lru_cache
 
 RING_TTL = 1800 + 300  # outlives the session's idle expiry; slid on every append, and by the session's checks …
 RING_SLIDE = 60  # … at most once a minute (so a ring lives at least RING_TTL - RING_SLIDE past its session's last use)
 REDIS_PREFIX = "yuzu:mcp:ring:"
+#: a ring's Redis keys are its base (REDIS_PREFIX + ring_key) and each of these; the counter first (the one every
+#: ring has: the first append's INCR made it)
+PARTS = (":seq", ":frames", ":ids", ":bytes", ":pins", ":oldest")
 
 
 def ring_key(principal_key: str, session_id: str | None) -> str:
@@ -13,6 +17,11 @@ def ring_key(principal_key: str, session_id: str | None) -> str:
 
 
 def redis_keys(key: str) -> list[str]:
-    """A ring's Redis keys, its counter first (the one every ring has: the first append's INCR made it)."""
     p = REDIS_PREFIX + key
-    return [p + ":seq", p + ":frames", p + ":ids", p + ":bytes", p + ":pins", p + ":oldest"]
+    return [p + part for part in PARTS]
+
+
+@lru_cache(maxsize=4096)
+def redis_base(principal_key: str, session_id: str) -> str:
+    """The Redis base name of this session's ring (kept: the session check names it on every request)."""
+    return REDIS_PREFIX + ring_key(principal_key, session_id)

@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .backend import configured
-from .ringkeys import RING_SLIDE, RING_TTL, redis_keys, ring_key
+from .ringkeys import PARTS, RING_SLIDE, RING_TTL, redis_base
 
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
@@ -200,10 +200,12 @@ return 0
 """
 
 # Validate in one round trip: the session's fields, its idle expiry slid only when it is this principal's — and with
-# it the expiry of its replay ring (KEYS[4..9], mcp.streaming.ring), which an append alone slid before (a session
-# kept busy with no stream event lost its replay window and its event ids). The ring's is slid at most once in
-# ARGV[6] seconds: the session remembers until when it last was (ring_until), so most checks add no command. A
-# ring's expiry is never before ring_until (an append only pushes it later), nor one made later.
+# it the expiry of its replay ring (mcp.streaming.ring: the keys KEYS[4] .. each of ringkeys.PARTS), which an append
+# alone slid before (a session kept busy with no stream event lost its replay window and its event ids). The ring's
+# is slid at most once in ARGV[6] seconds: the session remembers until when it last was (ring_until, read by the
+# HGETALL), so most checks add no command and send only the ring's base name. A ring's expiry is never before
+# ring_until (an append only pushes it later), nor is a ring made later's; EXPIRE creates no ring. (The ring's key
+# names are made here rather than sent: this script already spans keys of several hash slots, so no Redis Cluster.)
 _VALIDATE = """
 local data = redis.call('HGETALL', KEYS[3])
 local principal, ring_until = nil, 0
@@ -219,11 +221,11 @@ redis.call('ZADD', KEYS[1], exp, ARGV[4])
 redis.call('ZADD', KEYS[2], exp, ARGV[4])
 local ring_ttl = tonumber(ARGV[5])
 if now + ring_ttl - ring_until > tonumber(ARGV[6]) then
-  for i = 4, 9 do redis.call('EXPIRE', KEYS[i], ring_ttl) end
+  for _, part in ipairs({PARTS}) do redis.call('EXPIRE', KEYS[4] .. part, ring_ttl) end
   redis.call('HSET', KEYS[3], 'ring_until', now + ring_ttl)
 end
 return data
-"""
+""".replace("{PARTS}", "{" + ", ".join(f"'{part}'" for part in PARTS) + "}")
 
 
 class RedisSessionStore(SessionStore):
@@ -262,7 +264,7 @@ class RedisSessionStore(SessionStore):
         return _PendingRedis(self, sid, principal)
 
     def _validate_keys(self, principal: str, sid: str) -> list[str]:
-        return self._keys(principal, sid) + redis_keys(ring_key(principal, sid))
+        return self._keys(principal, sid) + [redis_base(principal, sid)]
 
     @staticmethod
     def _validate_args(sid: str, principal: str) -> list[str | float | int]:
