@@ -661,7 +661,8 @@ def test_admin_lists_pending_tickets_read_only(mcp, tagged_agent, approver):
     body = html.unescape(review_page.content.decode())
     assert review_page.status_code == 200 and 'id="approve-button"' in body and 'id="reject-button"' in body
     assert "csrfmiddlewaretoken" in body
-    assert "Runs on exactly these 1 agent" in body and "<code>host-1</code>" in body
+    assert "Runs on exactly this agent — pinned" in body and "<code>host-1</code>" in body
+    assert "these 1 agent" not in body and "on the agent listed above" in body  # one agent is not 'these 1'
     assert '"agent_id": "host-1",\n  "key": "owner"' in body  # the raw arguments, folded
     assert 'id="id_otp_token"' not in body  # the proof is fresh: no code needed
     # A page number int() cannot read ("²" passes str.isdigit) is the first page, not a 500 (a probe).
