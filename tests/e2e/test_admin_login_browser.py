@@ -3,7 +3,8 @@ one authenticator logs in with password + code in ONE submission; a code used tw
 authenticator code, and the page never speaks of "tokens".
 
 The login page's screenshot is written to the test's tmp dir; with YUZU_DOCS_SCREENSHOTS=1 it is also written
-to docs/img/admin-login.png (a fixed viewport and an empty form, so it only changes when the page does)."""
+to docs/img/admin-login.png (a fixed viewport and an empty form, so it only changes when the page does), and the
+enrol page with its QR code to docs/img/admin-enrol.png (a test device's throwaway secret, new on each run)."""
 
 import os
 from base64 import b32encode
@@ -110,6 +111,11 @@ def test_an_added_authenticator_is_shown_to_its_user_only(daphne, make_user):
         uri = nina_page.inner_text("#enrol-uri")
         assert uri.startswith("otpauth://totp/yuzu%3Anina?") and f"secret={secret}" in uri
         assert nina_page.locator("#enrol-qr").evaluate("img => img.naturalWidth > 0")
+        # The whole address is on the page to copy or read, wrapped inside the form rather than cut off at its edge.
+        assert nina_page.locator("#enrol-uri").evaluate(
+            "c => c.getBoundingClientRect().right <= c.closest('#content-main').getBoundingClientRect().right")
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            nina_page.screenshot(path=str(ROOT / "docs" / "img" / "admin-enrol.png"), full_page=True)
         nina_page.fill("#id_otp_token", off_thread(lambda: code(device)))
         nina_page.click("input[type=submit][value=Confirm]")
         nina_page.wait_for_url(f"{server.base}/admin/login/")
