@@ -41,7 +41,7 @@ class Command(BaseCommand):
         if User.objects.filter(is_superuser=True).exists():
             self.stdout.write(
                 "bootstrap: already set up; nothing to do.\n"
-                f"  Lost the MCP token? Mint a new one for the service identity (printed once):\n"
+                f"  Lost the MCP token? Mint a new one for the AI client's identity '{agent_user}' (printed once):\n"
                 f"    {sys.executable} manage.py mint_token --user {agent_user} --role Operator --tier supervised "
                 f"--name 'MCP (supervised)'\n"
                 f"  then revoke the old one in the admin ({base}/admin/yuzu/apitoken/).")
