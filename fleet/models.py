@@ -356,6 +356,7 @@ class AgentExecStatus(models.Model):
 
     class Meta:
         unique_together = [("execution", "agent")]
+        verbose_name_plural = "agent exec statuses"  # Django's default adds an "s": "agent exec statuss"
 
 
 class Response(models.Model):
