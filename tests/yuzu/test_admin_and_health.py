@@ -112,6 +112,10 @@ def test_an_account_without_an_authenticator_is_told_so(make_user):
     get_user_model().objects.filter(pk=user.pk).update(is_staff=True)
     r = login(Client(), "123456", username="newbie", password="newbie-password-1")
     assert errors(r) == [NO_DEVICE]
+    # The way on is a link, not an address to retype; the plain login page does not offer it.
+    assert '<a href="/admin/enrol/">' in r.content.decode()
+    assert "/admin/enrol/" not in Client().get("/admin/login/").content.decode()
+    assert "/admin/enrol/" not in login(Client(), "123456", username="newbie", password="wrong").content.decode()
 
 
 def test_lockout_after_failed_logins(staff):
