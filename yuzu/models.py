@@ -138,6 +138,7 @@ class ApiToken(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name, verbose_name_plural = "API token", "API tokens"
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
