@@ -10,7 +10,6 @@ resume its GET on another. Every ring is keyed by principal + session (``ring_ke
 
 import json
 import threading
-import time
 from collections import OrderedDict
 from typing import Protocol, TypedDict, cast
 
@@ -79,27 +78,31 @@ class _Ring(TypedDict):
     frames: OrderedDict[int, tuple[str, str]]  # event id -> (stream tag, frame JSON)
     bytes: int
     pinned: set[int]
-    touched: float
     oldest: int  # the oldest event id still covered (older ones were evicted)
 
 
+def _empty() -> _Ring:
+    return {"next": 1, "frames": OrderedDict(), "bytes": 0, "pinned": set(), "oldest": 1}
+
+
 class MemoryRing(RingStore):
+    """Embedded mode's rings, which nothing expires: the memory session store drops a session's ring when the
+    session ends (sessions.MemorySessionStore), and only an append makes one — a read, a pin count or an unpin
+    of a ring that is not there (its session ended) answers as an empty ring would and keeps nothing."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rings: dict[str, _Ring] = {}
 
     def _ring(self, key: str) -> _Ring:
-        ring = self._rings.get(key)
-        if ring is None:
-            ring = self._rings[key] = {"next": 1, "frames": OrderedDict(), "bytes": 0, "pinned": set(),
-                                       "touched": time.time(), "oldest": 1}
-        ring["touched"] = time.time()
-        return ring
+        return self._rings.get(key) or _empty()
 
     def append(self, key: str, frame: JsonObject, stream: str = "get", pin: bool = False) -> int:
         data = encode(frame)
         with self._lock:
-            ring = self._ring(key)
+            ring = self._rings.get(key)
+            if ring is None:
+                ring = self._rings[key] = _empty()
             eid = ring["next"]
             ring["next"] += 1
             ring["frames"][eid] = (stream, data)

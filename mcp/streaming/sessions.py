@@ -9,6 +9,7 @@ opened on; mcp.server honours it there only — on another endpoint it reads lik
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
@@ -18,7 +19,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .backend import configured
-from .ringkeys import PARTS, RING_SLIDE, RING_TTL, redis_base
+from .ringkeys import PARTS, RING_SLIDE, RING_TTL, redis_base, ring_key
 
 PER_PRINCIPAL_CAP = 8
 GLOBAL_CAP = 1024
@@ -100,30 +101,58 @@ class PendingValidation:
         pass
 
 
+def _end_in_memory(ended: list[tuple[str, str]]) -> None:
+    """Embedded mode: what a session keeps in this process's memory beside it — its replay ring — has nothing to
+    expire it (Redis gives the ring a TTL); it ends with the session, here, for each (principal, session id)."""
+    from .ring import rings  # cycle: ring → metrics → sessions
+
+    for principal, sid in ended:
+        rings().drop(ring_key(principal, sid))
+
+
 class MemorySessionStore(SessionStore):
-    def __init__(self) -> None:
+    """``on_end`` is told which sessions ended — DELETEd, or found expired by the sweep (``_gc``) that initialize,
+    the active-session count and the ended-by-client check already run — outside the store's lock."""
+
+    def __init__(self, on_end: Callable[[list[tuple[str, str]]], None] = _end_in_memory) -> None:
         self._lock = threading.Lock()
         self._sessions: dict[str, tuple[Session, float]] = {}  # sid -> (Session, expires_at)
         self._ended: dict[str, tuple[str, float]] = {}  # sid -> (principal, forgotten_at): DELETEd by their client
+        self._on_end = on_end
 
-    def _gc(self, now: float) -> None:
-        for sid in [s for s, (_, exp) in self._sessions.items() if exp <= now]:
+    def _gc(self, now: float) -> list[tuple[str, str]]:
+        """Forget what has expired → the (principal, session id) of each session that did, for ``on_end``."""
+        expired = [(s.principal, sid) for sid, (s, exp) in self._sessions.items() if exp <= now]
+        for _, sid in expired:
             del self._sessions[sid]
         for sid in [s for s, (_, exp) in self._ended.items() if exp <= now]:
             del self._ended[sid]
+        return expired
+
+    def _sweep(self) -> None:
+        with self._lock:
+            expired = self._gc(time.time())
+        if expired:
+            self._on_end(expired)
 
     def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
         now = time.time()
-        with self._lock:
-            self._gc(now)
-            if len(self._sessions) >= GLOBAL_CAP:
-                raise SessionCapReached("global_cap")
-            if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
-                raise SessionCapReached("per_principal_cap")
-            session = Session(new_session_id(), principal, catalogue, protocol_version, client_name, client_version)
-            self._sessions[session.id] = (session, now + IDLE_TTL)
-            return session
+        expired: list[tuple[str, str]] = []
+        try:
+            with self._lock:
+                expired = self._gc(now)
+                if len(self._sessions) >= GLOBAL_CAP:
+                    raise SessionCapReached("global_cap")
+                if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
+                    raise SessionCapReached("per_principal_cap")
+                session = Session(new_session_id(), principal, catalogue, protocol_version, client_name,
+                                  client_version)
+                self._sessions[session.id] = (session, now + IDLE_TTL)
+                return session
+        finally:
+            if expired:
+                self._on_end(expired)
 
     def validate(self, sid: str, principal: str) -> Session | None:
         now = time.time()
@@ -145,11 +174,12 @@ class MemorySessionStore(SessionStore):
             del self._sessions[sid]
             if by_client:
                 self._ended[sid] = (principal, time.time() + ENDED_TTL)
-            return True
+        self._on_end([(principal, sid)])
+        return True
 
     def deleted_by_client(self, sid: str, principal: str) -> bool:
+        self._sweep()
         with self._lock:
-            self._gc(time.time())
             entry = self._ended.get(sid)
             return entry is not None and entry[0] == principal
 
@@ -168,8 +198,8 @@ class MemorySessionStore(SessionStore):
                     if exp > now and s.listing and s.principal.startswith(principal_prefix)]
 
     def active(self) -> int:
+        self._sweep()
         with self._lock:
-            self._gc(time.time())
             return len(self._sessions)
 
     def clear(self) -> None:

@@ -436,6 +436,41 @@ def test_ring_bounds_and_pins():
     assert ring.read("k", 10**6)[1] is True  # never issued → gap
 
 
+def test_embedded_rings_end_with_their_sessions(monkeypatch):
+    """Embedded mode keeps the replay rings in process memory, where nothing expires them: a session that expired
+    left its ring behind for the life of the process (and a late unpin, read or pin count re-made a dropped ring).
+    Now the memory session store drops a session's ring when it ends — DELETE, or the expiry sweep its own calls
+    already run — and a live session's ring survives that sweep."""
+    import time
+
+    from mcp.streaming import sessions as session_store
+
+    ring = replay.MemoryRing()
+    monkeypatch.setattr(replay, "rings", lambda: ring)  # what the embedded store drops from
+    monkeypatch.setattr(session_store, "IDLE_TTL", 0.4)
+    sessions, p = session_store.MemorySessionStore(), "u1.tring"
+    gone, idle, busy = (sessions.create(p, "v1", "2025-11-25") for _ in range(3))
+    key = {s.id: ring_key(p, s.id) for s in (gone, idle, busy)}
+    for s in (gone, idle, busy):
+        ring.append(key[s.id], {"jsonrpc": "2.0", "method": "m"}, "post:1", pin=True)
+    assert sessions.delete(gone.id, p, by_client=True)
+    assert key[gone.id] not in ring._rings
+    ring.unpin(key[gone.id], 1), ring.pinned(key[gone.id]), ring.read(key[gone.id], 1), ring.stream_of(key[gone.id], 1)
+    assert key[gone.id] not in ring._rings  # what still runs for it (a follower's unpin, a tick) makes no ring again
+    time.sleep(0.25)
+    assert sessions.validate(busy.id, p) is not None  # used: its idle expiry slides, its ring's with it
+    sessions.active()  # a sweep (also on every initialize): nothing has expired yet
+    assert key[idle.id] in ring._rings and key[busy.id] in ring._rings
+    time.sleep(0.25)
+    fresh = sessions.create(p, "v1", "2025-11-25")  # the sweep on initialize: ``idle`` expired meanwhile
+    assert key[idle.id] not in ring._rings and sessions.validate(idle.id, p) is None
+    assert ring.read(key[busy.id], 0) == ([(1, "post:1", '{"jsonrpc":"2.0","method":"m"}')], False)
+    assert ring.pinned(key[busy.id]) == [1]
+    time.sleep(0.45)
+    assert sessions.active() == 0 and not ring._rings  # both expired unused: nothing is kept
+    assert sessions.validate(fresh.id, p) is None
+
+
 @pytest.mark.skipif(not __import__("os").environ.get("YUZU_REDIS_URL"), reason="needs YUZU_REDIS_URL (CI sets it)")
 def test_redis_ring_matches_memory_ring():
     from django.conf import settings
