@@ -8,6 +8,11 @@ writes (issue 22, "a server process killed with streams open"; docs/operations.m
 Only a follow whose tool gave a recipe (``FollowSpec.resume``) is recorded; in embedded mode (one process) the
 records live in process memory and an adoption never happens unless the follower itself was lost.
 
+A record lives as long as the ring that holds its call's frames, however long after the call's 120 s cap: a resume
+from one of those frames may come whenever its session is still alive, and the adopter's one last look at the work
+writes the result. In Redis the records are a part of the ring (ringkeys.PARTS: ``:follows``), expired, slid by the
+session check and dropped with it; in memory they end with their session (sessions.MemorySessionStore).
+
 Two processes never report one call at once: the adopter takes the lease only when it is free (SET NX), and a
 follower that finds its lease held by another (it stalled past LEASE_SECONDS) stops with ``handed_over``.
 """
@@ -24,7 +29,7 @@ import redis
 from yuzu.jsondata import JsonObject
 
 from .backend import configured
-from .ringkeys import RING_TTL
+from .ringkeys import RING_TTL, follows_key
 
 LEASE_SECONDS = 10.0  # a follower renews its lease at least every ~2 s (follower.SNAPSHOT_EVERY)
 
@@ -54,27 +59,31 @@ class HandoverStore(Protocol):
     def release(self, key: str, stream: str, owner: str) -> None:
         """Give the lease back if ``owner`` holds it."""
 
+    def drop(self, key: str) -> None:
+        """Forget every follow of the ring ``key`` (its session ended)."""
+
 
 class MemoryHandover(HandoverStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: dict[tuple[str, str], tuple[FollowRecord, float]] = {}
+        self._records: dict[str, dict[str, FollowRecord]] = {}  # ring key -> stream tag -> record
         self._leases: dict[tuple[str, str], tuple[str, float]] = {}
 
     def record(self, key: str, stream: str, rec: FollowRecord) -> None:
         with self._lock:
-            now = time.monotonic()
-            self._records = {k: v for k, v in self._records.items() if v[1] > now}
-            self._records[(key, stream)] = (rec, now + RING_TTL)
+            self._records.setdefault(key, {})[stream] = rec
 
     def record_of(self, key: str, stream: str) -> FollowRecord | None:
         with self._lock:
-            entry = self._records.get((key, stream))
-            return entry[0] if entry and entry[1] > time.monotonic() else None
+            return self._records.get(key, {}).get(stream)
 
     def forget(self, key: str, stream: str) -> None:
         with self._lock:
-            self._records.pop((key, stream), None)
+            records = self._records.get(key)
+            if records is not None:
+                records.pop(stream, None)
+                if not records:
+                    del self._records[key]
 
     def claim(self, key: str, stream: str, owner: str) -> bool:
         with self._lock:
@@ -90,6 +99,12 @@ class MemoryHandover(HandoverStore):
             held = self._leases.get((key, stream))
             if held is not None and held[0] == owner:
                 del self._leases[(key, stream)]
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._records.pop(key, None)
+            for lease in [k for k in self._leases if k[0] == key]:  # (only the followers running now hold one)
+                del self._leases[lease]
 
 
 _CLAIM = """
@@ -119,20 +134,27 @@ class RedisHandover(HandoverStore):
         return f"{self.prefix}{key}:{stream}:{what}"
 
     def record(self, key: str, stream: str, rec: FollowRecord) -> None:
-        self.redis.set(self._key(key, stream, "record"), json.dumps(rec), ex=RING_TTL)
+        """One round trip; the ring's expiry is never later than now + RING_TTL, so this never shortens it."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(follows_key(key), stream, json.dumps(rec))
+        pipe.expire(follows_key(key), RING_TTL)
+        pipe.execute()
 
     def record_of(self, key: str, stream: str) -> FollowRecord | None:
-        raw = cast(str | None, self.redis.get(self._key(key, stream, "record")))
+        raw = cast(str | None, self.redis.hget(follows_key(key), stream))
         return cast(FollowRecord, json.loads(raw)) if raw else None
 
     def forget(self, key: str, stream: str) -> None:
-        self.redis.delete(self._key(key, stream, "record"))
+        self.redis.hdel(follows_key(key), stream)
 
     def claim(self, key: str, stream: str, owner: str) -> bool:
         return bool(self._claim(keys=[self._key(key, stream, "lease")], args=[owner, int(LEASE_SECONDS * 1000)]))
 
     def release(self, key: str, stream: str, owner: str) -> None:
         self._release(keys=[self._key(key, stream, "lease")], args=[owner])
+
+    def drop(self, key: str) -> None:
+        self.redis.delete(follows_key(key))  # (the ring's drop does it too; a lease runs out in seconds)
 
 
 handovers = configured(MemoryHandover, RedisHandover)

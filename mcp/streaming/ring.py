@@ -184,7 +184,7 @@ while (n > tonumber(ARGV[3]) or bytes > tonumber(ARGV[4])) and scanned < n - 1 d
     n = n - 1
   end
 end
-for i = 1, 6 do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
+for i = 1, #KEYS do redis.call('EXPIRE', KEYS[i], tonumber(ARGV[5])) end
 return {eid, evicted}
 """
 
@@ -211,7 +211,7 @@ class RedisRing(RingStore):
         return int(eid)
 
     def read(self, key: str, after: int, stream: str | None = None) -> tuple[list[Frame], bool]:
-        seq, frames, ids, _, _, oldest = self._keys(key)
+        seq, frames, ids, _, _, oldest, _ = self._keys(key)
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(seq)
         pipe.get(oldest)

@@ -8,8 +8,9 @@ RING_TTL = 1800 + 300  # outlives the session's idle expiry; slid on every appen
 RING_SLIDE = 60  # … at most once a minute (so a ring lives at least RING_TTL - RING_SLIDE past its session's last use)
 REDIS_PREFIX = "yuzu:mcp:ring:"
 #: a ring's Redis keys are its base (REDIS_PREFIX + ring_key) and each of these; the counter first (the one every
-#: ring has: the first append's INCR made it)
-PARTS = (":seq", ":frames", ":ids", ":bytes", ":pins", ":oldest")
+#: ring has: the first append's INCR made it). The last holds its streamed calls' follow records (mcp.streaming.handover),
+#: which must outlive their followers as long as the frames they go with: they expire, slide and drop with the ring.
+PARTS = (":seq", ":frames", ":ids", ":bytes", ":pins", ":oldest", ":follows")
 
 
 def ring_key(principal_key: str, session_id: str | None) -> str:
@@ -19,6 +20,11 @@ def ring_key(principal_key: str, session_id: str | None) -> str:
 def redis_keys(key: str) -> list[str]:
     p = REDIS_PREFIX + key
     return [p + part for part in PARTS]
+
+
+def follows_key(key: str) -> str:
+    """The Redis hash of the ring ``key``'s follow records (stream tag → record)."""
+    return REDIS_PREFIX + key + PARTS[-1]
 
 
 @lru_cache(maxsize=4096)

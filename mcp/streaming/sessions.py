@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import handover
 from .backend import configured
 from .ringkeys import PARTS, RING_SLIDE, RING_TTL, redis_base, ring_key
 
@@ -102,12 +103,15 @@ class PendingValidation:
 
 
 def _end_in_memory(ended: list[tuple[str, str]]) -> None:
-    """Embedded mode: what a session keeps in this process's memory beside it — its replay ring — has nothing to
-    expire it (Redis gives the ring a TTL); it ends with the session, here, for each (principal, session id)."""
+    """Embedded mode: what a session keeps in this process's memory beside it — its replay ring and its streamed
+    calls' follow records — has nothing to expire it (Redis gives the ring a TTL); it ends with the session, here,
+    for each (principal, session id)."""
     from .ring import rings  # cycle: ring → metrics → sessions
 
     for principal, sid in ended:
-        rings().drop(ring_key(principal, sid))
+        key = ring_key(principal, sid)
+        rings().drop(key)
+        handover.handovers().drop(key)
 
 
 class MemorySessionStore(SessionStore):

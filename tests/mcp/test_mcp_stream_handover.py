@@ -163,3 +163,73 @@ def test_a_live_follower_is_not_adopted_and_one_that_lost_its_lease_stops_handed
         assert not any("result" in e.get("json", {}) for e in events)  # the adopter reports it, not both
         assert handovers().record_of(key, "post:5") is not None  # still the adopter's to settle
     async_to_sync(go)()
+
+
+RECORD = {"recipe": "test.handover_job", "args": {"job": 1}, "request_id": 5, "token": "h", "deadline": 0.0}
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("YUZU_REDIS_URL"), reason="needs YUZU_REDIS_URL (CI sets it)")
+def test_a_follow_record_lives_as_long_as_its_sessions_redis_ring(monkeypatch):
+    """A follow's record is what lets a resume adopt a call whose process died — up to its result, which the adopter
+    writes even past the 120 s cap (one last look at the work). It was written once with RING_TTL (35 min) and never
+    renewed, while the ring holding the call's frames now lives as long as its session is used: a resume of such a
+    call after 35 minutes found its frames but no record, and waited for a result no process would write. The record
+    is now a field of the ring (its ``:follows`` part): slid by the same session check, dropped with the ring. Here
+    with RING_TTL 2 s on real Redis."""
+    import secrets
+    import time
+
+    from django.conf import settings
+
+    from mcp.streaming import ring as replay
+    from mcp.streaming import sessions as session_store
+
+    for module in (replay, session_store, handover):
+        monkeypatch.setattr(module, "RING_TTL", 2)
+    monkeypatch.setattr(session_store, "RING_SLIDE", 0.5)
+    sessions, ring = session_store.RedisSessionStore(settings.REDIS_URL), replay.RedisRing(settings.REDIS_URL)
+    follows = handover.RedisHandover(settings.REDIS_URL)
+    principal = "u1.t" + secrets.token_hex(4)
+    s = sessions.create(principal, "v1", "2025-11-25")
+    key = ring_key(principal, s.id)
+    ring.append(key, {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}, "post:5")
+    follows.record(key, "post:5", RECORD)
+    follows.record(key, "post:6", {**RECORD, "request_id": 6})
+    follows.forget(key, "post:6")  # settled
+    deadline = time.monotonic() + 4.5  # over twice RING_TTL, the session used all along, nothing written
+    while time.monotonic() < deadline:
+        pending = sessions.begin_validate(s.id, principal)  # the path every MCP call takes (mcp.server)
+        assert pending.result() is not None
+        pending.close()
+        time.sleep(0.4)
+    assert follows.record_of(key, "post:5") == RECORD and follows.record_of(key, "post:6") is None
+    assert ring.read(key, 0, "post:5")[0]  # the frames it goes with
+    time.sleep(3.2)  # unused for longer than its TTL: gone with the ring
+    assert follows.record_of(key, "post:5") is None and ring.read(key, 1)[1] is True
+    follows.record(key, "post:5", RECORD)
+    ring.drop(key)  # the session's DELETE (close_session_streams)
+    assert follows.record_of(key, "post:5") is None
+    sessions.delete(s.id, principal)
+
+
+def test_an_embedded_follow_record_lives_as_long_as_its_session(monkeypatch):
+    """In process memory the record expired RING_TTL after it was written whatever its session did, and otherwise
+    stayed until the next record pruned it: now it lives exactly as long as its session, like the ring."""
+    import time
+
+    from mcp.streaming import ring as replay
+    from mcp.streaming import sessions as session_store
+
+    ring, follows = replay.MemoryRing(), handover.MemoryHandover()
+    monkeypatch.setattr(replay, "rings", lambda: ring)
+    monkeypatch.setattr(handover, "handovers", lambda: follows)
+    monkeypatch.setattr(handover, "RING_TTL", 0.3)
+    sessions, p = session_store.MemorySessionStore(), "u1.tfollow"
+    live, ended = sessions.create(p, "v1", "2025-11-25"), sessions.create(p, "v1", "2025-11-25")
+    for s in (live, ended):
+        follows.record(ring_key(p, s.id), "post:5", RECORD)
+    time.sleep(0.4)  # past the old RING_TTL, the session live
+    assert follows.record_of(ring_key(p, live.id), "post:5") == RECORD
+    sessions.delete(ended.id, p, by_client=True)
+    assert follows.record_of(ring_key(p, ended.id), "post:5") is None
+    assert list(follows._records) == [ring_key(p, live.id)]  # nothing kept of the ended session
