@@ -8,8 +8,9 @@ RING_TTL = 1800 + 300  # outlives the session's idle expiry; slid on every appen
 RING_SLIDE = 60  # … at most once a minute (so a ring lives at least RING_TTL - RING_SLIDE past its session's last use)
 REDIS_PREFIX = "yuzu:mcp:ring:"
 #: a ring's Redis keys are its base (REDIS_PREFIX + ring_key) and each of these; the counter first (the one every
-#: ring has: the first append's INCR made it). The last holds its streamed calls' follow records (mcp.streaming.handover),
-#: which must outlive their followers as long as the frames they go with: they expire, slide and drop with the ring.
+#: ring has: the first append's INCR made it). The last holds its streamed calls' follow records
+#: (mcp.streaming.handover), which must outlive their followers as long as the frames they go with: they expire,
+#: slide and drop with the ring.
 PARTS = (":seq", ":frames", ":ids", ":bytes", ":pins", ":oldest", ":follows")
 
 
