@@ -89,8 +89,6 @@ def unlock_account(principal: Principal, username: str = "", *, cid: str = "",
     return {"username": username, "unlocked": True, "was_locked": was_locked}
 
 
-
-
 def lock_account(principal: Principal, username: str, until: datetime, *, cid: str = "") -> JsonObject:
     """An administrator's lock (the admin's lockout page): new sign-ins are refused and live sessions end until
     ``until``. The row is locked as record_failure locks it, so a failed sign-in counted meanwhile is not lost."""

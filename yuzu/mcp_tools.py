@@ -1,6 +1,5 @@
 """Core MCP tools (audit, RBAC, API tokens, accounts), the resources, the prompts and the primer."""
 
-
 from fleet.models import Agent
 from mcp.context import ToolContext
 from mcp.registry import Render, configure, prompt, resource, tool
