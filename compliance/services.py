@@ -3,6 +3,7 @@ passed the capability's RBAC gate (Policy:* or GuaranteedState:*); these functio
 audit row and return ``to_dict()`` shapes. Every document is checked completely before anything is written,
 so a refused one leaves nothing behind."""
 
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
@@ -57,6 +58,19 @@ def _forget_fleet():
     cache.delete(FLEET_CACHE_KEY)
 
 
+@contextmanager
+def _document_write(what):
+    """A policy's or fragment's document written: its DocumentError is the 400 that names the line and column, and
+    a metadata.name another took meanwhile (the unique index) the 409."""
+    try:
+        yield
+    except DocumentError as exc:
+        raise document_error(exc) from None
+    except IntegrityError:
+        raise YuzuError(f"a {what} with that metadata.name exists already", status=409, rpc_code=-32602,
+                        remediation=f"choose another metadata.name, or delete the existing {what}") from None
+
+
 # --- fragments -------------------------------------------------------------------------------------
 
 def create_fragment(principal, text, cid=""):
@@ -78,22 +92,17 @@ def create_fragment(principal, text, cid=""):
 def update_fragment(principal, fragment_id, text, cid=""):
     """Replace a fragment's definition (the admin's fragment page is its face), under its row lock: the document
     checked completely, and every policy using the fragment must still bind each of its ${inputs}."""
-    try:
-        with transaction.atomic():
-            fragment = PolicyFragment.objects.select_for_update().filter(pk=fragment_id).first()
-            if fragment is None:
-                raise NotFound(f"fragment not found: {str(fragment_id)[:64]}")
-            fragment.apply_yaml(yaml_of(text))
-            for policy in fragment.policies.all():
-                try:
-                    fragment.check_inputs(policy.inputs())
-                except DocumentError as exc:
-                    raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
-            fragment.save()
-    except DocumentError as exc:
-        raise document_error(exc) from None
-    except IntegrityError:
-        raise YuzuError("a fragment with that metadata.name exists already", status=409, rpc_code=-32602) from None
+    with _document_write("fragment"), transaction.atomic():
+        fragment = PolicyFragment.objects.select_for_update().filter(pk=fragment_id).first()
+        if fragment is None:
+            raise NotFound(f"fragment not found: {str(fragment_id)[:64]}")
+        fragment.apply_yaml(yaml_of(text))
+        for policy in fragment.policies.all():
+            try:
+                fragment.check_inputs(policy.inputs())
+            except DocumentError as exc:
+                raise DocumentError(f"policy '{policy.name}': {exc.message}") from None
+        fragment.save()
     audit(principal, "policy.fragment.update", "success", target_type="PolicyFragment", target_id=fragment.id,
           detail=f"name={fragment.name} check={fragment.check_instruction}", correlation_id=cid)
     _forget_fleet()
@@ -122,14 +131,8 @@ def delete_fragment(principal, fragment_id, cid=""):
 # --- policies ------------------------------------------------------------------------------------
 
 def create_policy(principal, text, cid=""):
-    try:
-        with transaction.atomic():
-            policy = Policy.from_yaml(yaml_of(text))
-    except DocumentError as exc:
-        raise document_error(exc) from None
-    except IntegrityError:
-        raise YuzuError("a policy with that metadata.name exists already", status=409, rpc_code=-32602,
-                        remediation="choose another metadata.name, or delete the existing policy") from None
+    with _document_write("policy"), transaction.atomic():
+        policy = Policy.from_yaml(yaml_of(text))
     audit(principal, "policy.create", "success", target_type="Policy", target_id=policy.id,
           detail=f"name={policy.name} fragment={policy.fragment.name}", correlation_id=cid)
     _forget_fleet()
@@ -139,16 +142,11 @@ def create_policy(principal, text, cid=""):
 def update_policy(principal, policy_id, text, cid=""):
     """Replace a policy's definition — triggers, inputs, group bindings — under its row lock (the admin's policy
     page is its face)."""
-    try:
-        with transaction.atomic():
-            policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
-            if policy is None:
-                raise NotFound(f"policy not found: {str(policy_id)[:64]}")
-            policy = Policy.from_yaml(yaml_of(text), instance=policy)
-    except DocumentError as exc:
-        raise document_error(exc) from None
-    except IntegrityError:
-        raise YuzuError("a policy with that metadata.name exists already", status=409, rpc_code=-32602) from None
+    with _document_write("policy"), transaction.atomic():
+        policy = Policy.objects.select_for_update().filter(pk=policy_id).first()
+        if policy is None:
+            raise NotFound(f"policy not found: {str(policy_id)[:64]}")
+        policy = Policy.from_yaml(yaml_of(text), instance=policy)
     audit(principal, "policy.update", "success", target_type="Policy", target_id=policy.id,
           detail=f"name={policy.name} fragment={policy.fragment.name}", correlation_id=cid)
     _forget_fleet()

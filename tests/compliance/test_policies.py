@@ -29,7 +29,9 @@ from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import FRAGMENT, POLICY, admin_client, agents, answer, make_policy, nothing_written
 from tests.support.fuzz import NASTY_STRINGS
 from tests.support.races import at_once
+from yuzu.errors import YuzuError
 from yuzu.models import AuditEvent
+from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
 
@@ -448,3 +450,30 @@ def test_a_group_kill_switch_holds_its_agents_out_of_checks_and_fixes_at_no_cost
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "not dispatched" in r.getMessage()]
     assert len(said) == 1 and said[0][0] == "WARNING" and "kill_switched" in said[0][1], caplog.records
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_metadata_name_another_document_has_is_a_409_on_create_and_replace(make_user):
+    """create_policy, update_policy and update_fragment map the unique index's refusal to one 409 with its
+    remediation, and write nothing: the document replaced keeps its name and definition."""
+    principal = Principal(user=make_user("comp-writer"))
+    make_policy()
+    other = make_policy(POLICY.replace("name: marker}", "name: other}"))
+    fragment = PolicyFragment.objects.get(name="marker-present")
+    services.create_fragment(principal, FRAGMENT.replace("name: marker-present", "name: second"))
+    second = PolicyFragment.objects.get(name="second")
+    before = AuditEvent.objects.count()
+    attempts = [
+        ("policy", lambda: services.create_policy(principal, POLICY)),
+        ("policy", lambda: services.update_policy(principal, other.pk, POLICY)),
+        ("fragment", lambda: services.update_fragment(principal, second.pk, FRAGMENT)),
+    ]
+    for what, attempt in attempts:
+        with pytest.raises(YuzuError) as refused:
+            attempt()
+        assert refused.value.status == 409, refused.value.message
+        assert refused.value.message == f"a {what} with that metadata.name exists already"
+        assert refused.value.remediation == f"choose another metadata.name, or delete the existing {what}"
+    assert sorted(Policy.objects.values_list("name", flat=True)) == ["marker", "other"]
+    assert Policy.objects.get(pk=other.pk).yaml_source == other.yaml_source
+    assert PolicyFragment.objects.get(pk=second.pk).name == "second" and fragment.pk != second.pk
+    assert AuditEvent.objects.count() == before
