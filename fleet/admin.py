@@ -175,7 +175,12 @@ class DeviceTokenAdmin(HiddenColumnsAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.action(description="Revoke selected device tokens", permissions=["view"])
+    def has_revoke_permission(self, request):
+        """Revoking is a change (the page edits nothing else): Django's change permission on device tokens, which
+        only a superuser or a permission group given it holds — not whoever may view them."""
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    @admin.action(description="Revoke selected device tokens", permissions=["revoke"])
     def revoke(self, request, queryset):
         principal, cid = session_principal(request), request_cid(request)
         revoked = sum(services.revoke_device_token(principal, pk, cid=cid)["revoked"]

@@ -110,14 +110,24 @@ def test_a_lock_in_the_past_is_refused_and_the_list_unlocks_through_the_service(
     assert AuditEvent.objects.get(action="account.unlock").detail == "was_locked=True"
 
 
-def test_a_device_token_is_shown_and_revoked_not_edited(root):
+def test_a_device_token_is_shown_and_revoked_not_edited(root, make_user):
     """The device-token page edited a token's expiry and max uses with no service and no rule: a leaked enrolment
-    token's life was extended, or its uses raised, with an audit row that said only which fields."""
+    token's life was extended, or its uses raised, with an audit row that said only which fields. Revoking is a
+    change: a staff user who may only view the tokens is not offered it, and a posted one revokes nothing."""
+    from django.contrib.auth.models import Permission
+
     from fleet.management.commands.mint_device_token import mint_device_token
     from fleet.models import DeviceToken
 
     mint_device_token("lab", expires_days=1, max_uses=1)
     token = DeviceToken.objects.get()
+    viewer = staff_client(make_user, "viewer")
+    viewer.device.user.user_permissions.add(Permission.objects.get(codename="view_devicetoken"))
+    listing = viewer.get("/admin/fleet/devicetoken/")
+    assert listing.status_code == 200 and 'value="revoke"' not in listing.content.decode()
+    viewer.post("/admin/fleet/devicetoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    token.refresh_from_db()
+    assert token.revoked_at is None and not AuditEvent.objects.filter(action="device_token.revoke").exists()
     url = f"/admin/fleet/devicetoken/{token.pk}/change/"
     page = root.get(url)
     assert page.status_code == 200 and token.token_hash not in page.content.decode()
