@@ -5,6 +5,7 @@ from yuzu.admin_rbac import (
     AuditedAdmin,
     HiddenColumnsAdmin,
     RecordAdmin,
+    RevokeAction,
     ServiceForm,
     ServiceFormAdmin,
     session_principal,
@@ -154,7 +155,7 @@ class ManagementGroupAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
 
 
 @admin.register(DeviceToken)
-class DeviceTokenAdmin(HiddenColumnsAdmin):
+class DeviceTokenAdmin(RevokeAction, HiddenColumnsAdmin):
     """Shown, and revoked (fleet.services.revoke_device_token, audited token by token); never edited or deleted. A
     token's expiry and uses are what it was minted with (``manage.py mint_device_token``): a form that moved the
     expiry of a token that had leaked, or raised its uses, widened who may enrol with no record of it. Mint a new
@@ -174,11 +175,6 @@ class DeviceTokenAdmin(HiddenColumnsAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-    def has_revoke_permission(self, request):
-        """Revoking is a change (the page edits nothing else): Django's change permission on device tokens, which
-        only a superuser or a permission group given it holds — not whoever may view them."""
-        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
 
     @admin.action(description="Revoke selected device tokens", permissions=["revoke"])
     def revoke(self, request, queryset):

@@ -13,6 +13,7 @@ from oauth2_provider.models import (
     get_refresh_token_model,
 )
 
+from yuzu.admin_rbac import RevokeAction
 from yuzu.audit import audit
 
 from .models import Authorization, ClientState
@@ -49,7 +50,7 @@ class AuthorizationInline(admin.TabularInline):
 
 
 @admin.register(Application)
-class ClientAdmin(ReadOnly):
+class ClientAdmin(RevokeAction, ReadOnly):
     list_display = ("display_name", "client_id", "registration_source", "created", "live_connections", "status")
     list_filter = ("registration_source",)
     search_fields = ("name", "client_id")
@@ -72,7 +73,7 @@ class ClientAdmin(ReadOnly):
         state = ClientState.objects.filter(application=obj, revoked_at__isnull=False).first()
         return f"revoked {state.revoked_at:%Y-%m-%d %H:%M} by {state.revoked_by}" if state else "active"
 
-    @admin.action(description="Revoke selected clients (and every connection they hold)", permissions=["view"])
+    @admin.action(description="Revoke selected clients (and every connection they hold)", permissions=["revoke"])
     def revoke(self, request, queryset):
         for app in queryset:
             ClientState.objects.update_or_create(application=app, defaults={
@@ -86,7 +87,7 @@ class ClientAdmin(ReadOnly):
 
 
 @admin.register(Authorization)
-class AuthorizationAdmin(ReadOnly):
+class AuthorizationAdmin(RevokeAction, ReadOnly):
     list_display = ("user", "application", "mcp_tier", "audience", "created_at", "expires_at", "api_token",
                     "revoked_at", "revoked_reason")
     list_filter = ("mcp_tier", "audience", "revoked_reason")
@@ -96,7 +97,7 @@ class AuthorizationAdmin(ReadOnly):
     readonly_fields = fields
     actions = ["revoke"]
 
-    @admin.action(description="Revoke selected connections", permissions=["view"])
+    @admin.action(description="Revoke selected connections", permissions=["revoke"])
     def revoke(self, request, queryset):
         ended = sum(auth.revoke("revoked in the admin", by=request.user)
                     for auth in queryset.filter(revoked_at__isnull=True))

@@ -167,6 +167,17 @@ class ReadOnlyAdmin(RbacAdmin):
         return False
 
 
+class RevokeAction:
+    """For a read-only page whose one write is a revoke action (``permissions=["revoke"]``): the action is offered
+    to whoever holds Django's change permission on the model — revoking is a change — never to whoever may only view
+    the rows (a viewer was offered it, and revoked with it)."""
+
+    opts: Any
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+
 class ServiceForm(forms.ModelForm[Any]):
     """An admin form that is the service call: once its fields parse, its validation runs ``write`` — the service
     functions REST and MCP run (their checks, row locks, version and audit row) — in a savepoint, and a refusal

@@ -686,6 +686,28 @@ def test_revoking_one_connection_in_the_admin(person, make_user):
     assert mcp(alice["access_token"]).status == 401 and mcp(bob["access_token"]).status == 200
 
 
+def test_a_staff_user_who_may_only_view_oauth_clients_and_connections_revokes_neither(person, make_user):
+    """Revoking is a change: the revoke actions were offered to whoever could view the pages, and ran for them."""
+    from django.contrib.auth.models import Permission
+
+    browser = person()
+    client_id = registered()["client_id"]
+    _, body = connect(browser, client_id=client_id)
+    viewer = make_user("viewer")
+    viewer.is_staff = True
+    viewer.save()
+    viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_application", "view_authorization"]))
+    staff = signed_in(viewer)
+    app, auth = Application.objects.get(client_id=client_id), Authorization.objects.get()
+    for page, pk in (("/admin/oauth2_provider/application/", app.pk), ("/admin/oauth/authorization/", auth.pk)):
+        listing = staff.get(page)
+        assert listing.status_code == 200 and 'value="revoke"' not in listing.content.decode()
+        staff.post(page, {"action": "revoke", "_selected_action": [pk]})
+    assert mcp(body["access_token"]).status == 200
+    assert not audit("oauth.client.revoke", "success")
+    assert not Authorization.objects.filter(revoked_at__isnull=False).exists()
+
+
 def test_the_client_may_revoke_its_own_tokens(person):
     flow, body = connect(person())
     other = registered()["client_id"]
