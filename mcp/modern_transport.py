@@ -15,6 +15,7 @@ from django.conf import settings
 from django.http import parse_cookie
 
 from yuzu.audit import audit
+from yuzu.auth import AuthError, token_from_headers
 from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_REQUESTS, mcp_method_label
@@ -38,13 +39,17 @@ handle_in_thread = hop(handle)  # built once: asgiref inspects the function on e
 
 
 def credential_key(headers: Mapping[str, str]) -> str | None:
-    """Which token a request presents (a digest of its credential headers), before authenticating it; None
-    without credentials (that request is answered 401 at once, and counted nowhere)."""
-    parts = [headers.get("authorization", ""), headers.get("x-yuzu-token", ""),
-             parse_cookie(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME, "")]
-    if not any(parts):
+    """Which credential a request presents (a digest of it), before authenticating it: the token as
+    authentication reads it — from either header, whatever the scheme's case and the blanks around it, and
+    nothing else beside it — else the admin session cookie. None without credentials, or with an Authorization
+    header authentication refuses as malformed (that request is answered 401 at once, and counted nowhere)."""
+    try:
+        raw = token_from_headers(headers)
+    except AuthError:
         return None
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    cookie = parse_cookie(headers.get("cookie", "")).get(settings.SESSION_COOKIE_NAME, "")
+    credential = f"token\0{raw}" if raw else f"session\0{cookie}" if cookie else None
+    return hashlib.sha256(credential.encode()).hexdigest()[:32] if credential is not None else None
 
 
 def _too_many(msg: JsonObject) -> Reply:

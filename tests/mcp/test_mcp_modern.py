@@ -694,6 +694,28 @@ def test_inflight_cap_per_token(token, mint):
     assert key not in modern_transport.inflight.per_principal
 
 
+@pytest.mark.parametrize("variant", [
+    {"authorization": None, "x-yuzu-token": "{token}"},  # the other header the token may travel in
+    {"authorization": "bearer   {token}  "},  # the scheme's case and blanks, which authentication ignores
+    {"cookie": "sessionid=anything"},  # a cookie authentication never reads beside a token
+])
+def test_inflight_cap_is_per_token_however_it_is_presented(token, variant):
+    """The cap counts the token, not the bytes of its headers: presenting the same token another way (as
+    authentication accepts it) is no fresh budget."""
+    from mcp import modern_transport  # deferred: its in-process budget is held here as a concurrent call would
+
+    key = modern_transport.credential_key({"authorization": f"Bearer {token}"})
+    headers = {k: v.format(token=token) if v else v for k, v in variant.items()}
+    with override_settings(YUZU_MCP_MODERN_INFLIGHT=1):
+        assert modern_transport.inflight.acquire(key, 1, modern_transport.INFLIGHT_GLOBAL) is None
+        try:
+            r = modern(token, "tools/list", headers=headers)
+            assert r.status == 429 and r.error["data"]["reason"] == "inflight_cap", r.body
+        finally:
+            modern_transport.inflight.release(key)
+        assert modern(token, "tools/list", headers=headers).status == 200
+
+
 # --- the decision: an unknown version inside a handshake-era session keeps -32009 (docs/mcp.md "Eras") --------
 
 def test_unknown_version_in_a_legacy_session_is_32009_and_outside_one_32022(token):
