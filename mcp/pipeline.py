@@ -90,10 +90,16 @@ def _audit(ctx: ToolContext, result: str, detail: str = "", strict: bool = False
                  detail=" ".join(parts), correlation_id=ctx.cid, strict=strict)
 
 
+def _tool_label(ctx: ToolContext) -> str:
+    """MCP_TOOL_CALLS' tool label: a served tool's name, else ``unknown`` — the name is the client's text, and a
+    series per invented one would grow every process's counter (and the public /metrics) for good."""
+    return ctx.tool if ctx.tool in catalogue(ctx.catalogue).tools else "unknown"
+
+
 def _deny(ctx: ToolContext, code: int, message: str, result: str = "denied", detail: str = "", stamp_cid: bool = False,
           remediation: str | None = None, **extra: object) -> NoReturn:
     _audit(ctx, result, detail + (f" correlation_id={ctx.cid}" if stamp_cid else ""))
-    MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
+    MCP_TOOL_CALLS.labels(_tool_label(ctx), result).inc()
     data = a4(ctx.cid, remediation=remediation)
     data.update(extra)
     raise rpc.RpcError(code, message, data)
@@ -192,7 +198,7 @@ def standing_refusal(principal: rbac.Principal, tool: Tool) -> Refusal | None:
 def _refuse(ctx: ToolContext, code: int, exc: YuzuError, detail: str = "", result: str = "denied") -> NoReturn:
     """Answer a YuzuError as the JSON-RPC error ``code``: its message, remediation, permission and extras."""
     _audit(ctx, result, detail)
-    MCP_TOOL_CALLS.labels(ctx.tool, result).inc()
+    MCP_TOOL_CALLS.labels(_tool_label(ctx), result).inc()
     raise as_rpc_error(code, exc, ctx.cid)
 
 

@@ -56,6 +56,23 @@ def test_unknown_tool_is_32602_and_audited(mint):
     assert AuditEvent.objects.filter(action="mcp.no_such_tool", result="denied").exists()
 
 
+def test_an_invented_tool_name_makes_no_metric_series(mint):
+    """The tool name is the client's text: every invented one would add a series to each process's tool-call
+    counter (and the public /metrics) for good. Unknown names count as ``unknown``; the audit row keeps the name."""
+    from prometheus_client import REGISTRY
+
+    def series(tool):
+        return REGISTRY.get_sample_value("yuzu_mcp_tool_calls_total", {"tool": tool, "result": "denied"}) or 0
+
+    c = client_for(mint, "op", "Operator", "operator")
+    before = series("unknown")
+    for name in ("invented_a", "invented_b"):
+        assert c.call(name).error["code"] == -32602
+        assert series(name) == 0
+    assert series("unknown") == before + 2
+    assert AuditEvent.objects.filter(action="mcp.invented_b", result="denied").exists()
+
+
 def test_rbac_denial_carries_permission(mint, make_user):
     make_user("nobody")
     c = client_for(mint, "nobody", None, "readonly")
