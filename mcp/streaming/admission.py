@@ -4,7 +4,8 @@ streamed-POST refusal happens before the call's work exists.
 
 - GET streams: 4 per principal, ``YUZU_MCP_MAX_STREAMS`` per process (``get_budget``);
 - streamed POSTs: 4 held open per principal, 1024 per process (``post_budget``), 256 progress records per
-  process, 4 streamed calls per session (live, or finished with an undelivered pinned result);
+  process and 16 per principal (its streamed calls and the calls reporting to its GET channels), 4 streamed calls
+  per session (live, or finished with an undelivered pinned result);
 - a request id in flight on its session once (409).
 
 A progress record is reserved before the call runs and released when its follower settles; it is also how
@@ -36,6 +37,7 @@ POST_PER_PRINCIPAL = 4
 POST_GLOBAL = 1024
 PIN_SLOTS_PER_SESSION = 4
 RECORD_CAP = 256
+RECORD_PER_PRINCIPAL = 16  # a token's share of RECORD_CAP: its calls reporting to a GET channel stop here
 
 
 class Budget:
@@ -99,16 +101,23 @@ def release_get(principal_key: str) -> None:
 _lock = threading.Lock()
 #: (ring_key, request_id) -> its Follower, or None while reserved
 _records: dict[tuple[str, RequestId], Follower | None] = {}
+#: (ring_key, request_id) -> the principal key it counts against; principal key -> how many it holds
+_owners: dict[tuple[str, RequestId], str] = {}
+_held: dict[str, int] = {}
 
 
-def admit_record(key: str, request_id: RequestId) -> str | None:
-    """Reserve a record before any work exists. Returns a refusal reason or None."""
+def admit_record(key: str, request_id: RequestId, principal_key: str) -> str | None:
+    """Reserve a record for ``principal_key`` before any work exists. Returns a refusal reason or None."""
     with _lock:
         if (key, request_id) in _records:
             return "duplicate_request_id"
         if len(_records) >= RECORD_CAP:
             return "post_record_cap"
+        if _held.get(principal_key, 0) >= RECORD_PER_PRINCIPAL:
+            return "post_record_per_principal_cap"
         _records[(key, request_id)] = None
+        _owners[(key, request_id)] = principal_key
+        _held[principal_key] = _held.get(principal_key, 0) + 1
         RECORDS_ACTIVE.set(len(_records))
         return None
 
@@ -122,6 +131,13 @@ def hold_record(key: str, request_id: RequestId, follower: Follower) -> None:
 def release_record(key: str, request_id: RequestId) -> None:
     with _lock:
         _records.pop((key, request_id), None)
+        owner = _owners.pop((key, request_id), None)
+        if owner is not None:
+            left = _held.get(owner, 1) - 1
+            if left > 0:
+                _held[owner] = left
+            else:
+                _held.pop(owner, None)
         RECORDS_ACTIVE.set(len(_records))
 
 
@@ -146,7 +162,7 @@ def admit_streamed_post(ctx: ToolContext) -> None:
     if reason is not None:
         reason = "post_" + reason
     else:
-        reason = admit_record(key, ctx.request_id)
+        reason = admit_record(key, ctx.request_id, ctx.principal.key)
         if reason is None:
             reason = _claim_pin_slot(key)
             if reason is not None:
@@ -197,7 +213,7 @@ def admit_modern_post(ctx: ToolContext) -> None:
     if reason is not None:
         reason = "post_" + reason
     else:
-        reason = admit_record(key, ctx.request_id)
+        reason = admit_record(key, ctx.request_id, ctx.principal.key)
         if reason is not None:
             post_budget.release(ctx.principal.key)
     if reason is None:

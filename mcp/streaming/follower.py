@@ -196,7 +196,7 @@ def follow_on_get_channel(ctx: ToolContext, spec: FollowSpec) -> None:
     """A progressToken without an SSE Accept: the plain response goes now; the progress frames go to the
     session's GET channel (through the ring). At the record cap the call simply reports no progress."""
     key = ring_key(ctx.principal.key, ctx.session_id)
-    if admit_record(key, ctx.request_id) is not None:
+    if admit_record(key, ctx.request_id, ctx.principal.key) is not None:
         reject("get_progress_degraded")
         return
     follower = Follower(key=key, request_id=ctx.request_id, token=ctx.progress_token, spec=spec, mode="get",
@@ -204,10 +204,11 @@ def follow_on_get_channel(ctx: ToolContext, spec: FollowSpec) -> None:
     spawn(follower.run())
 
 
-async def adopt(key: str, stream: str) -> bool:
+async def adopt(key: str, stream: str, principal_key: str) -> bool:
     """A GET stream that resumed the streamed POST ``stream`` ("post:<id>") has its result still to come: if the
     process following that call is gone (its lease ran out: SIGKILL, OOM, a lost host), follow it from here —
-    rebuilt from its record, ring-only, from the progress the ring already holds. → whether it was adopted."""
+    rebuilt from its record, ring-only, from the progress the ring already holds, its record counted against the
+    session's principal (``principal_key``). → whether it was adopted."""
     rec = await hop(handovers().record_of)(key, stream)
     build = FOLLOW_RECIPES.get(rec["recipe"]) if rec is not None else None
     if rec is None or build is None:
@@ -215,7 +216,8 @@ async def adopt(key: str, stream: str) -> bool:
     owner = secrets.token_hex(8)
     if not await hop(handovers().claim)(key, stream, owner):
         return False  # its follower is alive (here or elsewhere), or another process adopted it first
-    if admit_record(key, rec["request_id"]) is not None:  # at the record cap: the lease runs out, a later tick retries
+    if admit_record(key, rec["request_id"], principal_key) is not None:
+        # at the record cap: the lease runs out, a later tick retries
         await hop(handovers().release)(key, stream, owner)
         return False
     frames, _ = await hop(rings().read)(key, 0, stream)

@@ -209,7 +209,7 @@ class GetStream:
             await self.on_wake()
             if self.follow is not None and not self.closed:
                 try:
-                    await adopt(self.key, self.follow)
+                    await adopt(self.key, self.follow, self.principal.key)
                 except Exception:  # the store is away: the next tick tries again
                     log.warning("could not adopt the follow of %s", self.follow, exc_info=True)
 

@@ -153,7 +153,7 @@ def test_a_live_follower_is_not_adopted_and_one_that_lost_its_lease_stops_handed
     async def go():
         s = await _open(client, "POST", BODY).open()
         await s.read_until(lambda ev: _progress(ev) == [0])
-        assert await follower.adopt(key, "post:5") is False  # its follower renews the lease
+        assert await follower.adopt(key, "post:5", "u0.t0") is False  # its follower renews the lease
         handovers().release(key, "post:5", admission.follower_of(key, 5).lease_owner)
         handovers().claim(key, "post:5", "a-process-that-adopted-it")  # as if this one had stalled past its lease
         await _advance(1)

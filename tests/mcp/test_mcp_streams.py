@@ -420,6 +420,36 @@ def test_streamed_post_admission_caps(test_session, monkeypatch):
     run(go)
 
 
+def test_one_token_cannot_take_every_progress_record(test_session, mint, monkeypatch):
+    """The process's progress records are shared by every token: one token's calls reporting to its GET channel
+    stop at its own share (they answer without progress, as at the process's cap), so another token's streamed
+    call is still admitted."""
+    monkeypatch.setattr(admission, "RECORD_CAP", 3)
+    monkeypatch.setattr(admission, "RECORD_PER_PRINCIPAL", 2, raising=False)
+    from tests.support import mcp_http
+
+    bob = McpClient(mint("bob", role="Operator", tier="operator"), path="/mcp/test/")
+    monkeypatch.setattr(mcp_http, "application", APP)
+    bob.initialize()
+    alice = key_of(test_session)
+
+    async def go():
+        for rid in (11, 12, 13):  # alice: progress to her GET channel, never finishing
+            s = await post(test_session, call_body(rid, 5), accept="application/json").open()
+            await s.read_until(lambda ev, s=s: s.finished)
+            assert s.status == 200
+        assert sum(1 for k, _ in admission._records if k == alice) == 2
+        s = await post(bob, call_body(1, 1)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0] or s.finished, timeout=5)
+        assert s.status == 200 and s.headers["content-type"] == "text/event-stream", s.buffer
+        for job in list(WORK):  # the followers settle
+            await advance(job, WORK[job]["total"])
+        await s.read_until(lambda ev: s.finished, timeout=5)
+        await asyncio.sleep(0.3)
+        assert not admission._records
+    run(go)
+
+
 def test_ring_bounds_and_pins():
     ring = replay.MemoryRing()
     pinned = ring.append("k", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
