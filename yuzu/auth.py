@@ -212,7 +212,8 @@ def principal_for_session(session_key: str | None) -> Principal | None:
     device = Device.from_persistent_id(holder.session[DEVICE_ID_SESSION_KEY])
     if device is None or device.user_id != user.pk or not device.confirmed:
         return None
-    return Principal(user=user, via="session", mfa_verified_at=holder.session.get(MFA_SESSION_KEY))
+    return Principal(user=user, via="session", mfa_verified_at=holder.session.get(MFA_SESSION_KEY),
+                     session_key=session_key)
 
 
 @dataclass

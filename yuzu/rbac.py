@@ -99,6 +99,9 @@ class Principal:
     via: Literal["token", "session"] = "token"
     mfa_verified_at: float | None = None
     _grants: Grants | None = field(default=None, repr=False)
+    # the admin session a "session" principal authenticated with (the cookie's value: never shown), so that what
+    # it holds open can be re-checked against it (mcp.streaming.watch)
+    session_key: str | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:

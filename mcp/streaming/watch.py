@@ -1,7 +1,8 @@
-"""A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (not revoked,
-expired or retired; its owner still active) and the session still exists (which also slides its idle
-expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with
-auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace.
+"""A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (a token not
+revoked, expired or retired, its owner still active; an admin session cookie still signed in, as the admin would
+accept it) and the session still exists (which also slides its idle expiry). A backend that cannot answer is
+given AUTH_GRACE_SECONDS before the stream closes with auth_unavailable. Both kinds of stream (GET channel,
+streamed POST) tick at the same pace.
 
 The checks themselves are made once per tick for every stream of the process (``_Pass``): one worker-thread
 hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
@@ -21,6 +22,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError
 from django.utils import timezone
 
+from yuzu.auth import principal_for_session
 from yuzu.models import ApiToken, AuthVersion
 from yuzu.rbac import Principal
 
@@ -85,7 +87,23 @@ def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
             elif not users.get(p.user.pk):
                 gone.add(p.key)
         _Verified.keys |= {p.key for p in stale} - gone
-    return {p.key: p.key in _Verified.keys and (p.token is None or p.token.is_live(now)) for p in principals}
+    sessions = _admin_sessions(principals)
+    return {p.key: p.key in _Verified.keys and (p.token.is_live(now) if p.token is not None else
+                                                p.session_key is None or sessions.get(p.session_key, False))
+            for p in principals}
+
+
+def _admin_sessions(principals: list[Principal]) -> dict[str, bool]:
+    """Admin session key → whether it still authenticates its user, for the principals of the admin session cookie:
+    read on every pass, whatever the auth version — signing out, losing staff, a password change or the
+    authenticator removed end it, and none of them moves the version. (A few queries per such stream; streams
+    opened with the cookie are the exception, tokens the rule.)"""
+    out: dict[str, bool] = {}
+    for p in principals:
+        if p.token is None and p.session_key is not None and p.session_key not in out:
+            now = principal_for_session(p.session_key)
+            out[p.session_key] = now is not None and now.user.pk == p.user.pk
+    return out
 
 
 def revalidate_all(checks: list[tuple[Principal, str]]) -> list[str]:

@@ -55,6 +55,33 @@ def test_an_admin_session_principal_is_checked_by_its_user(make_user):
     assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
 
 
+@pytest.mark.parametrize("ended_by", ["logout", "staff_removed", "password_changed", "authenticator_removed"])
+def test_an_admin_session_principal_is_cut_off_with_its_admin_session(make_user, ended_by):
+    """A stream opened with the admin session cookie lives as long as that admin session would still authenticate:
+    signing out, losing staff, a password change or the authenticator removed end it within a tick, as a revoked
+    token does — not only the user's deactivation."""
+    from tests.support.oauth_flow import signed_in
+    from yuzu.auth import principal_for_session
+    from yuzu.models import TOTPDevice
+
+    user = make_user("root", superuser=True)
+    browser = signed_in(user)
+    p = principal_for_session(browser.session.session_key)
+    assert p is not None
+    sid = store().create(p.key, "v1", "2025-11-25", "t", "0").id
+    assert watch.revalidate_all([(p, sid)]) == ["ok"]
+    if ended_by == "logout":
+        browser.logout()
+    elif ended_by == "staff_removed":
+        get_user_model().objects.filter(pk=user.pk).update(is_staff=False)
+    elif ended_by == "password_changed":
+        user.set_password("a-new-one-entirely")
+        user.save()
+    else:
+        TOTPDevice.objects.filter(user=user).delete()
+    assert watch.revalidate_all([(p, sid)]) == ["credential_revoked"]
+
+
 async def until(predicate):
     while not predicate():
         await asyncio.sleep(0.01)
