@@ -13,6 +13,9 @@ from yuzu.jsondata import JsonObject
 
 #: a request id as the client sent it (a string or an integer), or None where there is none to echo
 RequestId = str | int | None
+#: the longest string id a request may carry (a progress token's bound): a streamed call's id travels with every
+#: frame of it (its ring frames' stream tag, its follow record), which the ring's byte bound does not count
+MAX_ID_BYTES = 512
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -32601, -32602, -32603
 UNAUTHORIZED, RESOURCE_NOT_FOUND = -32001, -32002
@@ -82,6 +85,9 @@ def parse_message(body: bytes | str) -> JsonObject:
             raise RpcError(INVALID_REQUEST, "Invalid Request: method must be a string", http_status=400)
         if "id" in msg and (msg["id"] is None or isinstance(msg["id"], bool) or not isinstance(msg["id"], (str, int))):
             raise RpcError(INVALID_REQUEST, "Invalid Request: id must be a string or an integer", http_status=400)
+        if isinstance(msg.get("id"), str) and len(msg["id"].encode()) > MAX_ID_BYTES:
+            raise RpcError(INVALID_REQUEST, f"Invalid Request: a string id must be at most {MAX_ID_BYTES} bytes",
+                           http_status=400)
         if "params" in msg and not isinstance(msg["params"], dict):
             raise RpcError(INVALID_REQUEST, "Invalid Request: params must be an object", http_status=400)
     elif not ("id" in msg and ("result" in msg or "error" in msg)):

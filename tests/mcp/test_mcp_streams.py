@@ -450,6 +450,26 @@ def test_one_token_cannot_take_every_progress_record(test_session, mint, monkeyp
     run(go)
 
 
+def test_a_huge_request_id_is_refused_before_it_reaches_the_ring(test_session):
+    """A streamed call's request id travels with every frame of it — the stream tag beside each ring frame (which
+    the ring's 64 KiB bound does not count), the result frame however much it is truncated, the follow record and
+    its lease's key: a request id of megabytes multiplied the session's bound in the store many times over. Ids are
+    bounded (512 bytes, as progress tokens are) and a longer one is refused before anything runs."""
+    body = json.dumps({"jsonrpc": "2.0", "id": "x" * 100_000, "method": "tools/call",
+                       "params": {"name": "slow_job", "arguments": {"total": 1},
+                                  "_meta": {"progressToken": "tok-1"}}}).encode()
+
+    async def go():
+        s = await post(test_session, body).open()
+        await s.read_until(lambda ev: s.finished, timeout=5)
+        assert s.status == 400, s.buffer[:200]
+        err = json.loads(s.buffer)["error"]
+        assert err["code"] == -32600 and "512" in err["message"]
+        assert not WORK and not admission._records
+    run(go)
+    assert rings().read(key_of(test_session), 0)[0] == []
+
+
 def test_ring_bounds_and_pins():
     ring = replay.MemoryRing()
     pinned = ring.append("k", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)

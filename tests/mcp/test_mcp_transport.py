@@ -67,6 +67,8 @@ def test_ping_and_id_echo(client):
     assert r.status == 200 and r.json() == {"jsonrpc": "2.0", "id": client._id, "result": {}}
     r = request(body={"jsonrpc": "2.0", "id": "abc", "method": "ping"}, headers=client.headers())
     assert r.json()["id"] == "abc"
+    r = request(body={"jsonrpc": "2.0", "id": "é" * 256, "method": "ping"}, headers=client.headers())
+    assert r.json()["id"] == "é" * 256  # 512 bytes: the longest string id
 
 
 def test_missing_session_is_400_without_session_header(token):
@@ -119,6 +121,7 @@ def test_discover_probe_gets_a_modern_answer(token):
     (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', 400, -32600),
     (b'{"jsonrpc":"2.0","id":1,"method":5}', 400, -32600),
     (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', 400, -32600),
+    (json.dumps({"jsonrpc": "2.0", "id": "x" * 513, "method": "ping"}).encode(), 400, -32600),
     (("[" * 40 + "]" * 40).encode(), 400, -32700),
     (b'{"jsonrpc":"2.0","id":1,"method":"ping","params":' + b'{"a":' * 40 + b"1" + b"}" * 41, 400, -32700),
 ])
