@@ -24,7 +24,7 @@ from .context import ToolContext
 from .pipeline import a4, as_rpc_error, pre_checks, run_sync
 from .prompts import complete, render_prompt
 from .registry import Tool, catalogue
-from .streaming.admission import admit_streamed_post
+from .streaming.admission import admit_streamed_post, release_streamed_post
 from .streaming.follower import cancel
 from .streaming.ring import ring_key
 from .streaming.sessions import PendingValidation, Session, SessionCapReached, store
@@ -373,9 +373,14 @@ def _tools_call(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObjec
     if tool is not None and tool.is_async:
         t, args = pre_checks(ctx, name, arguments)
         return Continuation(ctx, t, args, None)
-    if req.progress_mode == "post" and ctx.progress_token is not None:
-        admit_streamed_post(ctx)  # every refusal happens before the tool creates anything
-    return run_sync(ctx, name, arguments)
+    if req.progress_mode != "post" or ctx.progress_token is None:
+        return run_sync(ctx, name, arguments)
+    admit_streamed_post(ctx)  # every refusal happens before the tool creates anything
+    try:
+        return run_sync(ctx, name, arguments)
+    except BaseException:  # refused (tier, schema, approval, RBAC …): the call will not stream, give its slot back
+        release_streamed_post(ctx, ctx.extra.pop("admitted"))
+        raise
 
 
 def _resources_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:

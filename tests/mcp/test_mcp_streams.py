@@ -470,6 +470,26 @@ def test_a_huge_request_id_is_refused_before_it_reaches_the_ring(test_session):
     assert rings().read(key_of(test_session), 0)[0] == []
 
 
+def test_a_refused_streamed_call_gives_its_admission_back(test_session, monkeypatch):
+    """A streamed call is admitted (a POST slot, a progress record) before the pipeline runs; one the pipeline then
+    refuses (here its arguments) answers an error — and must give both back, or a few refused calls lock the token
+    out of streamed calls for good and every refusal keeps one of the process's records."""
+    monkeypatch.setattr(admission, "POST_PER_PRINCIPAL", 1)
+
+    async def go():
+        for rid in (1, 2, 3):
+            s = await post(test_session, call_body(rid, 0)).open()  # total 0: below the schema's minimum
+            await s.read_until(lambda ev, s=s: s.finished, timeout=5)
+            assert json.loads(s.buffer)["error"]["code"] == -32602
+        assert not admission._records and not admission.post_budget.per_principal
+        s = await post(test_session, call_body(4, 1)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0] or s.finished, timeout=5)
+        assert s.status == 200 and s.headers["content-type"] == "text/event-stream", s.buffer
+        await advance(1)
+        await s.read_until(lambda ev: s.finished, timeout=5)
+    run(go)
+
+
 def test_ring_bounds_and_pins():
     ring = replay.MemoryRing()
     pinned = ring.append("k", {"jsonrpc": "2.0", "id": 1, "result": {}}, "post:1", pin=True)
