@@ -24,10 +24,11 @@ from . import jsonrpc as rpc
 from .modern import Listen, handle, ladder, modern_error, stamp, streamed
 from .pipeline import a4, finish, hop, internal_error
 from .registry import AsyncHandler, ToolFailure, catalogue
-from .server import Continuation, Reply, Request, error_reply, streaming_on
+from .server import Continuation, Reply, Request, cut_off, error_reply, streaming_on
 from .streaming.admission import Budget, reject, release_modern_post
 from .streaming.modern import listen, respond_streamed
 from .streaming.stream import Connection
+from .streaming.watch import refused
 
 #: modern requests in flight per token, in this process: no session caps them, so this does (429 -32010). A
 #: streamed call or a listen stream counts here only until its stream takes over (the stream budgets count it then);
@@ -114,10 +115,17 @@ async def _run_async_tool(conn: Connection, cont: Continuation, cat_name: str) -
     release_modern_post(cont.ctx)  # an async tool answers once, without progress
     work = asyncio.ensure_future(cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args))
     gone = asyncio.ensure_future(conn.until_disconnect())
+    cut = asyncio.ensure_future(refused(cont.ctx.principal, ""))  # a token revoked meanwhile ends the wait
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, gone, cut}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
+        cut.cancel()
+    if not work.done() and cut.done() and not cut.cancelled():
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        req = Request(http_method="POST", headers=conn.headers, cookies={}, catalogue=cat_name)
+        return await hop(cut_off)(cont, cut.result(), req)
     if not work.done():
         work.cancel()
         await asyncio.gather(work, return_exceptions=True)

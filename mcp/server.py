@@ -125,6 +125,23 @@ def error_reply(req_id: rpc.RequestId, err: rpc.RpcError) -> Reply:
     return Reply(err.http_status, rpc.error_response(req_id, err), dict(err.headers))
 
 
+def cut_off(cont: Continuation, reason: str, req: Request) -> Reply:
+    """The answer to an async tool's call (``cont``) cancelled while it waited because what admitted it was refused
+    meanwhile (mcp.streaming.watch ``reason``): -32001 for the credential (401, with the challenge), -32007 for the
+    session (404). Audited as ``cancelled``; what the tool waited for is not handed over."""
+    ctx = cont.ctx
+    audit(ctx.principal, f"mcp.{cont.tool.name}", "cancelled", target_type="mcp_tool", target_id=cont.tool.name,
+          detail=" ".join([reason] + ctx.detail), correlation_id=ctx.cid)
+    if reason.startswith("session_"):
+        return error_reply(cont.req_id, rpc.RpcError(rpc.UNKNOWN_SESSION, "Session ended while the call waited",
+                                                     a4(ctx.cid, remediation="re-initialize, then call again"),
+                                                     http_status=404))
+    reply = unauthorized(AuthError(f"the credential was refused while the call waited ({reason})"), req)
+    assert reply.body is not None
+    reply.body["id"] = cont.req_id
+    return reply
+
+
 def _principal(req: Request) -> rbac.Principal | Reply:
     """The caller, or the 401 that answers it."""
     cat = catalogue(req.catalogue)

@@ -44,6 +44,7 @@ from .server import (
     Continuation,
     Reply,
     Request,
+    cut_off,
     error_reply,
     handle,
     streaming_on,
@@ -51,6 +52,7 @@ from .server import (
 from .streaming import get_stream, post_stream
 from .streaming.follower import follow_on_get_channel
 from .streaming.stream import Message, Stream
+from .streaming.watch import refused
 
 if TYPE_CHECKING:
     from channels.consumer import _ChannelScope
@@ -271,9 +273,22 @@ class McpConsumer(AsyncHttpConsumer):
         await self.send_response(reply.status, body, headers=headers)
 
     async def run_async_tool(self, cont: Continuation) -> Reply:
+        """Await the tool while what admitted the call stays valid: a credential revoked (or the session ended)
+        while it waits cancels it within a tick (mcp.streaming.watch), as it would close a stream."""
         result: JsonObject | ToolFailure | YuzuError
+        work = asyncio.ensure_future(cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args))
+        cut = asyncio.ensure_future(refused(cont.ctx.principal, cont.ctx.session_id or ""))
         try:
-            result = await cast(AsyncHandler, cont.tool.handler)(cont.ctx, cont.args)
+            await asyncio.wait({work, cut}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            req = Request(http_method="POST", headers=self.headers, cookies={}, catalogue=self.catalogue)
+            return await hop(cut_off)(cont, cut.result(), req)
+        try:
+            result = work.result()
         except (ToolFailure, YuzuError) as exc:
             result = exc
         except Exception:

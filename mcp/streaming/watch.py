@@ -196,3 +196,20 @@ class CredentialWatch:
             self.failing_since = self.failing_since or time.monotonic()
             return "auth_unavailable" if time.monotonic() - self.failing_since >= AUTH_GRACE_SECONDS else None
         return verdict
+
+
+async def refused(principal: Principal, session_id: str) -> str:
+    """Returns once what admitted a held-open request is refused — the credential revoked (or the session ended) —
+    with the reason, as a stream would close with it; never otherwise. For a request that awaits (an async tool:
+    the bridge's waits), raced against it: cancel this one when the request ends."""
+    woken = asyncio.Event()
+    watch = CredentialWatch(principal, session_id, wake=woken.set)
+    try:
+        while True:
+            await woken.wait()
+            woken.clear()
+            reason = await watch.check()
+            if reason is not None:
+                return reason
+    finally:
+        watch.stop()

@@ -39,6 +39,22 @@ def slow_job(ctx, args):
     return {"job": job, "done": 0}
 
 
+WAITS = {}
+
+
+@tool(name="blocking_wait", title="Blocking wait", securable="Infrastructure", operation="Read", catalogue="streamtest",
+      description="Test tool: an async call that blocks (as the bridge's waits do) until the test lets it go.",
+      input_schema=obj({}), output_schema=obj({"waited": integer()}))
+async def blocking_wait(ctx, args):
+    WAITS["started"] = True
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        WAITS["cancelled"] = True
+        raise
+    return {"waited": 30}
+
+
 configure("streamtest", audiences=("api",))
 
 
@@ -62,6 +78,7 @@ async def advance(job, steps=1):
 def fresh_state():
     rings().clear()
     WORK.clear()
+    WAITS.clear()
     yield
     rings().clear()
 
@@ -488,6 +505,50 @@ def test_a_refused_streamed_call_gives_its_admission_back(test_session, monkeypa
         await advance(1)
         await s.read_until(lambda ev: s.finished, timeout=5)
     run(go)
+
+
+@pytest.mark.parametrize("era", ["handshake", "modern"])
+def test_a_blocking_call_is_cut_off_when_its_token_is_revoked(test_session, monkeypatch, era):
+    """An async tool holds its request open (the bridge's waits: up to an hour). A token revoked meanwhile ends it
+    within a tick, as it ends a stream: the wait is cancelled and the answer is -32001 — the reply it waited for is
+    never handed to the revoked token."""
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
+    call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "blocking_wait", "arguments": {}}}
+    headers = {"host": "127.0.0.1:8000", "content-type": "application/json", "accept": "application/json",
+               **test_session.headers()}
+    if era == "modern":
+        headers = {"host": "127.0.0.1:8000", "content-type": "application/json", "accept": "application/json",
+                   "authorization": f"Bearer {test_session.token}", "mcp-protocol-version": "2026-07-28",
+                   "mcp-method": "tools/call", "mcp-name": "blocking_wait"}
+        call["params"]["_meta"] = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                                   "io.modelcontextprotocol/clientCapabilities": {}}
+    s = Stream(APP, "POST", "/mcp/test/", headers, json.dumps(call).encode())
+
+    async def go():
+        from channels.db import database_sync_to_async
+        from django.utils import timezone
+
+        from yuzu.models import ApiToken
+
+        await s.comm.send_input({"type": "http.request", "body": s.body, "more_body": False})
+        for _ in range(100):
+            if WAITS.get("started"):
+                break
+            await asyncio.sleep(0.05)
+        assert WAITS.get("started")
+        await database_sync_to_async(lambda: ApiToken.objects.filter(owner__username="alice").update(
+            revoked_at=timezone.now()))()
+        start = await s.comm.receive_output(5)
+        body = await s.comm.receive_output(5)
+        assert start["status"] == 401, body
+        err = json.loads(body["body"])["error"]
+        assert err["code"] == -32001 and json.loads(body["body"])["id"] == 9
+        assert WAITS.get("cancelled")
+    run(go)
+    from yuzu.models import AuditEvent
+
+    row = AuditEvent.objects.get(action="mcp.blocking_wait")
+    assert row.result == "cancelled" and row.detail.startswith("credential_revoked")
 
 
 def test_ring_bounds_and_pins():
