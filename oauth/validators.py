@@ -84,7 +84,9 @@ class Validator(OAuth2Validator):
 
     def _create_authorization_code(self, request, code, expires=None):
         """Codes are stored as their SHA-256 (Grant.code; every lookup below hashes first); the consent keeps the
-        hash too, to recognise a code used twice after its grant is gone."""
+        hash too, to recognise a code used twice after its grant is gone. yuzu is no OpenID provider: a nonce or
+        claims the request carried mean nothing and are not kept (the nonce's column holds 255 characters)."""
+        request.nonce, request.claims = None, None
         grant = super()._create_authorization_code(request, {**code, "code": hash_secret(code["code"])}, expires)
         Authorization.objects.filter(pk=request.yuzu_authorization.pk).update(code_hash=grant.code)
         return grant

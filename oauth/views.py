@@ -2,6 +2,7 @@
 registration (RFC 7591), token and revocation (django-oauth-toolkit's views on yuzu's validator)."""
 
 import json
+import re
 from functools import wraps
 from urllib.parse import urlsplit
 
@@ -46,6 +47,7 @@ TIER_HELP = {
                   "changes) wait until another person approves them.",
 }
 DEFAULT_DAYS = 30
+S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")  # BASE64URL(SHA-256(verifier)), unpadded (RFC 7636 §4.2)
 
 
 def refuse_nul(view):
@@ -66,7 +68,13 @@ def refuse_nul(view):
 
 def redirect_uri_problem(uri):
     """yuzu's rule beyond exact matching: https, or http to this machine (a native client's loopback callback)."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+        _ = parts.port  # a port that is no number from 0 to 65535 raises
+    except ValueError:
+        return "a redirect URI must be a URI with a valid host and port"
+    if "@" in parts.netloc:
+        return "a redirect URI must not carry a user name or password"
     if parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in LOOPBACK):
         return None
     return "a redirect URI must be https, or http only to a loopback address (127.0.0.1, [::1], localhost)"
@@ -116,6 +124,14 @@ class AuthorizeView(OAuthLibMixin, View):
         if credentials.get("code_challenge_method") != "S256":
             return self.error_redirect(request, errors.InvalidRequestError(
                 description="PKCE with code_challenge_method=S256 is required", request=oauth_request), app)
+        if not S256_CHALLENGE.fullmatch(credentials.get("code_challenge") or ""):
+            return self.error_redirect(request, errors.InvalidRequestError(
+                description="code_challenge must be the 43 base64url characters of an S256 challenge",
+                request=oauth_request), app)
+        if oauth_request.response_mode not in (None, "query"):
+            # The code would travel in the fragment, which browsers carry across redirects: only query is offered.
+            return self.error_redirect(request, errors.InvalidRequestError(
+                description="response_mode must be query", request=oauth_request), app)
         if audience is None:
             return self.error_redirect(request, errors.CustomOAuth2Error(
                 error="invalid_target", request=oauth_request,
@@ -209,9 +225,8 @@ def client_metadata(data):
             isinstance(u, str) and 0 < len(u) <= 2000 and u.isprintable() and " " not in u for u in uris):
         raise ValueError("invalid_redirect_uri", "redirect_uris must be a list of 1 to 10 URIs")
     for uri in uris:
-        parts = urlsplit(uri)
         problem = redirect_uri_problem(uri) or ("a redirect URI must not have a fragment" if "#" in uri else None) \
-            or ("a redirect URI needs a host" if not parts.hostname else None)
+            or ("a redirect URI needs a host" if not urlsplit(uri).hostname else None)
         if problem:
             raise ValueError("invalid_redirect_uri", f"{problem}: {uri[:200]}")
     grants = data.get("grant_types", ["authorization_code", "refresh_token"])
@@ -283,10 +298,15 @@ def register(request):
 
 
 class TokenView(ToolkitTokenView):
-    """django-oauth-toolkit's token endpoint, save for one race: after issuing (committed), it reads the new access
+    """django-oauth-toolkit's token endpoint, save for its device flow (below) and one race: after issuing (committed), it reads the new access
     token back, and a concurrent use of the same refresh token may have revoked the whole connection — deleting that
     token — in between (oauth.validators: reuse). That token is dead already: the answer is invalid_grant, not a
     500 from the read."""
+
+    def post(self, request, *args, **kwargs):
+        """Every grant goes to yuzu's server, which offers two: django-oauth-toolkit's view sends a device_code grant
+        to its own device flow first (a 500 without the device_code parameter), though yuzu has no device grant."""
+        return self.authorization_flow_token_response(request)
 
     def authorization_flow_token_response(self, request, *args, **kwargs):
         try:

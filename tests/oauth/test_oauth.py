@@ -757,3 +757,69 @@ def test_a_token_request_never_returns_500_on_garbage(person):
     assert anonymous().post("/oauth/token", {"grant_type": "refresh_token", "refresh_token": "\x00"}).status_code == 400
     r = register(redirect_uris=["https://client.example.com/\x00cb"])
     assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri"
+
+
+def test_a_device_code_token_request_is_an_unsupported_grant_not_a_500():
+    """django-oauth-toolkit's token view sends grant_type=device_code to its device flow before the server, which
+    read the device_code parameter unchecked (a 500 without it) and answered device_not_found (404) with it: yuzu
+    has no device grant, so it is unsupported_grant_type like any other grant yuzu does not offer."""
+    client_id = registered()["client_id"]
+    for extra in ({}, {"device_code": "x"}):
+        r = token_request({"grant_type": "urn:ietf:params:oauth:grant-type:device_code", "client_id": client_id,
+                           **extra})
+        assert r.status_code == 400 and error_of(r) == "unsupported_grant_type", r.content
+
+
+@pytest.mark.parametrize("uri", ["https://[::1/cb", "https://client.example.com:99999/cb",
+                                 "https://client.example.com:port/cb", "http://127.0.0.1:65536/cb"])
+def test_registration_refuses_a_redirect_uri_that_does_not_parse(uri):
+    """An unterminated IPv6 host made the URI parser raise inside the metadata check: a 500. A port that is no
+    port registered a client no browser could be sent back to."""
+    r = register(redirect_uris=[uri])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri", r.content
+    assert not Application.objects.exists()
+
+
+@pytest.mark.parametrize("uri", ["https://client.example.com@evil.example.com/cb",
+                                 "https://user:pw@client.example.com/cb", "http://x@127.0.0.1:9999/callback"])
+def test_registration_refuses_credentials_in_a_redirect_uri(uri):
+    """The consent page tells the person where the token goes; a redirect URI with a user part read
+    `client.example.com@evil.example.com` there, while the browser goes to evil.example.com."""
+    r = register(redirect_uris=[uri])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri", r.content
+
+
+@pytest.mark.parametrize("challenge", ["A" * 129, "A" * 200, "A" * 42, "A" * 44, "é" * 43, "A" * 42 + "="])
+def test_a_code_challenge_that_is_no_s256_challenge_goes_back_to_the_client(person, challenge):
+    """An S256 challenge is 43 base64url characters (RFC 7636 §4.2). Anything else could never be met by a verifier,
+    and a long one broke the approval on PostgreSQL (a 500: the grant's column holds 128)."""
+    browser = person()
+    flow = Flow(registered()["client_id"], code_challenge=challenge)
+    for r in (flow.consent(browser), flow.decide(browser)):
+        assert r.status_code == 302, r.content[:300]
+        assert callback(r)["error"] == "invalid_request"
+    assert not Authorization.objects.exists() and not Grant.objects.exists()
+
+
+def test_openid_parameters_are_not_kept_with_the_code(person):
+    """yuzu is no OpenID provider: a nonce (kept in a 255-character column: a longer one was a 500 on PostgreSQL
+    at the approval) or claims mean nothing here and are not stored."""
+    flow = Flow(registered()["client_id"], nonce="n" * 300, claims='{"id_token": {"email": null}}')
+    code = flow.approve(person())
+    grant = Grant.objects.get()
+    assert (grant.nonce, grant.claims) == ("", "{}")
+    assert flow.exchange(code).status_code == 200
+
+
+@pytest.mark.parametrize("mode", ["fragment", "form_post", "jwt", ""])
+def test_only_the_query_response_mode_is_offered(person, mode):
+    """The metadata says response_modes_supported ["query"], but response_mode=fragment was honoured: the code in a
+    fragment, which browsers carry across redirects (to wherever an open redirect on the client's callback sends
+    it). Another mode is refused — in the query, so the client sees the error."""
+    browser = person()
+    flow = Flow(registered()["client_id"], response_mode=mode)
+    for r in (flow.consent(browser), flow.decide(browser)):
+        assert r.status_code == 302 and "#" not in r["Location"], r.get("Location")
+        assert callback(r)["error"] == "invalid_request"
+    assert not Grant.objects.exists()
+    assert "code" in callback(Flow(flow.client_id, response_mode="query").decide(browser))
