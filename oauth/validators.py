@@ -25,7 +25,7 @@ RefreshToken = get_refresh_token_model()
 
 
 class _ConcurrentReuse(Exception):
-    """The refresh token was rotated by a concurrent request after this one validated it."""
+    """The refresh token (or code) was used by a concurrent request after this one validated it."""
 
 
 def client_address(request):
@@ -117,10 +117,27 @@ class Validator(OAuth2Validator):
         return super().validate_code(client_id, hash_secret(code), client, request, *args, **kwargs)
 
     def get_code_challenge(self, code, request):
-        return grant_of(code, request.client).code_challenge or None
+        return self._grant_still_there(code, request).code_challenge or None
 
     def get_code_challenge_method(self, code, request):
-        return grant_of(code, request.client).code_challenge_method or None
+        return self._grant_still_there(code, request).code_challenge_method or None
+
+    def _grant_still_there(self, code, request):
+        """The code's grant, which validate_code found; a concurrent exchange may have used (or burnt) it since."""
+        grant = grant_of(code, request.client)
+        if grant is None:
+            self._code_reused(request, request.yuzu_authorization)
+            raise errors.InvalidGrantError(description="authorization code already used", request=request)
+        return grant
+
+    @staticmethod
+    def _code_reused(request, auth):
+        """A code another exchange used meanwhile: RFC 6749 §4.1.2, as for a code used twice one after the other —
+        what it issued is revoked. Outside the issuing transaction (its rollback would undo the revocation)."""
+        auth = Authorization.objects.select_related("user", "application").get(pk=auth.pk)
+        if auth.api_token_id is not None:
+            auth.revoke("authorization code reused")
+        refuse(request, "authorization code used by a concurrent request", auth)
 
     def confirm_redirect_uri(self, client_id, code, redirect_uri, client, request, *args, **kwargs):
         grant = grant_of(code, client)
@@ -178,12 +195,16 @@ class Validator(OAuth2Validator):
         request.resource = [auth.resource]
 
     def save_bearer_token(self, token, request, *args, **kwargs):
-        """The issuing transaction; a refresh token that a concurrent request rotated meanwhile is reuse, refused and
-        revoked after that transaction rolled back (inside it, the revocation and its audit row would roll back
-        too)."""
+        """The issuing transaction; a refresh token that a concurrent request rotated meanwhile, or a code it used,
+        is reuse, refused and revoked after that transaction rolled back (inside it, the revocation and its audit
+        row would roll back too)."""
         try:
             return super().save_bearer_token(token, request, *args, **kwargs)
         except _ConcurrentReuse:
+            if request.grant_type == "authorization_code":
+                self._code_reused(request, request.yuzu_authorization)
+                raise errors.InvalidGrantError(description="authorization code already used",
+                                               request=request) from None
             self._reused(request, request.yuzu_authorization)
             raise errors.InvalidGrantError(description="refresh token reused: the connection is revoked",
                                            request=request) from None
@@ -199,7 +220,7 @@ class Validator(OAuth2Validator):
         if request.grant_type == "authorization_code":
             # Claim the code inside the issuing transaction: of two concurrent exchanges one issues, one fails.
             if not Grant.objects.filter(code=hash_secret(request.code), application=request.client).delete()[0]:
-                raise errors.InvalidGrantError(description="authorization code already used", request=request)
+                raise _ConcurrentReuse
         return super()._save_bearer_token(token, request, *args, **kwargs)
 
     def _create_access_token(self, expires, request, token, source_refresh_token=None):

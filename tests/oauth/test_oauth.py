@@ -823,3 +823,74 @@ def test_only_the_query_response_mode_is_offered(person, mode):
         assert callback(r)["error"] == "invalid_request"
     assert not Grant.objects.exists()
     assert "code" in callback(Flow(flow.client_id, response_mode="query").decide(browser))
+
+
+def race_one_code(flow, code, monkeypatch, *, second_waits_in):
+    """Two threads (each its own database connection) exchange the same code; both pass validate_code before either
+    issues. The second then waits, in ``second_waits_in`` (a Validator method), until the first has issued and
+    committed."""
+    from django.db import connection
+
+    from oauth.validators import Validator
+
+    barrier, first_done, lock, arrived = threading.Barrier(2, timeout=10), threading.Event(), threading.Lock(), []
+    validate, wait_in, save = (Validator.validate_code, getattr(Validator, second_waits_in),
+                               Validator.save_bearer_token)
+
+    def both_validated(self, *args, **kwargs):
+        ok = validate(self, *args, **kwargs)
+        barrier.wait()
+        return ok
+
+    def one_after_the_other(self, *args, **kwargs):
+        with lock:
+            arrived.append(None)
+            second = len(arrived) > 1
+        if second:
+            first_done.wait(10)
+        return wait_in(self, *args, **kwargs)
+
+    def saved(self, *args, **kwargs):
+        try:
+            return save(self, *args, **kwargs)
+        finally:
+            first_done.set()
+
+    monkeypatch.setattr(Validator, "validate_code", both_validated)
+    monkeypatch.setattr(Validator, second_waits_in, one_after_the_other)
+    if second_waits_in != "save_bearer_token":
+        monkeypatch.setattr(Validator, "save_bearer_token", saved)
+    else:
+        monkeypatch.setattr(Validator, "invalidate_authorization_code", lambda *a, **k: first_done.set())
+    answers = []
+
+    def use():
+        try:
+            answers.append(flow.exchange(code))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=use) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    monkeypatch.undo()
+    assert len(answers) == 2, "a request raised (a 500)"
+    return answers
+
+
+@pytest.mark.parametrize("second_waits_in", ["get_code_challenge", "save_bearer_token"])
+def test_two_simultaneous_exchanges_of_one_code(person, monkeypatch, second_waits_in):
+    """The first exchange issues; the second — which had validated the code while it still existed — found it gone
+    when it read the PKCE challenge (a 500: the grant was None) or when it claimed the code (invalid_grant, but what
+    the first use issued stayed live, where a code used twice one after the other revokes it, RFC 6749 §4.1.2)."""
+    flow = Flow(registered()["client_id"])
+    code = flow.approve(person())
+    answers = race_one_code(flow, code, monkeypatch, second_waits_in=second_waits_in)
+    assert sorted(r.status_code for r in answers) == [200, 400], [r.content for r in answers]
+    won = next(r for r in answers if r.status_code == 200).json()
+    assert error_of(next(r for r in answers if r.status_code == 400)) == "invalid_grant"
+    assert mcp(won["access_token"]).status == 401
+    assert refresh(flow.client_id, won["refresh_token"]).json()["error"] == "invalid_grant"
+    assert Authorization.objects.get().revoked_reason == "authorization code reused"
