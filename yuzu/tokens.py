@@ -76,9 +76,19 @@ def check_ceiling(principal: Principal, tier: str, expires_at: datetime | None, 
                   token: ApiToken | None = None) -> None:
     """A tiered caller never obtains a token above itself: the tier must be the caller's or lower and the
     token must expire no later than the caller does, so no chain of creates or rotations leads to an
-    untiered or non-expiring secret. The caller's own token is always within its ceiling."""
+    untiered or non-expiring secret. The caller's own token is always within its ceiling. A token bound to one
+    endpoint (an MCP client's, got through OAuth) obtains none: any it obtained would work on the REST API and
+    every MCP endpoint."""
     caller = principal.token
-    if caller is None or not caller.mcp_tier or (token is not None and token.pk == caller.pk):
+    if caller is None or (token is not None and token.pk == caller.pk):
+        return
+    if caller.audience != ApiToken.AUDIENCE_API:
+        raise PermissionDenied(
+            permission, "this token is bound to one endpoint (an MCP client's, got through OAuth): it cannot obtain "
+                        "other tokens; its client renews it through its connection",
+            remediation="create or rotate tokens with a pasted API token (POST /api/v1/tokens), or have an "
+                        "administrator mint one: `python manage.py mint_token --user <you> --name <label>`")
+    if not caller.mcp_tier:
         return
     rank = {t: i for i, t in enumerate(TIER_ORDER)}
     too_high = rank.get(tier, len(TIER_ORDER)) > rank[caller.mcp_tier]

@@ -894,3 +894,24 @@ def test_two_simultaneous_exchanges_of_one_code(person, monkeypatch, second_wait
     assert mcp(won["access_token"]).status == 401
     assert refresh(flow.client_id, won["refresh_token"]).json()["error"] == "invalid_grant"
     assert Authorization.objects.get().revoked_reason == "authorization code reused"
+
+
+def test_an_oauth_token_obtains_no_token_that_outgrows_its_endpoint(person, mint):
+    """A token bound to /mcp/v1/ minted (after an approval that said nothing of it) an API token valid on the REST
+    API and /mcp/bridge/ too, or rotated one of its person's pasted tokens to obtain its successor's secret: an
+    endpoint-bound token obtains no token at all; its client renews it through its connection."""
+    from approvals.models import Approval
+
+    _, body = connect(person(), tier="supervised")
+    pasted = ApiToken.objects.get(token_hash=hash_secret(mint("alice", role="Operator", tier="supervised")))
+    ApiToken.objects.filter(pk=pasted.pk).update(expires_at=timezone.now() + timedelta(minutes=30))
+    c = McpClient(body["access_token"])
+    c.initialize()
+    until = (timezone.now() + timedelta(minutes=30)).isoformat()
+    for tool, args in (("create_api_token", {"name": "escape", "mcp_tier": "supervised", "expires_at": until}),
+                       ("rotate_api_token", {"token_id": pasted.pk})):
+        r = c.call(tool, args)
+        assert r.error and r.error["code"] == -32003, (tool, r.json())
+        assert "bound to one endpoint" in r.error["message"]
+    assert not Approval.objects.exists()
+    assert ApiToken.objects.filter(audience="api").count() == 1
