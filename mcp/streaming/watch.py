@@ -1,8 +1,8 @@
 """A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (a token not
-revoked, expired or retired, its owner still active; an admin session cookie still signed in, as the admin would
-accept it) and the session still exists (which also slides its idle expiry). A backend that cannot answer is
-given AUTH_GRACE_SECONDS before the stream closes with auth_unavailable. Both kinds of stream (GET channel,
-streamed POST) tick at the same pace.
+revoked, expired or retired, not replaced by a refresh's new secret, its owner still active; an admin session
+cookie still signed in, as the admin would accept it) and the session still exists (which also slides its idle
+expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with auth_unavailable.
+Both kinds of stream (GET channel, streamed POST) tick at the same pace.
 
 The checks themselves are made once per tick for every stream of the process (``_Pass``): one worker-thread
 hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
@@ -74,13 +74,14 @@ def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
         token_ids = {p.token.pk for p in stale if p.token is not None}
         user_ids = {p.user.pk for p in stale if p.token is None}
         tokens = {row[0]: row[1:] for row in ApiToken.objects.filter(pk__in=token_ids).values_list(
-            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active")} if token_ids else {}
+            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active", "token_hash")} if token_ids else {}
         users = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "is_active")) if user_ids else {}
         gone = set()
         for p in stale:
             if p.token is not None:
                 row = tokens.get(p.token.pk)
-                if row is None or not row[3]:
+                if row is None or not row[3] or row[4] != p.token.token_hash:
+                    # (a new secret in the same row: an OAuth refresh — the one that admitted the stream is dead)
                     gone.add(p.key)
                 else:
                     p.token.revoked_at, p.token.expires_at, p.token.retire_at = row[:3]

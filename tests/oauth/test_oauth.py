@@ -915,3 +915,22 @@ def test_an_oauth_token_obtains_no_token_that_outgrows_its_endpoint(person, mint
         assert "bound to one endpoint" in r.error["message"]
     assert not Approval.objects.exists()
     assert ApiToken.objects.filter(audience="api").count() == 1
+
+
+def test_a_stream_opened_with_an_access_token_ends_when_a_refresh_replaces_it(person):
+    """Held-open streams re-check what admitted them (mcp.streaming.watch), by the token's row: a refresh keeps the
+    row and replaces its secret, so a stream opened with a stolen access token outlived that token's hour for as
+    long as the connection was refreshed (up to 90 days). It ends like one of a revoked token; the client's MCP
+    session (keyed by the row) carries on, and its client reopens the stream with the new token."""
+    from mcp.streaming import watch
+    from mcp.streaming.sessions import store
+    from yuzu.auth import principal_for_token
+
+    flow, first = connect(person())
+    opened = principal_for_token(first["access_token"], audiences=("mcp-v1",))
+    session = store().create(opened.key, "v1", "2025-11-25", "t", "0").id
+    assert watch.revalidate_all([(opened, session)]) == ["ok"]
+    second = refresh(flow.client_id, first["refresh_token"]).json()
+    assert watch.revalidate_all([(opened, session)]) == ["credential_revoked"]
+    reopened = principal_for_token(second["access_token"], audiences=("mcp-v1",))
+    assert reopened.key == opened.key and watch.revalidate_all([(reopened, session)]) == ["ok"]
