@@ -1,7 +1,6 @@
 """The authorization server's endpoints: authorize (the admin's login, then a consent page), dynamic client
 registration (RFC 7591), token and revocation (django-oauth-toolkit's views on yuzu's validator)."""
 
-import json
 import re
 from functools import wraps
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from oauth2_provider.views.mixins import OAuthLibMixin
 from oauthlib.common import add_params_to_uri
 from oauthlib.oauth2.rfc6749 import errors
 
+from yuzu import jsondata
 from yuzu.audit import audit
 from yuzu.auth import MFA_SESSION_KEY, OAUTH_RESOURCES, tier_ceiling, tier_scope
 from yuzu.models import MCP_TOKEN_MAX_DAYS
@@ -261,8 +261,8 @@ def register(request):
             raise ValueError("invalid_client_metadata", f"the registration request is larger than {MAX_REGISTRATION} "
                                                         "bytes")
         try:
-            data = json.loads(request.body)
-        except ValueError:
+            data = jsondata.loads(request.body)
+        except (ValueError, RecursionError):  # nested a few thousand deep: the parser's recursion limit
             raise ValueError("invalid_client_metadata", "the body must be a JSON object") from None
         if not isinstance(data, dict):
             raise ValueError("invalid_client_metadata", "the body must be a JSON object")

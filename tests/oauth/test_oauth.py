@@ -183,6 +183,15 @@ def test_registration_refuses_bodies_that_are_not_metadata():
     assert not Application.objects.exists()
 
 
+def test_registration_refuses_json_nested_past_the_parsers_depth():
+    """Within the 16 KiB bound, arrays nested a few thousand deep made the JSON parser raise RecursionError — no
+    ValueError, so no invalid_client_metadata: a 500."""
+    for body in (b"[" * 5000 + b"]" * 5000, b'{"redirect_uris": ' + b"[" * 5000 + b"]" * 5000 + b"}"):
+        r = anonymous().post("/oauth/register", body, content_type="application/json")
+        assert r.status_code == 400 and r.json()["error"] == "invalid_client_metadata", r.content
+    assert not Application.objects.exists()
+
+
 @override_settings(YUZU_OAUTH_REGISTRATIONS_PER_HOUR=2)
 def test_registration_is_rate_limited_per_address():
     assert register().status_code == 201 and register().status_code == 201
