@@ -134,10 +134,13 @@ class Authorization(models.Model):
                     revoked_at=now, revoked_reason=reason[:64]):
                 return False
             self.revoked_at, self.revoked_reason = now, reason[:64]
-            if self.api_token_id:
-                ApiToken.objects.filter(pk=self.api_token_id, revoked_at__isnull=True).update(revoked_at=now)
+            # In the order a refresh locks them — its refresh token, then the access token's row — or the two wait
+            # for each other (PostgreSQL aborts one as a deadlock). A refresh token that refresh issues meanwhile
+            # survives the family's revocation, and is refused by this row's revoked_at.
             if self.token_family:
                 get_refresh_token_model().revoke_family(self.token_family)
+            if self.api_token_id:
+                ApiToken.objects.filter(pk=self.api_token_id, revoked_at__isnull=True).update(revoked_at=now)
         audit(by, "oauth.authorization.revoke", "success", target_type="OAuthAuthorization", target_id=self.pk,
               detail=f"reason={reason} user={self.user.get_username()} client={self.application.client_id} "
                      f"token={self.api_token_id or '-'}")

@@ -943,3 +943,54 @@ def test_a_stream_opened_with_an_access_token_ends_when_a_refresh_replaces_it(pe
     assert watch.revalidate_all([(opened, session)]) == ["credential_revoked"]
     reopened = principal_for_token(second["access_token"], audiences=("mcp-v1",))
     assert reopened.key == opened.key and watch.revalidate_all([(reopened, session)]) == ["ok"]
+
+
+def test_a_revocation_while_a_refresh_is_issuing_neither_deadlocks_nor_lets_it_through(person, monkeypatch):
+    """A refresh locks its refresh token, then renews the access token's row; revoking the connection (the client's
+    revocation, a replayed refresh token, the admin) locked the access token's row, then the refresh tokens: on
+    PostgreSQL each waited for the other until one was aborted as a deadlock — a 500, and when the revocation was
+    the one aborted (a replay's reuse detection), the connection lived on. Both now lock in the same order."""
+    import time
+
+    from django.db import connection
+
+    flow, first = connect(person())
+    issuing, revoking, outcomes = threading.Event(), threading.Event(), {}
+    issue = Authorization.issue_access_token
+
+    def slow_issue(self, *args, **kwargs):
+        issuing.set()  # the refresh token is claimed (locked) in this transaction
+        revoking.wait(10)
+        time.sleep(0.5)  # the revocation has taken what locks it can, and waits
+        return issue(self, *args, **kwargs)
+
+    monkeypatch.setattr(Authorization, "issue_access_token", slow_issue)
+
+    def run(name, call):
+        try:
+            outcomes[name] = call()
+        except Exception as exc:  # a 500 in the test client
+            outcomes[name] = exc
+        finally:
+            connection.close()
+
+    def revoke():
+        issuing.wait(10)
+        revoking.set()
+        return anonymous().post("/oauth/revoke", {"token": first["access_token"], "client_id": flow.client_id})
+
+    threads = [threading.Thread(target=run, args=("refresh", partial(refresh, flow.client_id, first["refresh_token"]))),
+               threading.Thread(target=run, args=("revoke", revoke))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    monkeypatch.undo()
+    assert not any(isinstance(o, Exception) for o in outcomes.values()), outcomes
+    assert outcomes["revoke"].status_code == 200 and outcomes["refresh"].status_code in (200, 400)
+    assert Authorization.objects.get().revoked_reason == "revoked by the client"
+    assert ApiToken.objects.get(audience="mcp-v1").revoked_at is not None
+    if outcomes["refresh"].status_code == 200:
+        won = outcomes["refresh"].json()
+        assert mcp(won["access_token"]).status == 401
+        assert refresh(flow.client_id, won["refresh_token"]).json()["error"] == "invalid_grant"
