@@ -128,8 +128,9 @@ class AuthorizeView(OAuthLibMixin, View):
             return self.error_redirect(request, errors.InvalidRequestError(
                 description="code_challenge must be the 43 base64url characters of an S256 challenge",
                 request=oauth_request), app)
-        if oauth_request.response_mode not in (None, "query"):
+        if {oauth_request.response_mode, *request.GET.getlist("response_mode")} - {None, "query"}:
             # The code would travel in the fragment, which browsers carry across redirects: only query is offered.
+            # (The code is made from the query alone; the validation above read the form's fields too.)
             return self.error_redirect(request, errors.InvalidRequestError(
                 description="response_mode must be query", request=oauth_request), app)
         if audience is None:

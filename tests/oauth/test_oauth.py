@@ -994,3 +994,13 @@ def test_a_revocation_while_a_refresh_is_issuing_neither_deadlocks_nor_lets_it_t
         won = outcomes["refresh"].json()
         assert mcp(won["access_token"]).status == 401
         assert refresh(flow.client_id, won["refresh_token"]).json()["error"] == "invalid_grant"
+
+
+def test_a_form_field_does_not_talk_the_response_mode_check_round(person):
+    """The code is made from the authorization request's query alone, while the validation reads the posted form
+    too: a response_mode=query field beside a query asking for fragment is still refused."""
+    browser = person()
+    flow = Flow(registered()["client_id"], response_mode="fragment")
+    r = browser.post(flow.url, {"decision": "approve", "tier": "supervised", "days": 30, "response_mode": "query"})
+    assert r.status_code == 302 and "#" not in r["Location"] and callback(r)["error"] == "invalid_request"
+    assert not Grant.objects.exists()
