@@ -299,10 +299,10 @@ def register(request):
 
 
 class TokenView(ToolkitTokenView):
-    """django-oauth-toolkit's token endpoint, save for its device flow (below) and one race: after issuing (committed), it reads the new access
-    token back, and a concurrent use of the same refresh token may have revoked the whole connection — deleting that
-    token — in between (oauth.validators: reuse). That token is dead already: the answer is invalid_grant, not a
-    500 from the read."""
+    """django-oauth-toolkit's token endpoint, save for its device flow (below) and one race: after issuing
+    (committed), it reads the new access token back, and a concurrent use of the same refresh token may have revoked
+    the whole connection — deleting that token — in between (oauth.validators: reuse). That token is dead already:
+    the answer is invalid_grant, not a 500 from the read."""
 
     def post(self, request, *args, **kwargs):
         """Every grant goes to yuzu's server, which offers two: django-oauth-toolkit's view sends a device_code grant
