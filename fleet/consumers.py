@@ -52,6 +52,8 @@ MAX_ID_BYTES = 160
 MAX_ATTRIBUTES = 64
 MAX_TAGS = 64
 MAX_CATALOGUE_BYTES = 256 * 1024
+MAX_INVENTORY_BYTES = 256 * 1024  # one inventory frame's data, as JSON
+MAX_INVENTORY_ROWS = 32  # inventory rows (plugins) per agent, the server's own (agent.plugins, plugin_state) included
 HELLO_TIMEOUT_S = 30
 AGENT_ID_RE = re.compile(r"[0-9a-f]{1,64}")  # enroll mints 32 lowercase hex characters
 SECRET_RE = re.compile(r"[\x21-\x7e]+")  # device tokens and agent credentials: printable ASCII
@@ -456,7 +458,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         _json(data, "data")
         if plugin == AgentInventory.CATALOGUE:  # the catalogue declared again: the register checks apply
             data = _drop_unusable(self.agent_id, _plugins({"plugins": data}))
-        await database_sync_to_async(AgentInventory.objects.store)(self.agent_id, plugin, data)
+        elif len(json.dumps(data)) > MAX_INVENTORY_BYTES:
+            raise Malformed(f"inventory 'data' exceeds {MAX_INVENTORY_BYTES} bytes")
+        if not await database_sync_to_async(AgentInventory.objects.store_reported)(self.agent_id, plugin, data,
+                                                                                   MAX_INVENTORY_ROWS):
+            raise Malformed(f"an agent reports at most {MAX_INVENTORY_ROWS} inventory plugins")
 
     async def on_response(self, msg):
         await responses.submit((self.agent_id, _response(msg)))

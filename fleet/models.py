@@ -151,6 +151,17 @@ class AgentInventoryQuerySet(models.QuerySet):
         self.update_or_create(agent_id=agent_id, plugin=plugin,
                               defaults={"data": data, "collected_at": at or timezone.now()})
 
+    def store_reported(self, agent_id, plugin, data, max_rows):
+        """An ``inventory`` frame's data: stored as ``store`` does, unless ``plugin`` would be a new row of an agent
+        that has ``max_rows`` already (each row is returned by every inventory read: an agent naming new plugins
+        without end filled the store). Returns whether it was stored."""
+        with transaction.atomic():
+            if not self.filter(agent_id=agent_id, plugin=plugin).exists() and \
+                    self.filter(agent_id=agent_id).count() >= max_rows:
+                return False
+            self.store(agent_id, plugin, data)
+        return True
+
 
 class AgentInventory(models.Model):
     CATALOGUE = "agent.plugins"  # the row holding the plugin catalogue an agent declared on register

@@ -162,6 +162,8 @@ BAD_FRAMES = {
     "inventory data with NUL": json.dumps({"type": "inventory", "plugin": "os", "data": {"k": ["a\x00"]}}),
     "inventory NaN": '{"type": "inventory", "plugin": "os", "data": {"load": NaN}}',
     "inventory plugin with a newline": json.dumps({"type": "inventory", "plugin": "os\nx", "data": {}}),
+    "inventory data over 256 KiB": json.dumps({"type": "inventory", "plugin": "os",
+                                               "data": {"blob": "x" * (256 * 1024)}}),
     "command_id with NUL": json.dumps({"type": "response", "command_id": "os-\x00", "status": "SUCCESS"}),
     "received without command_id": json.dumps({"type": "received"}),
     "received command_id too long": json.dumps({"type": "received", "command_id": "c" * 161}),
@@ -185,6 +187,30 @@ def test_malformed_input_closes_4400_and_keeps_what_was_stored(name):
     assert agent.connected is False and agent.hostname == "web-1"
     assert AgentInventory.objects.get(agent=agent, plugin="os").data == {"kernel": "6.1"}
     assert Tag.objects.get(agent=agent).value == "web"
+
+
+def test_an_agent_cannot_fill_the_store_with_inventory_rows():
+    """Each inventory plugin is a row of its own that every inventory read returns: an agent naming new plugins
+    without end (each frame up to 4 MiB) filled the database and made get_agent_inventory load gigabytes. The
+    rows an agent may report are bounded; past the bound a new plugin closes 4400 and nothing is stored, while
+    the plugins it already has can still be replaced."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        held = await db(AgentInventory.objects.filter(agent_id=agent_id).count)()  # agent.plugins
+        for i in range(consumers.MAX_INVENTORY_ROWS - held):
+            await comm.send_json_to({"type": "inventory", "plugin": f"p{i}", "data": {"i": i}})
+        await comm.send_json_to({"type": "inventory", "plugin": "p0", "data": {"i": "again"}})
+        await until(lambda: AgentInventory.objects.filter(agent_id=agent_id, plugin="p0").values_list(
+            "data", flat=True).first() == {"i": "again"})
+        await comm.send_json_to({"type": "inventory", "plugin": "one-too-many", "data": {}})
+        assert "inventory" in await closed_with(comm, 4400)
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    assert AgentInventory.objects.filter(agent_id=agent_id).count() == consumers.MAX_INVENTORY_ROWS
+    assert not AgentInventory.objects.filter(agent_id=agent_id, plugin="one-too-many").exists()
 
 
 @pytest.mark.parametrize("depth", [33, 50_000])
