@@ -124,19 +124,22 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
     """cert.enroll on a registered connection: issue the agent's leaf for its CSR (pki.ca.issue_agent_cert).
     Allowed when the agent has no active certificate, or the one this connection proved is in its renewal
     window (the last third of its life). While a revocation of the agent's certificate stands and it has no
-    active one, re-issue is blocked (audited). Returns (the IssuedCert, the CA chain PEM); raises
-    pki.ca.CertError."""
+    active one, or the certificate this connection proved has been revoked since, re-issue is blocked (audited).
+    Returns (the IssuedCert, the CA chain PEM); raises pki.ca.CertError."""
     with transaction.atomic():
         # One enrolment of an agent at a time (its row locked): two connections enrolling at once each found no
         # active certificate, and the agent held two.
         Agent.objects.select_for_update().filter(pk=agent_id).first()
         mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
         active = mine.active()
-        blocked = proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists()
+        row = active.filter(pk=proved_serial).first() if proved_serial is not None else None
+        # A connection whose proved certificate was revoked since is still open until the revocation's push (or
+        # its next heartbeat) closes it: it is not an agent without a certificate.
+        blocked = (proved_serial is not None and row is None) or (
+            proved_serial is None and not active.exists() and mine.filter(status=IssuedCert.REVOKED).exists())
         if not blocked:
-            if proved_serial is not None:
-                row = active.filter(pk=proved_serial).first()
-                if row is not None and timezone.now() < row.issued_at + (row.not_after - row.issued_at) * 2 / 3:
+            if row is not None:
+                if timezone.now() < row.issued_at + (row.not_after - row.issued_at) * 2 / 3:
                     raise ca.CertError("the current certificate is not yet due for renewal")
             elif active.exists():
                 raise ca.CertError("this agent already holds a certificate")

@@ -33,10 +33,15 @@ class IssuedCertAdmin(ReadOnlyAdmin):
             self.message_user(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter "
                                        "the current code, then revoke again. Nothing was revoked.", messages.ERROR)
             return
+        done = set()  # revoked with an agent's later certificate selected before them
         for row in queryset:
+            if row.serial_hex in done:
+                continue
             try:
                 r = services.revoke_certificate(principal, row.serial_hex, "revoked in the admin")
             except YuzuError as exc:
                 self.message_user(request, f"{row.serial_hex}: {exc.message}", messages.ERROR)
             else:
-                self.message_user(request, f"{r['serial_hex']} revoked (CRL republished: {r['crl_republished']})")
+                done.update(r["also_revoked"])
+                also = f" with the agent's earlier {', '.join(r['also_revoked'])}" if r["also_revoked"] else ""
+                self.message_user(request, f"{r['serial_hex']} revoked{also} (CRL republished: {r['crl_republished']})")

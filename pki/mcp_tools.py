@@ -32,14 +32,16 @@ def list_issued_certs(ctx, args):
       prepare=lambda ctx, a, pinned=None: services.plan_revoke_certificate(ctx.principal, a["serial_hex"],
                                                                            a.get("reason", ""), pinned),
       description="Revoke a certificate by serial number and republish the CRL; needs human approval. An agent "
-                  "whose certificate is revoked is disconnected at once and cannot reconnect. An unknown or already "
-                  "revoked serial is refused with no change (-32602). The server's own https/server/gateway "
-                  "certificates cannot be revoked here. Approval-gated on the supervised tier: the first call "
-                  "answers -32006 with an approval_id.",
+                  "whose certificate is revoked is disconnected at once and cannot reconnect; the agent's earlier "
+                  "certificates still active (a renewal's predecessors) are revoked with it (also_revoked). An "
+                  "unknown or already revoked serial is refused with no change (-32602). The server's own "
+                  "https/server/gateway certificates cannot be revoked here. Approval-gated on the supervised tier: "
+                  "the first call answers -32006 with an approval_id.",
       input_schema=obj({"serial_hex": SERIAL, "reason": string(256, "Why (audited; 'compromise' maps to the RFC "
                                                                      "5280 reason keyCompromise)"),
                         "approval_id": APPROVAL_ID}, ["serial_hex"]),
-      output_schema=obj({"revoked": boolean(), "serial_hex": string(64), "crl_republished": boolean()},
+      output_schema=obj({"revoked": boolean(), "serial_hex": string(64), "also_revoked": array(string(64)),
+                         "crl_republished": boolean()},
                         ["revoked", "serial_hex", "crl_republished"]))
 def revoke_certificate(ctx, args):
     return services.revoke_certificate(ctx.principal, cid=ctx.cid, plan=ctx.plan)

@@ -86,6 +86,12 @@ class IssuedCert(models.Model):
             self.status, self.revoked_at, self.revocation_reason = self.REVOKED, now, reason[:256]
         return bool(done)
 
+    def earlier_of_agent(self):
+        """The agent's other certificates issued no later than this one and still active: the ones a renewal
+        replaced (each stays active until it runs out, in case the agent never stored its successor)."""
+        return IssuedCert.objects.filter(purpose="agent", agent_id=self.agent_id, status=self.ACTIVE,
+                                         issued_at__lte=self.issued_at).exclude(pk=self.pk).order_by("issued_at")
+
     def to_dict(self):
         return {"serial_hex": self.serial_hex, "subject": self.subject, "san": self.san, "purpose": self.purpose,
                 "status": self.status, "not_after": int(self.not_after.timestamp()),

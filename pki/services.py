@@ -58,25 +58,34 @@ def plan_revoke_certificate(principal, serial_hex, reason="", pinned=None):
         raise YuzuError(f"a '{row.purpose}' certificate is the server's own; rotate it by regenerating the "
                         "default certificates instead of revoking it")
     what = f"agent {row.agent_id}" if row.purpose == "agent" else row.subject
-    return Plan(summary=f"Revoke certificate {serial} ({row.purpose}, {what})"
+    earlier = list(row.earlier_of_agent().values_list("serial_hex", flat=True)) if row.purpose == "agent" else []
+    also = f" and the agent's earlier active certificate(s) {', '.join(earlier)}" if earlier else ""
+    return Plan(summary=f"Revoke certificate {serial} ({row.purpose}, {what}){also}"
                 + (f": {reason}" if reason else ""), value=(row, reason or ""),
                 pins={"certificates": [serial]}, risk="destructive",
                 facts={"purpose": row.purpose, "subject": row.subject, "reason": reason or ""})
 
 
 def revoke_certificate(principal, serial_hex=None, reason="", *, cid="", plan=None):
+    """Revoke the certificate; for an agent's, also the agent's earlier ones still active (``also_revoked``). A
+    renewal leaves the certificate it replaces active until it runs out (the agent may not have stored the new
+    one yet), so revoking the agent's newest left the old key admitted for up to a third of a year."""
     row, reason = (plan or plan_revoke_certificate(principal, serial_hex, reason)).value
     with transaction.atomic():
         if not row.revoke(reason):
             raise YuzuError("certificate not found or already revoked")
-    audit(principal, "ca.cert.revoked", "success", target_type="IssuedCert", target_id=row.serial_hex,
-          detail=f"purpose={row.purpose} serial={row.serial_hex} reason={reason}", correlation_id=cid)
-    if row.purpose == "agent":
-        # The agent's live connection closes now (fleet.consumers.AgentConsumer.agent_revoked); its
-        # heartbeat re-checks the store as well, so a lost message costs at most one heartbeat.
-        send_to_agent(row.agent_id, {"type": "agent.revoked", "serial_hex": row.serial_hex})
+        earlier = list(row.earlier_of_agent()) if row.purpose == "agent" else []
+        also = [r for r in earlier if r.revoke(f"{reason} (replaced by {row.serial_hex}, revoked with it)")]
+    for r in [row, *also]:
+        audit(principal, "ca.cert.revoked", "success", target_type="IssuedCert", target_id=r.serial_hex,
+              detail=f"purpose={r.purpose} serial={r.serial_hex} reason={r.revocation_reason}", correlation_id=cid)
+        if r.purpose == "agent":
+            # The agent's live connection closes now (fleet.consumers.AgentConsumer.agent_revoked); its
+            # heartbeat re-checks the store as well, so a lost message costs at most one heartbeat.
+            send_to_agent(r.agent_id, {"type": "agent.revoked", "serial_hex": r.serial_hex})
     published = ca.publish_crl() is not None
-    return {"revoked": True, "serial_hex": row.serial_hex, "crl_republished": published}
+    return {"revoked": True, "serial_hex": row.serial_hex, "also_revoked": [r.serial_hex for r in also],
+            "crl_republished": published}
 
 
 # --- issue a code-signing certificate ---------------------------------------------------------------

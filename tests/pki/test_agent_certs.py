@@ -211,3 +211,51 @@ def test_one_agent_enrolling_on_two_connections_at_once_gets_one_certificate():
         assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
         assert all(str(exc) == "this agent already holds a certificate" for kind, exc in outcomes if kind == "error")
         assert IssuedCert.objects.filter(agent_id=agent_id).count() == 1
+
+
+def test_a_connection_whose_certificate_was_revoked_cannot_obtain_a_new_one():
+    """The revocation reaches the live connection through the channel layer, or at its next heartbeat if that push
+    is lost: until then the connection is still open, and its cert.enroll was served as an agent without any
+    certificate — a fresh one, outliving the revocation that was meant to cut the key's holder off."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        row = await db(IssuedCert.objects.get)(pk=serial)
+        await db(row.revoke)("stolen")  # the push not (yet) delivered
+        refused = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert refused["type"] == "cert.refused" and "revoked" in refused["error"], refused
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = __import__("asyncio").run(scenario())
+    assert not IssuedCert.objects.filter(agent_id=agent_id).active().exists()
+    assert AuditEvent.objects.filter(action="ca.cert.reissue_blocked", target_id=agent_id).exists()
+
+
+def test_revoking_a_renewed_certificate_revokes_the_one_it_replaced(principal):
+    """After a renewal the agent holds two active certificates until the old one runs out (a third of a year): the
+    one list_issued_certs shows first is the new one, and revoking it left the old key admitted."""
+    token = mint_device_token()
+    admin = principal("root", "Administrator")
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
+                                                              not_after=timezone.now() + timedelta(days=115))
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert renewed["type"] == "cert.issued"
+        out = await db(services.revoke_certificate)(admin, renewed["serial_hex"], "key compromise")
+        assert out["revoked"] and serial in out["also_revoked"]
+        assert "revoked" in await closed_with(comm, 4401)
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem, refused=True)  # the old key
+        assert "revoked" in await closed_with(comm, 4401)
+        return serial
+
+    old = __import__("asyncio").run(scenario())
+    assert IssuedCert.objects.get(pk=old).status == "revoked"
+    assert AuditEvent.objects.filter(action="ca.cert.revoked", target_id=old, result="success").exists()

@@ -162,7 +162,8 @@ def test_revoke_republishes_crl_and_refuses_the_proof(principal):
     key, row = agent_leaf(agent_id)
     before = CrlVersion.objects.latest_published().version
     out = services.revoke_certificate(admin, row.serial_hex.lower(), "key compromise on the host")
-    assert out == {"revoked": True, "serial_hex": row.serial_hex, "crl_republished": True}
+    assert out == {"revoked": True, "serial_hex": row.serial_hex, "also_revoked": [],
+                   "crl_republished": True}
     crl_row = CrlVersion.objects.latest_published()
     assert crl_row.version == before + 1
     crl = x509.load_der_x509_crl(bytes(crl_row.der))
