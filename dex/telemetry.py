@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
+from yuzu import jsondata
+
 from .models import DEGRADED_TAG, NET_FIELDS, PERF_FIELDS
 
 MAX_TAG_CHARS = 32
@@ -148,6 +150,10 @@ def observation(raw, now):
         parsed = json.loads(detail, parse_constant=_no_constant) if detail else {}
     except ValueError:
         return None, ("detail_json", "parse")
+    except RecursionError:  # 4 KiB of brackets: the parser ran out of stack (it lost the whole frame)
+        return None, ("detail_json", "oversized")
+    if not jsondata.depth_ok(parsed):  # the bound of every JSON face
+        return None, ("detail_json", "oversized")
     if not isinstance(parsed, dict) or UNSTORABLE_RE.search(json.dumps(parsed, ensure_ascii=False)):
         return None, ("detail_json", "type")
     out["detail"] = parsed

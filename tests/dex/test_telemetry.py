@@ -87,6 +87,9 @@ def test_a_good_observation():
     ("observed_at", (NOW + timedelta(days=3)).timestamp(), "parse"), ("detail_json", "x" * 5000, "oversized"),
     ("detail_json", "{not json", "parse"), ("detail_json", "[1]", "type"), ("detail_json", '{"a": NaN}', "parse"),
     ("detail_json", {"a": 1}, "type"), ("detail_json", '{"a": "\\ud800"}', "type"),
+    # nested past the bound of every JSON face (32), and so deep the parser runs out of stack (it lost the frame)
+    pytest.param("detail_json", '{"a": ' + "[" * 32 + "]" * 32 + "}", "oversized", id="detail_json-33-deep"),
+    pytest.param("detail_json", '{"a": ' + "[" * 2000 + "]" * 2000 + "}", "oversized", id="detail_json-2001-deep"),
 ])
 def test_a_bad_observation_is_dropped_and_counted_and_the_rest_kept(field, value, reason):
     checked = telemetry.observations([obs(**{field: value}), obs(subject="kept")], NOW)
