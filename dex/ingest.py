@@ -1,9 +1,12 @@
 """Storing what agents send, after dex.telemetry validated it. Heartbeat facts are batched in the process (the
 latest per agent wins) and written in one upsert per flush, so 5,000 agents at a 30 s heartbeat cost one INSERT
-a second, not 170; observations and app rows are written as they come (they are rare)."""
+a second, not 170; observations and app rows are written as they come (they are rare), within a per-agent budget a
+minute."""
 
 import asyncio
 import logging
+import time
+from collections import defaultdict, deque
 
 from channels.db import database_sync_to_async
 from django.db import transaction
@@ -18,6 +21,10 @@ from .models import AppDay, DeviceFacts, Observation
 log = logging.getLogger("yuzu.dex")
 FACT_COLUMNS = ("cpu_pct", "commit_pct", "disk_lat_ms", "rtt_ms", "retrans_pct", "throughput_bps", "net_degraded")
 FLUSH_S = 1.0
+#: per agent and server process, a minute: observations and app-row frames are inserted as they come, so a hostile
+#: agent sending them as fast as its socket allows filled the database; past these the rest are dropped and counted
+OBSERVATIONS_PER_MINUTE = 300  # three full frames (an agent debounces each (type, subject) for an hour)
+APP_PERF_FRAMES_PER_MINUTE = 6  # an agent sends one an hour (procperf_send_s)
 
 
 def count_dropped(dropped):
@@ -70,6 +77,31 @@ def store_app_days(agent_id, day, rows, now=None):
                                    update_fields=["samples", "instances_max", "cpu_avg", "cpu_max", "ws_avg_bytes",
                                                   "ws_max_bytes", "updated_at"])
     return len(objs)
+
+
+class Budget:
+    """How much of something each agent may have stored in the last minute (the process's event loop calls it)."""
+
+    def __init__(self, per_minute):
+        self.per_minute = per_minute  # () → the budget, read at each take
+        self.spent = defaultdict(deque)  # agent id → (monotonic time, how many)
+
+    def take(self, agent_id, wanted, now=None):
+        """Of ``wanted``, how many the agent may still have stored this minute (taken from its budget)."""
+        now = time.monotonic() if now is None else now
+        spent = self.spent[agent_id]
+        while spent and now - spent[0][0] > 60:
+            spent.popleft()
+        granted = max(0, min(wanted, self.per_minute() - sum(n for _, n in spent)))
+        if granted:
+            spent.append((now, granted))
+        elif not spent:
+            del self.spent[agent_id]
+        return granted
+
+
+observation_budget = Budget(lambda: OBSERVATIONS_PER_MINUTE)
+app_perf_budget = Budget(lambda: APP_PERF_FRAMES_PER_MINUTE)
 
 
 class FactsBuffer:

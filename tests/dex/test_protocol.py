@@ -11,6 +11,7 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
+from dex import ingest
 from dex.ingest import facts_buffer
 from dex.models import AppDay, DeviceFacts, Observation
 from tests.support.agent_ws import closed_with, enrolled_agent, mint_device_token, until
@@ -112,3 +113,35 @@ def test_telemetry_before_register_is_refused():
         await closed_with(comm, 4400)
 
     async_to_sync(scenario)()
+
+
+def test_an_agent_flooding_observations_and_app_rows_is_held_to_a_budget(monkeypatch):
+    """Observations and app rows are inserted as they come, each frame up to 100 / 500 rows: a hostile agent
+    sending frames as fast as its socket allows filled the database at the server's full write rate. Past a
+    per-agent budget a minute they are dropped and counted; the connection stays open."""
+    monkeypatch.setattr(ingest, "OBSERVATIONS_PER_MINUTE", 3)
+    monkeypatch.setattr(ingest, "APP_PERF_FRAMES_PER_MINUTE", 1)
+    token = mint_device_token()
+    before = dropped("observations", "over_budget"), dropped("rows", "over_budget")
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        now = time.time()
+        for n in range(2):
+            await comm.send_json_to({"type": "dex.observation", "observations": [
+                {"obs_type": "service.crashed", "subject": f"s{n}-{i}", "observed_at": now} for i in range(2)]})
+        day = timezone.now().date().isoformat()
+        for n in range(2):
+            await comm.send_json_to({"type": "dex.app_perf", "day": day, "rows": [
+                {"app_name": f"app{n}", "version": "", "samples": 1, "instances_max": 1, "cpu_avg": 1.0,
+                 "cpu_max": 1.0, "ws_avg_bytes": 1, "ws_max_bytes": 1}]})
+        await comm.send_json_to({"type": "heartbeat"})  # handled after the frames before it
+        await until(lambda: Observation.objects.count() == 3 and AppDay.objects.exists())
+        assert await comm.receive_nothing(timeout=0.3)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+    assert Observation.objects.count() == 3
+    assert list(AppDay.objects.values_list("app_name", flat=True)) == ["app0"]
+    after = dropped("observations", "over_budget"), dropped("rows", "over_budget")
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1]
