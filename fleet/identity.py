@@ -11,6 +11,7 @@ unknown; the newest connection of an agent wins (Agent.objects.connect)."""
 import asyncio
 import contextvars
 import hmac
+import logging
 import secrets
 from dataclasses import dataclass
 
@@ -25,7 +26,9 @@ from yuzu.metrics import AGENT_AUTH_FAILURES, CA_REISSUE_BLOCKED, CA_REVOKED_CER
 from yuzu.models import hash_secret, new_hex_id
 
 from .batching import Batcher
-from .models import Agent, AgentInventory, DeviceToken, Tag
+from .models import SERVER_TAG_KEYS, Agent, AgentInventory, DeviceToken, Tag
+
+log = logging.getLogger("yuzu.fleet.agents")
 
 AUDIT_WINDOW_S = 60  # refused enrolments/registers: at most one audit row per source address per window
 MAX_AUDIT_SOURCES = 10000  # source addresses tracked at once; beyond that they share one window
@@ -78,11 +81,11 @@ def enroll(token, hostname):
 
 def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None):
     """Verify the credential (constant time) and, for an agent that holds a certificate, its proof of
-    possession (``proof`` = (cert_pem, signature, nonce): pki.ca.verify_agent_proof); refresh what the agent reports (``fields``, its tags and its
-    plugin catalogue), mark it connected as of the connection opened at ``opened_at``. Returns the agent's
-    current tags. The newest connection wins: if one opened later has registered already, this one is
-    stale (its agent has reconnected since) and is refused with Superseded, changing nothing.
-    Returns (tags, the serial of the certificate proved or None)."""
+    possession (``proof`` = (cert_pem, signature, nonce): pki.ca.verify_agent_proof); refresh what the agent
+    reports (``fields``, its tags — not the server's own, SERVER_TAG_KEYS — and its plugin catalogue), mark it
+    connected as of the connection opened at ``opened_at``. The newest connection wins: if one opened later has
+    registered already, this one is stale (its agent has reconnected since) and is refused with Superseded,
+    changing nothing. Returns (tags, the serial of the certificate proved or None)."""
     agent = Agent.objects.filter(pk=agent_id).first()
     stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
@@ -95,6 +98,9 @@ def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None)
                                      **fields):
             raise Superseded("a newer connection of this agent has registered")
         for key, value in tags.items():
+            if key in SERVER_TAG_KEYS:  # not the agent's to choose (the server's value, if any, stands)
+                log.info("agent %s reported the server's tag %s=%s at register: ignored", agent_id, key, value)
+                continue
             Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
         AgentInventory.objects.store(agent_id, AgentInventory.CATALOGUE, plugins, now)
     return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")), serial

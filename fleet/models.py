@@ -20,6 +20,9 @@ def hex32():
 
 
 CATEGORY_TAG_KEYS = ("role", "environment", "location", "service")
+#: tags only the server sets (set_tag): ``service`` confines service-scoped tokens to the devices carrying it, so a
+#: device may not choose it itself (an agent's register reports other tags)
+SERVER_TAG_KEYS = ("service",)
 TAG_KEY_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 

@@ -507,6 +507,28 @@ def test_commands_reach_the_agent_and_response_frames_update_rows_and_counters(p
     assert (r.agent_id, r.status, r.output, r.exit_code) == (agent_id, AgentState.SUCCESS, "partial then full", 0)
 
 
+def test_an_agent_cannot_choose_its_service_tag():
+    """The service tag decides which service-scoped tokens reach a device (their executions, quarantines and
+    reads): a compromised agent reporting service=<another> at register left its own service's responders' reach
+    and entered another's. The agent's other tags are stored as before; a reported service tag is not."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, _ = await enrolled_agent(token, tags={"service": "hr", "role": "web"})
+        await comm.disconnect()
+        assert not await db(Tag.objects.filter(agent_id=agent_id, key="service").exists)()
+        await db(Tag.objects.create)(agent_id=agent_id, key="service", value="payments")  # set on the server
+        comm = await connect()
+        registered = await send(comm, register_msg(agent_id, credential, tags={"Service": "HR", "role": "db"}))
+        assert registered["tags"] == {"service": "payments", "role": "db"}
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = async_to_sync(scenario)()
+    assert dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")) == {"service": "payments",
+                                                                                       "role": "db"}
+
+
 def test_tag_pushes_reach_the_agent_and_a_newer_connection_supersedes():
     token = mint_device_token()
 
