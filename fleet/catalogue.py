@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # referencing exports Resolver only from its private core mod
     from referencing._core import Resolver
 
 REF_KEYWORDS = ("$ref", "$dynamicRef")
+RISKS = ("read", "write", "destructive")  # an action's class, lowest first
 CACHED_SCHEMA_CHARS = 8192  # verdicts on schemas longer than this are not cached (bounds the cache's memory)
 
 
@@ -183,11 +184,14 @@ def first_error(schema, instance) -> ValidationError | None:
 
 
 def entry_problems(spec) -> list[str]:
-    """What is unusable in one catalogue entry (``{risk, params, config, …}``): its ``params`` schema and each
-    of its ``config`` key schemas. An entry that is not an object carries no schema (the server ignores it)."""
+    """What is unusable in one catalogue entry (``{risk, params, config, …}``): a risk that is not one of RISKS,
+    its ``params`` schema and each of its ``config`` key schemas. An entry that is not an object carries no schema
+    (the server ignores it)."""
     if not isinstance(spec, dict):
         return []
     problems = []
+    if spec.get("risk") not in RISKS:  # what an approver is shown as the action's class (Approval.risk: 16 chars)
+        problems.append(f"risk: must be one of {', '.join(RISKS)}")
     if spec.get("params") is not None and (why := schema_problem(spec["params"])):
         problems.append(f"params: {why}")
     config = spec.get("config")
@@ -207,6 +211,21 @@ def clean(plugins: dict) -> tuple[dict, dict[str, str]]:
         else:
             kept[name] = spec
     return kept, dropped
+
+
+def declared_entry(specs):
+    """What an approver is shown of an action the targets declare alike or not (``specs``: their distinct catalogue
+    entries for it, each agent's own words): the highest risk any declares — one agent cannot lower a wider
+    command's class; a risk outside RISKS (stored before the register checked it) counts as destructive — and the
+    description only when they all give the same one. None when there is none."""
+    if not specs:
+        return None
+    rank = {risk: i for i, risk in enumerate(RISKS)}
+    top = max(specs, key=lambda s: rank.get(s.get("risk"), len(RISKS)))
+    descriptions = {s.get("description") or "" for s in specs}
+    return {**top, "risk": top.get("risk") if top.get("risk") in rank else RISKS[-1],
+            "description": descriptions.pop() if len(descriptions) == 1 else
+            "(the targeted agents describe this action differently)"}
 
 
 def declaring_agents(declares, agent_ids=None, limit=3) -> tuple[list[str], str]:

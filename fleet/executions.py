@@ -167,8 +167,9 @@ def _check_plugin(plugin, action, params, targets):
     lacks the action, or whose parameter schema refuses the parameters or cannot be applied, would REJECT it —
     it is left out, as a kill switch's held-back agent is, so one agent (a broken or a hostile one) cannot veto
     a command for the rest of the scope. Agents that reported no catalogue are kept (nothing to check against).
-    → (the catalogue entry (risk, description) or None, the targets kept, {agent_id: why} left out). Raises
-    CatalogueRefusal when every target would refuse it: the reason of the first refusing schema."""
+    → (the catalogue entry (risk, description) as catalogue.declared_entry shows it, or None, the targets kept,
+    {agent_id: why} left out). Raises CatalogueRefusal when every target would refuse it: the reason of the first
+    refusing schema."""
     name = f"{plugin}.{action}"
     rows = AgentInventory.objects.filter(agent_id__in=targets, plugin=AgentInventory.CATALOGUE)
     declared = list(rows.values_list(KeyTransform(name, "data"), flat=True).distinct()) if targets else []
@@ -180,13 +181,13 @@ def _check_plugin(plugin, action, params, targets):
     accepting = [json.loads(t) for t, v in verdicts.items() if v is None]
     refusing = {t: v for t, v in verdicts.items() if v is not None}
     if not refusing:
-        return (accepting[0] if accepting else None), targets, {}
+        return catalogue.declared_entry(accepting), targets, {}
     left_out = {agent_id: refusing[text].message
                 for agent_id, spec in rows.annotate(spec=KeyTransform(name, "data")).values_list("agent_id", "spec")
                 if (text := json.dumps(spec, sort_keys=True)) in refusing}
     kept = [t for t in targets if t not in left_out]
     if kept:
-        return (accepting[0] if accepting else None), kept, left_out
+        return catalogue.declared_entry(accepting), kept, left_out
     declared_refusals = [v for t, v in refusing.items() if t.startswith("{")]  # the action, refusing these params
     if declared_refusals:
         raise declared_refusals[0]

@@ -9,12 +9,14 @@ from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, YuzuError
 from yuzu.plans import Plan
 
+from .catalogue import RISKS
 from .executions import CatalogueRefusal, launch, plan_execution
 from .models import Agent, AgentInventory, InstructionDefinition
 from .scope import ScopeError, describe, to_q, validate
 from .services import agent_view, visible_agents
 
 INVENTORY_CAP = 1000
+RISK_RANK = {risk: i for i, risk in enumerate(RISKS)}
 
 
 def _iso(dt):
@@ -55,8 +57,11 @@ def discover_plugins(principal):
     rows = AgentInventory.objects.filter(plugin=AgentInventory.CATALOGUE, agent__in=visible_agents(principal))
     for row in rows.values_list("data", flat=True):
         for name, spec in (row or {}).items():
-            entry = catalogue.setdefault(name, {"name": name, "risk": (spec or {}).get("risk"), "agents": 0})
+            entry = catalogue.setdefault(name, {"name": name, "risk": None, "agents": 0})
             entry["agents"] += 1
+            risk = (spec or {}).get("risk") if isinstance(spec, dict) else None
+            if entry["risk"] is None or RISK_RANK.get(risk, len(RISKS)) > RISK_RANK.get(entry["risk"], len(RISKS)):
+                entry["risk"] = risk  # the highest any agent declares: one cannot lower it for the rest
             if with_schemas and "params" in (spec or {}):
                 entry["params"] = spec["params"]
     return {"plugins": sorted(catalogue.values(), key=lambda e: e["name"]), "schemas_included": with_schemas}
