@@ -33,6 +33,7 @@ from yuzu.metrics import (
     FLEET_COMMAND_UNSENT,
     FLEET_RESULT_QUERIES,
 )
+from yuzu.text import HIDDEN_RE
 
 from . import catalogue, events, identity
 from .identity import Refused, Superseded
@@ -174,7 +175,13 @@ def _drop_unusable(agent_id, plugins):
 
 
 def _hostname(msg):
-    return _text(msg, "hostname", 255)
+    """No control characters, nor the bidirectional ones (yuzu.text): the hostname names the agent in every
+    summary an approver reads and every list an operator picks a device from, and U+202E made ``db-1`` followed
+    by reversed text read as another machine's name."""
+    hostname = _text(msg, "hostname", 255)
+    if HIDDEN_RE.search(hostname):
+        raise Malformed("'hostname' must be text without control or bidirectional characters")
+    return hostname
 
 
 def _response(msg):

@@ -354,6 +354,8 @@ BAD_IDENTITIES = {
     "hostname with NUL": {"hostname": "web-1\x00"},
     "hostname with a newline": {"hostname": "web-1\nrole=admin"},
     "hostname with an unpaired surrogate": {"hostname": "web-\ud800"},
+    "hostname with a bidi override": {"hostname": "db-1\u202etsohlacol"},  # shown as "db-1localhost" reversed
+    "hostname with a bidi isolate": {"hostname": "web-1\u2066"},
     "non-ASCII os": {"os": "lïnux"},
     "arch with a control character": {"arch": "x86\x1b[2J"},
     "non-ASCII credential": {"credential": "yza_é"},
