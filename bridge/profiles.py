@@ -13,9 +13,12 @@ import shutil
 from django.apps import apps
 
 #: Claude Code hooks posting lifecycle events to the bridge's hook sink with the worker's own token.
-#: The hook command runs in the worker's shell environment, so the token stays in that pane's env.
-HOOK_COMMAND = ('curl -s -m 3 -X POST -H "Authorization: Bearer $YUZU_BRIDGE_TOKEN" '
-                '-H "Content-Type: application/json" --data-binary @- "$YUZU_BRIDGE_EVENTS_URL" >/dev/null 2>&1 || true')
+#: The hook command runs in the worker's shell environment, so the token stays in that pane's env — and off every
+#: command line: curl reads the header from a here-document on fd 3 (``-H @file``), since its argv, as every
+#: process's, is readable by every user on the host (``ps``). The hook payload is curl's stdin.
+HOOK_COMMAND = ('curl -s -m 3 -X POST -H @/dev/fd/3 -H "Content-Type: application/json" --data-binary @- '
+                '"$YUZU_BRIDGE_EVENTS_URL" >/dev/null 2>&1 3<<EOF || true\n'
+                'Authorization: Bearer $YUZU_BRIDGE_TOKEN\nEOF\n')
 HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Notification", "Stop", "SessionEnd")
 CLAUDE_SETTINGS = json.dumps({"hooks": {e: [{"hooks": [{"type": "command", "command": HOOK_COMMAND}]}]
                                         for e in HOOK_EVENTS}}, separators=(",", ":"))
