@@ -23,6 +23,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.models import ApiToken
 from yuzu.rbac import Principal
@@ -181,17 +182,24 @@ def terminate(member, reason, *, close=True):
 
 def stop_orphans(socket_name):
     """Stop the live workers whose primary can no longer call: its token revoked or expired, its user deactivated
-    or gone. Nobody could read, answer or stop them any more (a primary's world is its token), and each would go
-    on holding its user's YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
+    or gone — or its user no longer holds Bridge:Execute (an administrator took the role away). Nobody could read,
+    answer or stop them any more (a primary's world is its token), and each would go on running an agent in its
+    pane and holding its user's YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
     live = Member.objects.live().filter(socket_name=socket_name)
     stopped = 0
     for key in set(live.values_list("owner_key", flat=True)):
-        if Principal.from_key(key) is None:
-            for m in live.filter(owner_key=key).select_related("owner"):
-                terminate(m, "its primary's token or user is no longer valid")
-                audit("system", "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
-                      detail=f"pane={m.pane_id} reason=primary_revoked owner={m.owner.get_username()} world={key}")
-                stopped += 1
+        principal = Principal.from_key(key)
+        if principal is None:
+            reason, why = "primary_revoked", "its primary's token or user is no longer valid"
+        elif not rbac.has_any(principal, "Bridge", "Execute"):
+            reason, why = "primary_unauthorized", "its primary's user no longer holds Bridge:Execute"
+        else:
+            continue
+        for m in live.filter(owner_key=key).select_related("owner"):
+            terminate(m, why)
+            audit("system", "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
+                  detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={key}")
+            stopped += 1
     return stopped
 
 

@@ -16,7 +16,7 @@ from bridge.profiles import seed_profiles
 from bridge.terminal import PaneInfo, PaneNotFound, TerminalBackend, TerminalError
 from bridge.turns import reply, sweep, take_outcome
 from mcp.registry import ToolFailure
-from yuzu.models import ApiToken, AuditEvent
+from yuzu.models import ApiToken, AuditEvent, RoleAssignment
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db
@@ -310,3 +310,28 @@ def test_a_revoked_primary_s_workers_are_stopped(fake, world):
     assert state(t.messages.get()) == "failed"
     assert AuditEvent.objects.filter(principal="system", action="bridge.stop", target_id=m.session_id,
                                      detail__contains="reason=primary_revoked owner=alice").exists()
+
+
+def test_workers_of_a_primary_whose_user_lost_the_bridge_are_stopped(fake, world, make_user):
+    """The same when the token stays live but its user may no longer manage workers (an administrator took the role
+    away): nobody may stop those workers any more — they ran on, agents in panes, until their tokens expired."""
+    m = world()
+    keep = world(pane="%2")
+    bob = make_user("bob", "Operator")
+    bobs = Member.objects.create(owner=bob, owner_key=Principal(user=bob, token=ApiToken.mint(bob, "p")[0]).key,
+                                 profile_name="standin", socket_name=SOCKET, pane_id="%3", terminal_id="bridge-y",
+                                 name="b")
+    fake.add("%3", session="bridge-y")
+    p = poller()
+    p.tick()
+    assert Member.objects.filter(stopped_at__isnull=True).count() == 3
+    RoleAssignment.objects.filter(user=m.owner).delete()
+    p._last_sweep = 0.0
+    p.tick()
+    m.refresh_from_db()
+    keep.refresh_from_db()
+    assert not m.live and not keep.live and "Bridge:Execute" in m.stop_reason
+    assert "%1" not in fake.panes and "%2" not in fake.panes
+    assert Member.objects.get(pk=bobs.pk).live and "%3" in fake.panes  # another user's workers stay
+    assert AuditEvent.objects.filter(principal="system", action="bridge.stop", target_id=m.session_id,
+                                     detail__contains="reason=primary_unauthorized owner=alice").exists()
