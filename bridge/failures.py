@@ -26,11 +26,18 @@ class BridgeFailure(Exception):
         self.status = status or self.STATUS.get(code, 409)
 
     def as_tool_failure(self):
-        return ToolFailure(self.message, {"code": self.code, "retryable": self.retryable})
+        return ToolFailure(self.message, {"code": self.code, "retryable": self.retryable},
+                           audit_result=self.audit_result)
+
+    @property
+    def audit_result(self):
+        """A refusal of who the caller is (403: wrong_role, not_a_worker, subscription_boundary) is audited
+        ``denied`` on both faces; any other failure ``failure``."""
+        return "denied" if self.status == 403 else "failure"
 
     def as_yuzu_error(self):
         return YuzuError(self.message, status=self.status, extra={"reason": self.code, "retryable": self.retryable},
-                         audit_result="denied" if self.status == 403 else "failure")
+                         audit_result=self.audit_result)
 
 
 def error_outcome(code, message, turn_id=None, retryable=False):

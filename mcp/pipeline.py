@@ -228,8 +228,8 @@ def finish(ctx: ToolContext, tool: Tool, outcome: JsonObject | ToolFailure | Yuz
     if isinstance(outcome, ToolFailure):
         if ctx.approval is not None:
             MCP_APPROVAL_BURNED.labels(tool.name, "handler_reject").inc()
-        _audit(ctx, "failure", outcome.message[:200])
-        MCP_TOOL_CALLS.labels(tool.name, "failure").inc()
+        _audit(ctx, outcome.audit_result, outcome.message[:200])
+        MCP_TOOL_CALLS.labels(tool.name, outcome.audit_result).inc()
         return tool_result({"error": {"message": outcome.message, **outcome.data}}, is_error=True)
     if isinstance(outcome, YuzuError):
         if ctx.approval is not None:

@@ -39,12 +39,14 @@ SERVICE_SCOPE_CLASSES = ("denied", "confined")
 
 
 class ToolFailure(Exception):
-    """A tool's own business failure: answered as a result with ``isError: true``."""
+    """A tool's own business failure: answered as a result with ``isError: true``. Its audit row says ``failure``,
+    or ``audit_result`` — ``denied`` for a refusal of who the caller is, as the REST face's 403 says."""
 
-    def __init__(self, message: str, data: JsonObject | None = None) -> None:
+    def __init__(self, message: str, data: JsonObject | None = None, *, audit_result: str = "failure") -> None:
         super().__init__(message)
         self.message = message
         self.data = data or {}
+        self.audit_result = audit_result
 
 
 #: a sync handler: the call's structured result

@@ -11,7 +11,7 @@ from bridge.guard import SubscriptionGuard, substitute, worker_env
 from bridge.models import Member, Profile
 from bridge.profiles import seed_profiles
 from tests.support.mcp_http import McpClient, request
-from yuzu.models import ApiToken
+from yuzu.models import ApiToken, AuditEvent
 from yuzu.rbac import Principal
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,6 +108,32 @@ def test_identity_from_the_token(mint, make_user):
     # Arguments never change who you are.
     result, _ = call(client(raw_w), "bridge_send", {"content": "hi", "sessionId": m.session_id})
     assert result["structuredContent"]["error"]["code"] == "wrong_role"
+
+
+def test_a_worker_reaching_for_the_primary_s_tools_is_audited_denied(mint, make_user):
+    """A worker's token trying a primary's tool (spawn, stop, read, send, cancel), and a stray bridge token, are
+    refusals of who the caller is — audited ``denied`` as the REST face's 403 is, not as a tool's business failure."""
+    alice = make_user("alice", "Operator")
+    token, raw = ApiToken.mint(alice, "w", audience="bridge", expires_at=timezone.now() + timedelta(hours=1))
+    Member.objects.create(owner=alice, owner_key="u0.tnobody", profile_name="standin", socket_name="x",
+                          pane_id="%99", token=token, name="standin-x")
+    c = client(raw)
+    tried = {"bridge_spawn": {}, "bridge_stop": {"paneId": "%1"}, "bridge_read": {}, "bridge_cancel": {},
+             "bridge_send": {"content": "hi", "wait": False}}
+    for name, args in tried.items():
+        result, _ = call(c, name, args)
+        assert result["structuredContent"]["error"]["code"] == "wrong_role"
+        row = AuditEvent.objects.filter(action=f"mcp.{name}").latest("id")
+        assert row.result == "denied", (name, row.result, row.detail)
+    _, stray = ApiToken.mint(alice, "stray", audience="bridge", expires_at=timezone.now() + timedelta(hours=1))
+    result, _ = call(client(stray), "bridge_list")
+    assert result["structuredContent"]["error"]["code"] == "not_a_worker"
+    assert AuditEvent.objects.filter(action="mcp.bridge_list").latest("id").result == "denied"
+    # A business failure stays a failure.
+    primary = client(mint("alice"))
+    result, _ = call(primary, "bridge_read", {"sessionId": "nobody"})
+    assert result["structuredContent"]["error"]["code"] == "unknown_worker"
+    assert AuditEvent.objects.filter(action="mcp.bridge_read").latest("id").result == "failure"
 
 
 def test_tiers_and_rbac(mint):
