@@ -205,6 +205,7 @@ class TmuxBackend(TerminalBackend):
         # A short pause between the paste and its Enter, so an app that
         # debounces paste handling sees them as two events.
         self.paste_enter_delay = paste_enter_delay
+        self._own_env_dir: str | None = None  # see _env_dir
 
     def __repr__(self) -> str:
         return f"TmuxBackend(socket_name={self.socket_name!r})"
@@ -434,14 +435,28 @@ class TmuxBackend(TerminalBackend):
         tmpdir = os.environ.get("TMUX_TMPDIR") or "/tmp"
         return os.path.join(os.path.realpath(tmpdir), f"tmux-{os.getuid()}", self.socket_name)
 
+    def _shared_env_dir(self) -> str:
+        return os.path.join(tempfile.gettempdir(), f"yuzu-bridge-env-{os.getuid()}-{self.socket_name}")
+
     def _env_dir(self) -> str:
         """This server's private directory for launcher env files (0700, ours), swept of any file a
-        launcher never got to (a pane killed before it ran) once it is a minute old."""
-        path = os.path.join(tempfile.gettempdir(), f"yuzu-bridge-env-{os.getuid()}-{self.socket_name}")
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            raise TerminalError(f"{path} is not a private directory of this user; refusing to write secrets there")
+        launcher never got to (a pane killed before it ran) once it is a minute old.
+
+        Its name is predictable, in the shared temporary directory: when another user got there first (their
+        directory, one that lets others in, a symlink), no secret goes there, and no spawn is refused for it
+        either — this backend makes a private directory of its own with an unguessable name instead."""
+        path = self._own_env_dir or self._shared_env_dir()
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.lstat(path)
+            private = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not stat.S_IMODE(st.st_mode) & 0o077
+        except OSError:  # e.g. a squatter's file or symlink by that name
+            private = False
+        if not private:
+            if path == self._own_env_dir:
+                raise TerminalError(f"{path} is no longer a private directory of this user; refusing to write "
+                                    "secrets there")
+            path = self._own_env_dir = tempfile.mkdtemp(prefix=f"yuzu-bridge-env-{self.socket_name}-")
         for entry in os.scandir(path):
             with contextlib.suppress(OSError):
                 if time.time() - entry.stat().st_mtime > 60:
@@ -453,8 +468,12 @@ class TmuxBackend(TerminalBackend):
             self._run("kill-server")
         except PaneNotFound:
             pass
-        shutil.rmtree(os.path.join(tempfile.gettempdir(), f"yuzu-bridge-env-{os.getuid()}-{self.socket_name}"),
-                      ignore_errors=True)
+        for path in (self._shared_env_dir(), self._own_env_dir):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():  # never a squatter's
+                        shutil.rmtree(path, ignore_errors=True)
         # tmux leaves the socket file behind; remove ours (only if a socket).
         try:
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):

@@ -520,6 +520,33 @@ def test_a_workers_secrets_never_appear_on_a_command_line(tmp_path):
     assert not env_dir.exists()
 
 
+@pytest.mark.parametrize("squat", ["another user's", "open to others"])
+def test_a_squatted_env_directory_neither_stops_spawns_nor_gets_the_token(tmp_path, squat):
+    """The launcher's env directory has a predictable name in the shared temporary directory. Another user of the
+    host may create it first (their own, or one that lets them in): the bridge must not write a token there — and
+    must not refuse every spawn for good either, which is what it did."""
+    secret = "yuzu_" + "5ec2e7" * 10 + "abcd"
+    b = TmuxBackend(unique("yuzu-test-squat"))
+    squatted = Path(tempfile.gettempdir()) / f"yuzu-bridge-env-{os.getuid()}-{b.socket_name}"
+    squatted.mkdir(mode=0o700)
+    if squat == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("only root can hand a directory to another user")
+        os.chown(squatted, 65534, 65534)
+    else:
+        os.chmod(squatted, 0o777)
+    try:
+        out = tmp_path / "seen.txt"
+        program = "import os,sys; open(sys.argv[1], 'w').write(os.environ['YUZU_BRIDGE_TOKEN'])"
+        b.start("squat-check", [PY, "-c", program, str(out)], {**BASE_ENV, "YUZU_BRIDGE_TOKEN": secret})
+        wait_until(lambda: out.exists() and out.stat().st_size > 0, what="the worker to read its token")
+        assert out.read_text() == secret
+        assert list(squatted.iterdir()) == []  # nothing was ever written to the squatter's directory
+    finally:
+        b.shutdown()
+        shutil.rmtree(squatted, ignore_errors=True)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs a process allowed on two CPUs or more")
 def test_a_tmux_server_a_pinned_daphne_starts_and_its_panes_run_on_every_cpu_serve_had(monkeypatch):
     """serve pins each daphne to one CPU (yuzu.cpus); the worker sessions it starts in panes must not be."""
