@@ -272,8 +272,14 @@ class Member(models.Model):
         return pane_target(self.terminal_id, self.pane_id)
 
     def pane_started(self, pane_id, terminal_id):
-        Member.objects.filter(pk=self.pk).update(pane_id=pane_id, terminal_id=terminal_id)
+        """Record the pane the spawn started. Returns whether the worker is still live: one stopped while its pane
+        was starting (its row is listed before it has a pane) keeps the ids, and the spawn must close that pane."""
+        live = Member.objects.filter(pk=self.pk, stopped_at__isnull=True).update(pane_id=pane_id,
+                                                                              terminal_id=terminal_id)
+        if not live:
+            Member.objects.filter(pk=self.pk).update(pane_id=pane_id, terminal_id=terminal_id)
         self.pane_id, self.terminal_id = pane_id, terminal_id
+        return bool(live)
 
     def set_status(self, status, source, now=None):
         """Record what the StatusPoller observed; ``status_since`` moves only when the status changes."""

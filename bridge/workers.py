@@ -110,7 +110,13 @@ def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
               detail=f"profile={profile.name} error={exc}", correlation_id=cid)
         raise BridgeFailure("spawn_failed", f"could not start a pane for profile '{profile.name}': {exc}",
                             retryable=True) from None
-    member.pane_started(info.pane_id, info.terminal_id)
+    if not member.pane_started(info.pane_id, info.terminal_id):
+        # Stopped while its pane started (bridge_stop by its sessionId from bridge_list, the poller's sweep): the
+        # pane must not run on, unpolled, outside the user's worker allowance.
+        terminate(member, "stopped while its pane was starting")
+        audit(caller.principal, "bridge.spawn", "failure", target_type="BridgeMember", target_id=member.session_id,
+              detail=f"profile={profile.name} pane={info.pane_id} error=stopped while starting", correlation_id=cid)
+        raise BridgeFailure("worker_gone", f"worker {member.session_id} was stopped while its pane was starting")
     audit(caller.principal, "bridge.spawn", "success", target_type="BridgeMember", target_id=member.session_id,
           detail=f"profile={profile.name} pane={info.pane_id} socket={sock}", correlation_id=cid)
     return member

@@ -93,3 +93,31 @@ def test_a_primary_has_at_most_max_workers_live(sock, principal, monkeypatch):
     workers.spawn(bob, "sleeper")  # per user
     workers.stop(alice, first.session_id)
     workers.spawn(alice, "sleeper")  # room again
+
+
+def test_a_worker_stopped_while_its_pane_starts_leaves_no_pane_behind(sock, principal, monkeypatch):
+    """The worker's row exists (bridge_list shows it) before its pane does. Stopped in that moment — by its primary,
+    or by the poller's sweep of a spawn that never completed — it used to get its pane all the same: a pane nobody
+    polled or could stop, outside the user's YUZU_BRIDGE_MAX_WORKERS (stopped rows do not count), so a primary
+    stopping each worker as it started could run any number of them."""
+    alice = Caller(principal("alice"), PRIMARY)
+    b = workers.backend(sock)
+    real_start = b.start
+    started = []
+
+    def start_while_stopped(name, argv, env, cwd=None):
+        (m,) = Member.objects.live().filter(owner_key=alice.world_key)
+        assert workers.stop(alice, m.session_id)["wasRunning"] is True  # the stop lands first …
+        info = real_start(name, argv, env, cwd)  # … then tmux answers
+        started.append(info)
+        return info
+
+    monkeypatch.setattr(b, "start", start_while_stopped)
+    with pytest.raises(BridgeFailure) as refused:
+        workers.spawn(alice, "sleeper")
+    assert refused.value.code == "worker_gone"
+    (info,) = started
+    assert not b.alive(info.target), "the stopped worker's pane runs on"
+    m = Member.objects.get(owner_key=alice.world_key)
+    assert not m.live and m.pane_id == info.pane_id  # the row says which pane it had
+    assert AuditEvent.objects.filter(action="bridge.spawn", result="failure", target_id=m.session_id).exists()
