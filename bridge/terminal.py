@@ -293,9 +293,17 @@ class TmuxBackend(TerminalBackend):
             if not os.path.isdir(cwd):
                 raise TerminalError(f"cwd is not a directory: {cwd!r}")
             new_session += ["-c", cwd.replace("#", "##")]  # tmux expands formats in -c: "#(cmd)" would run cmd
-        fd, env_file = tempfile.mkstemp(suffix=".json", dir=self._env_dir())  # 0600, unguessable name
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({k: str(v) for k, v in env.items()}, f)
+        try:  # a full or read-only temporary directory is the spawn's failure, not an internal error
+            fd, env_file = tempfile.mkstemp(suffix=".json", dir=self._env_dir())  # 0600, unguessable name
+        except OSError as exc:
+            raise TerminalError(f"cannot create the launcher's environment file: {exc}") from exc
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({k: str(v) for k, v in env.items()}, f)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(env_file)
+            raise TerminalError(f"cannot write the launcher's environment file: {exc}") from exc
         command = [sys.executable, _LAUNCHER, env_file, *argv]
         new_session += [_tmux_arg(a) for a in command]
         # One invocation: start the server if needed, make dead panes stay,

@@ -7,6 +7,7 @@ bridge addresses each pane inside its worker's own session (bridge.terminal.pane
 
 import os
 import subprocess
+import tempfile
 import uuid
 
 import pytest
@@ -121,3 +122,19 @@ def test_a_worker_stopped_while_its_pane_starts_leaves_no_pane_behind(sock, prin
     m = Member.objects.get(owner_key=alice.world_key)
     assert not m.live and m.pane_id == info.pane_id  # the row says which pane it had
     assert AuditEvent.objects.filter(action="bridge.spawn", result="failure", target_id=m.session_id).exists()
+
+
+def test_a_spawn_whose_env_file_cannot_be_written_fails_cleanly(sock, principal, monkeypatch):
+    """A full or read-only temporary directory: the spawn is spawn_failed (retryable), its row stopped and its token
+    revoked at once — not an internal error leaving a live row without a pane for the poller to find a minute later."""
+    alice = Caller(principal("alice"), PRIMARY)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(BridgeFailure) as refused:
+        workers.spawn(alice, "sleeper")
+    assert refused.value.code == "spawn_failed" and "No space left" in refused.value.message
+    m = Member.objects.get(owner_key=alice.world_key)
+    assert not m.live and m.token.revoked_at is not None
