@@ -187,14 +187,16 @@ def terminate(member, reason, *, close=True):
 
 
 def stop_orphans(socket_name):
-    """Stop the live workers whose primary can no longer call: its token revoked or expired, its user deactivated
-    or gone — or its user no longer holds Bridge:Execute (an administrator took the role away). Nobody could read,
+    """Stop the live workers whose primary can no longer call: its token revoked or expired (an OAuth connection's
+    access token only once the connection cannot refresh it), its user deactivated or gone — or its user no longer holds Bridge:Execute (an administrator took the role away). Nobody could read,
     answer or stop them any more (a primary's world is its token), and each would go on running an agent in its
     pane and holding its user's YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
     live = Member.objects.live().filter(socket_name=socket_name)
     stopped = 0
     for key in set(live.values_list("owner_key", flat=True)):
         principal = Principal.from_key(key)
+        if principal is None and _refreshable(key):
+            continue  # an OAuth primary's access token lapsed: its client's next refresh makes it this primary again
         if principal is None:
             reason, why = "primary_revoked", "its primary's token or user is no longer valid"
         elif not rbac.has_any(principal, "Bridge", "Execute"):
@@ -207,6 +209,14 @@ def stop_orphans(socket_name):
                   detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={key}")
             stopped += 1
     return stopped
+
+
+def _refreshable(key):
+    """Whether the primary ``key`` names is an OAuth connection whose lapsed access token its client may still
+    refresh (the same token row, so the same primary and world): its user active, the connection live."""
+    token_id = Principal.token_id_of(key)
+    token = ApiToken.objects.filter(pk=token_id, owner__is_active=True).first() if token_id else None
+    return token is not None and token.renewable()
 
 
 def observe(m, b=None, rules=None, now=None):

@@ -173,6 +173,15 @@ class ApiToken(models.Model):
             return False
         return True
 
+    def renewable(self, now: datetime | None = None) -> bool:
+        """An OAuth connection's access token whose connection may still refresh it (oauth.models.Authorization:
+        not revoked, its consent not over): lapsed or not, the same principal again after its client's next refresh,
+        which replaces the secret in this row. False for every other token."""
+        if self.revoked_at is not None:
+            return False
+        connection = getattr(self, "oauth_authorization", None)  # the oauth app's reverse relation, when installed
+        return connection is not None and connection.problem(now) is None
+
 
 def validate_token_fields(mcp_tier: str, expires_at: datetime | None, now: datetime) -> None:
     if mcp_tier and mcp_tier not in MCP_TIERS:

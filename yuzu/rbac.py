@@ -130,6 +130,12 @@ class Principal:
         """What every key of one user's principals (each token, the admin session) starts with."""
         return f"u{user_id}."
 
+    @staticmethod
+    def token_id_of(key: str | None) -> str | None:
+        """The id of the token a principal key names (None: the admin session, or no key at all)."""
+        match = re.fullmatch(r"u(\d+)\.(?:t([0-9a-f]+)|s)", key or "")
+        return match[2] if match is not None else None
+
     @classmethod
     def from_key(cls, key: str | None) -> Principal | None:
         """The principal behind a key as it stands now, or None when its user is inactive or gone, or its
