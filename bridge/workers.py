@@ -177,13 +177,25 @@ def stop(caller, ident, *, primary_pane=None, cid=""):
 
 
 def terminate(member, reason, *, close=True):
-    """The worker is gone (stopped, or its pane died): close its pane, then ``Member.mark_gone``."""
+    """The worker is gone (stopped, or its pane died): close its pane, then ``Member.mark_gone``. A pane its spawn
+    recorded after ``member`` was read (the row is listed before its pane exists) is closed too: once the worker is
+    marked gone, a spawn still starting closes its own (``Member.pane_started``), so between them none runs on."""
     if close and member.pane_id:
-        try:
-            backend(member.socket_name).close(member.pane)
-        except TerminalError as exc:
-            log.warning("closing pane %s of %s: %s", member.pane_id, member.session_id, exc)
+        _close(member)
     member.mark_gone(reason)
+    if close:
+        now = Member.objects.filter(pk=member.pk).values("pane_id", "terminal_id").first()
+        if now is not None and now["pane_id"] and (now["pane_id"], now["terminal_id"]) != (member.pane_id,
+                                                                                           member.terminal_id):
+            member.pane_id, member.terminal_id = now["pane_id"], now["terminal_id"]
+            _close(member)
+
+
+def _close(member):
+    try:
+        backend(member.socket_name).close(member.pane)
+    except TerminalError as exc:
+        log.warning("closing pane %s of %s: %s", member.pane_id, member.session_id, exc)
 
 
 def stop_orphans(socket_name):

@@ -138,3 +138,21 @@ def test_a_spawn_whose_env_file_cannot_be_written_fails_cleanly(sock, principal,
     assert refused.value.code == "spawn_failed" and "No space left" in refused.value.message
     m = Member.objects.get(owner_key=alice.world_key)
     assert not m.live and m.token.revoked_at is not None
+
+
+def test_a_pane_recorded_while_the_stop_runs_is_closed_by_that_stop(sock, principal, monkeypatch):
+    """The other order of the same race: the stop read the worker before its pane was recorded, and the spawn recorded
+    it (the worker still live) before the stop marked it gone. The stop closes that pane too."""
+    alice = Caller(principal("alice"), PRIMARY)
+    real_pane_started = Member.pane_started
+
+    def stopped_meanwhile(self, pane_id, terminal_id):
+        read_by_the_stop = Member.objects.get(pk=self.pk)  # bridge_stop's lookup: no pane yet
+        live = real_pane_started(self, pane_id, terminal_id)
+        workers.terminate(read_by_the_stop, "stopped by the primary")  # … and that stop goes on
+        return live
+
+    monkeypatch.setattr(Member, "pane_started", stopped_meanwhile)
+    m = workers.spawn(alice, "sleeper")
+    assert not Member.objects.get(pk=m.pk).live
+    assert not workers.backend(sock).alive(m.pane), "the stopped worker's pane runs on"
