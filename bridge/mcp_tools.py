@@ -95,7 +95,7 @@ async def bridge_send(ctx, args):
     timeout_ms = args.get("timeoutMs", 600000)
     wait = args.get("wait", True)
     try:
-        prepared = await hop(turns.prepare_send)(
+        prepared = await rendezvous.prepare_send(
             caller, args["content"], session=args.get("sessionId"), timeout_ms=timeout_ms, wait=wait,
             auto_spawn=args.get("autoSpawn", True), turn_id=args.get("turnId"), cid=ctx.cid)
     except BridgeFailure as exc:

@@ -70,6 +70,28 @@ async def _wait(groups, check, deadline, beat=None):
                     pass
 
 
+async def prepare_send(caller, content, **kwargs):
+    """turns.prepare_send for the tool: when it must watch an earlier wait's lease (``turns.Undecided``, up to a
+    lease's length), the watch awaits here, on the event loop — a sleeping hop would hold one of the few threads
+    every server call shares (mcp.pipeline), and a handful of such sends stalled every user's calls."""
+    watched = None
+    while True:
+        try:
+            return await hop(turns.prepare_send)(caller, content, watched=watched, block=False, **kwargs)
+        except turns.Undecided as undecided:
+            watched = (undecided.turn_pk, await outlives_a_lease(undecided.turn_pk))
+
+
+async def outlives_a_lease(turn_pk):
+    """turns._outlives_a_lease without a thread: whether the turn's wait lease stays alive for a lease's length."""
+    until = time.monotonic() + waiters.LEASE_SECONDS + turns.LEASE_WATCH_SLACK
+    while time.monotonic() < until:
+        if not await hop(waiters.leases().alive)(turn_pk):
+            return False
+        await asyncio.sleep(turns.LEASE_WATCH_STEP)
+    return True
+
+
 def _deadline(prepared_deadline_ms):
     return time.monotonic() + max(0, prepared_deadline_ms) / 1000.0
 

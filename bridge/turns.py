@@ -71,16 +71,21 @@ class Prepared:
 
 
 def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True, auto_spawn=True, turn_id=None,
-                 cid=""):
+                 cid="", watched=None, block=True):
     """bridge_send before the wait: queue the message on a new turn (or answer a question). A call that will wait
-    takes its wait's lease at once (bridge/waiters.py): from here on its turn's waiter is known alive."""
-    watched = None
+    takes its wait's lease at once (bridge/waiters.py): from here on its turn's waiter is known alive.
+
+    When it must first watch an earlier wait's lease (``Undecided``), it does so here, sleeping (``block``), or
+    raises ``Undecided`` for its caller to watch and call again with ``watched`` — what the tool does
+    (rendezvous.prepare_send), so that the watch holds none of the threads every server call shares."""
     while True:
         try:
             prepared = _prepare_send(caller, content, session=session, timeout_ms=timeout_ms, wait=wait,
                                      auto_spawn=auto_spawn, turn_id=turn_id, cid=cid, watched=watched)
             break
-        except _Undecided as undecided:  # nothing was written: watch the lease outside any transaction, then again
+        except Undecided as undecided:  # nothing was written: watch the lease outside any transaction, then again
+            if not block:
+                raise
             watched = (undecided.turn_pk, _outlives_a_lease(undecided.turn_pk))
     if wait and prepared.outcome is None:
         prepared.lease = secrets.token_hex(8)
@@ -88,7 +93,7 @@ def prepare_send(caller, content, *, session=None, timeout_ms=600000, wait=True,
     return prepared
 
 
-class _Undecided(Exception):
+class Undecided(Exception):
     """The same text as the caller's last turn to this worker, whose waiter holds a lease: a live wait (this is a
     deliberate second message) or one whose process died a moment ago (this is its re-send)."""
 
@@ -97,14 +102,19 @@ class _Undecided(Exception):
         self.turn_pk = turn_pk
 
 
+#: how often a watch re-reads a lease, and how far past its length it watches
+LEASE_WATCH_STEP, LEASE_WATCH_SLACK = 0.25, 0.5
+
+
 def _outlives_a_lease(turn_pk):
     """Whether the turn's wait lease stays alive for a whole lease's length (a live waiter renews it every
-    RENEW_SECONDS; one that died lets it run out within LEASE_SECONDS)."""
-    until = time.monotonic() + waiters.LEASE_SECONDS + 0.5
+    RENEW_SECONDS; one that died lets it run out within LEASE_SECONDS). Sleeps: for callers off the event loop
+    (rendezvous.outlives_a_lease is the tool's)."""
+    until = time.monotonic() + waiters.LEASE_SECONDS + LEASE_WATCH_SLACK
     while time.monotonic() < until:
         if not waiters.leases().alive(turn_pk):
             return False
-        time.sleep(0.25)
+        time.sleep(LEASE_WATCH_STEP)
     return True
 
 
@@ -166,7 +176,7 @@ def _waiter_alive(turn_pk, watched):
     if watched is not None and watched[0] == turn_pk:
         return watched[1]
     if waiters.leases().alive(turn_pk):
-        raise _Undecided(turn_pk)
+        raise Undecided(turn_pk)
     return False
 
 
