@@ -200,9 +200,10 @@ def _close(member):
 
 def stop_orphans(socket_name):
     """Stop the live workers whose primary can no longer call: its token revoked or expired (an OAuth connection's
-    access token only once the connection cannot refresh it), its user deactivated or gone — or its user no longer holds Bridge:Execute (an administrator took the role away). Nobody could read,
-    answer or stop them any more (a primary's world is its token), and each would go on running an agent in its
-    pane and holding its user's YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
+    access token only once the connection cannot refresh it), its user deactivated or gone — or its user no longer
+    holds Bridge:Execute (an administrator took the role away). Nobody could read, answer or stop them any more (a
+    primary's world is its token), and each would go on running an agent in its pane and holding its user's
+    YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
     live = Member.objects.live().filter(socket_name=socket_name)
     stopped = 0
     for key in set(live.values_list("owner_key", flat=True)):
