@@ -24,7 +24,7 @@ from django.utils.timesince import timesince, timeuntil
 from yuzu import rbac
 from yuzu.admin_rbac import ReadOnlyAdmin, session_principal
 from yuzu.errors import YuzuError
-from yuzu.plans import redact
+from yuzu.plans import redact_arguments
 from yuzu.stepup import mfa_is_fresh, prove
 from yuzu.text import visible
 
@@ -42,8 +42,8 @@ def pretty_arguments(scope_expression):
         args = json.loads(scope_expression)
     except (TypeError, ValueError):
         return visible(scope_expression, multiline=True)
-    if isinstance(args, dict) and isinstance(args.get("params"), dict):
-        args["params"] = redact(args["params"])  # the ticket holds their keyed hashes: noise to a reviewer
+    if isinstance(args, dict):
+        args = redact_arguments(args)  # the ticket holds their keyed hashes: noise to a reviewer
     return visible(json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False), multiline=True)
 
 

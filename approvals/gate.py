@@ -26,7 +26,7 @@ from yuzu.metrics import (
     MCP_APPROVAL_PRECONDITION,
     MCP_APPROVAL_REFUSED,
 )
-from yuzu.plans import redact
+from yuzu.plans import redact_arguments
 from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
@@ -56,17 +56,18 @@ SECRET_ARGS = frozenset({"secret"})
 def canonical_args(args):
     """Sorted keys, compact separators, UTF-8 verbatim; approval_id never part of it; secrets as their hash."""
     shown = {k: _hidden(v) if k in SECRET_ARGS else v for k, v in args.items() if k != "approval_id"}
-    if isinstance(shown.get("params"), dict):
-        shown["params"] = redact(shown["params"], _hidden)
-    return json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(redact_arguments(shown, _hidden), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _hidden(value):
     """A secret as the ticket keeps it: HMAC-SHA256 under the server's key, so that a copy of the table alone
-    cannot test guesses of a short password."""
-    if not isinstance(value, str):
-        return value
-    return "hmac-sha256:" + salted_hmac("yuzu.approvals.secret-argument", value, algorithm="sha256").hexdigest()
+    cannot test guesses of a short password. A value that is not a string (a numeric PIN) is hashed as its JSON text
+    under a salt of its own: 5 and "5" stay different arguments, as they were in clear."""
+    if isinstance(value, str):
+        salt, text = "yuzu.approvals.secret-argument", value
+    else:
+        salt, text = "yuzu.approvals.secret-argument.json", json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return "hmac-sha256:" + salted_hmac(salt, text, algorithm="sha256").hexdigest()
 
 
 def _record(ctx, result, detail):

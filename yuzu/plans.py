@@ -38,3 +38,16 @@ def redact(params: JsonObject | None, hide: Callable[[Any], Any] = lambda value:
     """Command parameters with each value whose name marks a secret replaced: by [redacted] for display, or by
     ``hide(value)`` (an approval ticket keeps a keyed hash, approvals.gate)."""
     return {k: hide(v) if SENSITIVE_KEY_RE.search(k) else v for k, v in (params or {}).items()}
+
+
+def redact_arguments(args: JsonObject, hide: Callable[[Any], Any] = lambda value: "[redacted]") -> JsonObject:
+    """A tool call's arguments with the secret command parameters redacted wherever a call carries them:
+    ``params`` (execute_instruction) and each step's ``params`` (execute_bundle)."""
+    out = dict(args)
+    if isinstance(out.get("params"), dict):
+        out["params"] = redact(out["params"], hide)
+    if isinstance(out.get("steps"), list):
+        out["steps"] = [{**step, "params": redact(step["params"], hide)}
+                        if isinstance(step, dict) and isinstance(step.get("params"), dict) else step
+                        for step in out["steps"]]
+    return out

@@ -206,6 +206,41 @@ def test_secret_parameters_are_redacted_in_what_the_approver_reads(sup, approver
     assert out["agents_reached"] == 1 and Approval.objects.get(pk=ticket.id).consumed_at is not None
 
 
+def test_a_numeric_secret_parameter_is_kept_as_a_keyed_hash_too(sup, approver):
+    """A parameter value may be a number (the schema allows it): a PIN or numeric password under a secret name was
+    kept in clear in the ticket (the keyed hash took strings only) and answered by get_approval."""
+    agent("a1", plugins=False)
+    args = {"plugin": "os", "action": "info", "agent_ids": ["a1"], "params": {"pin_key": 918273645, "path": "/p"}}
+    ticket = ticket_of(sup.call("execute_instruction", args))
+    assert "918273645" not in ticket.scope_expression and '"path":"/p"' in ticket.scope_expression
+    shown = result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]
+    assert "918273645" not in str(shown)
+    approve(approver, ticket.id)
+    other = {**args, "params": {"pin_key": 918273646, "path": "/p"}, "approval_id": ticket.id}
+    assert error_of(sup.call("execute_instruction", other))["code"] == -32003
+    out = result_of(sup.call("execute_instruction", {**args, "approval_id": ticket.id}))["structuredContent"]
+    assert out["agents_reached"] == 1
+
+
+def test_a_bundle_steps_secret_parameters_are_kept_as_keyed_hashes(sup, approver):
+    """execute_bundle carries its parameters in steps[*].params: only execute_instruction's top-level params were
+    hashed, so a bundle's password stood in clear in the ticket, in get_approval and on the review page."""
+    agent("a1", plugins=False)
+    steps = [{"plugin": "os", "action": "info", "params": {"password": "hunter2-bundle", "path": "/p"}},
+             {"plugin": "os", "action": "info"}]
+    args = {"agent_id": "a1", "steps": steps}
+    ticket = ticket_of(sup.call("execute_bundle", args))
+    assert "hunter2-bundle" not in ticket.scope_expression and '"path":"/p"' in ticket.scope_expression
+    assert "hunter2-bundle" not in str(ticket.facts) and "hunter2-bundle" not in ticket.summary
+    shown = result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]
+    assert "hunter2-bundle" not in str(shown)
+    approve(approver, ticket.id)
+    changed = [{**steps[0], "params": {"password": "other", "path": "/p"}}, steps[1]]
+    assert error_of(sup.call("execute_bundle", {**args, "steps": changed, "approval_id": ticket.id}))["code"] == -32003
+    out = result_of(sup.call("execute_bundle", {**args, "approval_id": ticket.id}))["structuredContent"]
+    assert out["expected"] == 2
+
+
 def test_a_submitter_without_approval_read_follows_its_own_ticket(mcp, mint):
     """A probe: an ITServiceOwner's supervised token was told to poll get_approval (or GET status_url) and both
     answered permission denied: Approval:Read — a role it never needed to mint the ticket. Its own tickets are
