@@ -527,6 +527,22 @@ def test_the_approver_sees_hidden_characters_by_name_on_every_page(mcp, approver
                                                                                        ensure_ascii=False)
 
 
+def test_a_bundle_steps_plugin_names_and_a_targets_reported_fields_are_shown_by_name(mcp, approver):
+    """A bundle for an agent that reported no catalogue takes any plugin name: its steps list showed the name raw,
+    so U+202E in it reordered the approver's line; nor were a target's self-reported hostname and OS shown by name."""
+    Agent.objects.create(agent_id="a1", hostname="web\u202e1-bd", os="linux\u2066x", connected=True)
+    sup = mcp("sam", role="Administrator", tier="supervised")
+    err = error_of(sup.call("execute_bundle", {"agent_id": "a1", "steps": [
+        {"plugin": "os", "action": "info\u202efni"}, {"plugin": "os\u202e", "action": "info"}]}))
+    assert err["code"] == -32006, err
+    c = admin_client(approver.user, approver.device)
+    review = c.get(f"/admin/approvals/approval/{err['data']['approval_id']}/review/").content.decode()
+    assert not re.search("[\u202a-\u202e\u2066-\u2069]", review)
+    review = html.unescape(review)
+    assert "os.info<U+202E>fni" in review and "os<U+202E>.info" in review
+    assert "web<U+202E>1-bd" in review and "linux<U+2066>x" in review
+
+
 # --- REST: reading and reviewing ----------------------------------------------------------------
 
 def test_rest_read_routes(mcp, tagged_agent, approver, mint):
