@@ -166,6 +166,8 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
     if ticket is None or ticket.definition_id != definition or ticket.scope_expression != canonical:
         _refuse(ctx, rpc.PERMISSION_DENIED, MISMATCH, f"{detail} mismatch",
                 remediation="re-call with exactly the arguments the ticket was minted for")
+    if ticket.origin != Approval.ORIGIN_MCP or ticket.submitted_by != ctx.principal.name:
+        _already_used(ctx, ticket, detail)  # before any status: another's ticket tells its caller nothing of it
     if ticket.status in (Approval.PENDING, Approval.APPROVED) and ticket.consumed_at is None \
             and ticket.is_past_lifetime(now):
         Approval.objects.filter(pk=ticket.pk, status=ticket.status, consumed_at__isnull=True).update(
@@ -181,9 +183,8 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
     if ticket.status in (Approval.REJECTED, Approval.EXPIRED, Approval.WITHDRAWN):
         _refuse(ctx, rpc.PERMISSION_DENIED, f"approval was {ticket.status}", f"{detail} {ticket.status}",
                 remediation="call again without approval_id to request a new approval")
-    if ticket.consumed_at is not None or ticket.origin != Approval.ORIGIN_MCP \
-            or ticket.submitted_by != ctx.principal.name:
-        _already_used(ctx, ticket, detail)  # before re-planning: a replay or a foreign caller learns nothing more
+    if ticket.consumed_at is not None:
+        _already_used(ctx, ticket, detail)  # before re-planning: a replay learns nothing more
     # Re-plan against what was approved: raises (ticket untouched) if the call is no longer valid.
     plan = ctx.plan = tool.plan(ctx, args, pinned=ticket.pins or {})
     if ticket.pinned_agents is not None and not plan.pins.get("agents"):

@@ -24,6 +24,7 @@ from django.db.models import F
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from approvals.gate import ALREADY_USED
 from approvals.models import APPROVAL_LIFETIME, Approval
 from approvals.services import review, withdraw
 from fleet.models import Agent, AgentExecStatus, Execution, Tag
@@ -218,7 +219,9 @@ def _step(op, m, p):
             RUNS.append(1)
         else:
             assert not new and body["error"]["code"] in (-32003, -32006, -32602), body
-            if t.effective() == "pending" and args == t.args and args != "other_tool":
+            if args == t.args and caller != t.submitter:
+                assert body["error"]["message"] == ALREADY_USED  # another's ticket: nothing of its status told
+            elif t.effective() == "pending" and args == t.args and args != "other_tool":
                 assert body["error"]["code"] == -32006  # still waiting: the same ticket, nothing used
         assert (Approval.objects.get(pk=t.id).consumed_at is not None) == t.consumed
 

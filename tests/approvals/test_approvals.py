@@ -276,6 +276,27 @@ def test_viewer_who_read_the_id_cannot_redeem_it(mcp, tagged_agent, approver):
     result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))  # the submitter still can
 
 
+def test_a_foreign_caller_learns_no_status_of_a_ticket(mcp, tagged_agent, approver):
+    """Someone else's ticket (its id and arguments learnt some other way) reads "already used" whatever its status:
+    a pending one answered -32006 with its links, a rejected or withdrawn one said so — the status of a ticket the
+    caller may not even read. The submitter still gets the real answers."""
+    alice = mcp("alice")
+    victor = mcp("victor", role="Operator", tier="operator")
+    pending = mint_ticket(alice)
+    rejected = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    approve(approver, rejected, Approval.REJECTED)
+    for tid, args in ((pending, ARGS), (rejected, {"agent_id": "host-1", "key": "other"})):
+        err = error_of(victor.call("delete_tag", {**args, "approval_id": tid}))
+        assert (err["code"], err["message"]) == (-32003, ALREADY_USED), err
+        assert "status_url" not in err["data"] and "review_url" not in err["data"]
+        row = audits(principal="victor")[-1]
+        assert row.result == "denied" and row.detail.endswith("refused:foreign_submitter")
+    assert error_of(alice.call("delete_tag", {**ARGS, "approval_id": pending}))["code"] == -32006
+    assert error_of(alice.call("delete_tag", {"agent_id": "host-1", "key": "other", "approval_id": rejected}))[
+        "message"] == "approval was rejected"
+    assert Approval.objects.get(pk=pending).status == Approval.PENDING
+
+
 def test_mismatch_refuses_and_leaves_the_ticket_usable(mcp, tagged_agent, approver):
     alice = mcp("alice")
     tid = mint_ticket(alice)
