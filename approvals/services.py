@@ -20,6 +20,8 @@ from .models import Approval
 
 TARGETS_PER_PAGE = 50
 MAX_LIST = 100
+#: the audit detail of a review of a ticket that does not exist or that the reviewer may not see (no oracle)
+NOT_VISIBLE = "not found (or not one this reviewer may see)"
 
 
 # --- who sees and reviews what -------------------------------------------------------------------
@@ -132,19 +134,22 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
         raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{problem}",
                                remediation="sign in to the admin and confirm a fresh authenticator code (step-up)")
     if not rbac.has_any(principal, "Approval", "Approve"):
-        raise rbac.denial(principal, "Approval", "Approve")
+        exc = rbac.denial(principal, "Approval", "Approve")
+        audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
+              detail=f"permission={exc.permission}", correlation_id=cid)
+        raise exc
     comment = (comment or "")[:1024]
     with transaction.atomic():
         Approval.objects.expire_stale()
         ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
-        if ticket is None or not (ticket.submitted_by == principal.name or may_review(principal, ticket)):
-            raise NotFound(f"approval not found: {approval_id}")
         refusal = None
-        if ticket.status != Approval.PENDING:
+        if ticket is None or not (ticket.submitted_by == principal.name or may_review(principal, ticket)):
+            refusal = NOT_VISIBLE
+        elif ticket.status != Approval.PENDING:
             refusal = f"only pending approvals can be reviewed (this one is {ticket.status})"
         elif ticket.submitted_by == principal.name:
             refusal = "the reviewer must differ from the submitter"
-        if refusal is None:
+        else:
             ticket.status = decision
             ticket.reviewed_by = principal.name
             ticket.reviewed_at = timezone.now()
@@ -153,6 +158,8 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
     if refusal is not None:
         audit(principal, action, "denied", target_type="Approval", target_id=approval_id, detail=refusal,
               correlation_id=cid)
+        if refusal == NOT_VISIBLE:  # an unknown ticket and one the reviewer may not see read alike
+            raise NotFound(f"approval not found: {approval_id}")
         raise YuzuError(refusal, status=400, rpc_code=-32602)
     audit(principal, action, "success", target_type="Approval", target_id=ticket.id,
           detail=f"definition_id={ticket.definition_id} submitted_by={ticket.submitted_by}", correlation_id=cid)

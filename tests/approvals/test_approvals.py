@@ -663,6 +663,27 @@ def test_rest_review_rules(mcp, tagged_agent, approver, mint):
     assert Approval.objects.get(pk=other).status == "pending"
 
 
+def test_every_refused_review_attempt_is_audited(mcp, tagged_agent, make_user):
+    """The docs promise an audit row for every review attempt: one by a signed-in, freshly proved staff user whose
+    roles grant no Approval:Approve, and one on a ticket the reviewer may not see (or that does not exist), left
+    none — a probe of the queue went unrecorded."""
+    from approvals.services import review
+    from yuzu.errors import YuzuError
+
+    tid = mint_ticket(mcp("alice"))
+    vera = approver_principal(make_user, "vera", "Viewer")
+    with pytest.raises(YuzuError):
+        review(vera, tid, Approval.APPROVED, "x")
+    row = audits("approval.approve", principal="vera")[-1]
+    assert (row.result, row.target_id) == ("denied", tid) and "Approval:Approve" in row.detail
+    carol = approver_principal(make_user, "carol", "Approver")
+    with pytest.raises(YuzuError):
+        review(carol, "0" * 32, Approval.REJECTED, "x")
+    row = audits("approval.reject", principal="carol")[-1]
+    assert (row.result, row.target_id) == ("denied", "0" * 32) and "not found" in row.detail
+    assert Approval.objects.get(pk=tid).status == Approval.PENDING
+
+
 # --- the admin Approvals page --------------------------------------------------------------------
 
 def test_admin_lists_pending_tickets_read_only(mcp, tagged_agent, approver):
