@@ -26,6 +26,7 @@ from yuzu.metrics import (
     MCP_APPROVAL_PRECONDITION,
     MCP_APPROVAL_REFUSED,
 )
+from yuzu.models import ApiToken
 from yuzu.plans import redact_arguments
 from yuzu.rbac import APPROVALS_PAGE
 
@@ -131,7 +132,11 @@ def _mint(ctx, definition, canonical, plan):
             get_user_model().objects.select_for_update().filter(pk=ctx.principal.user.pk).first()
             Approval.objects.expire_stale()
             mine = Approval.objects.pending().filter(submitted_by=name)
-            same = mine.filter(definition_id=definition, scope_expression=canonical).order_by("-submitted_at").first()
+            token = ctx.principal.token
+            # this token's identical pending ticket: another token of the same person could not redeem it
+            same = mine.filter(definition_id=definition, scope_expression=canonical,
+                               requester__token_id=token.pk if token is not None else None
+                               ).order_by("-submitted_at").first()
             if same is not None:
                 return same, True
             if mine.count() >= PER_SUBMITTER_CAP:
@@ -166,7 +171,8 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
     if ticket is None or ticket.definition_id != definition or ticket.scope_expression != canonical:
         _refuse(ctx, rpc.PERMISSION_DENIED, MISMATCH, f"{detail} mismatch",
                 remediation="re-call with exactly the arguments the ticket was minted for")
-    if ticket.origin != Approval.ORIGIN_MCP or ticket.submitted_by != ctx.principal.name:
+    if ticket.origin != Approval.ORIGIN_MCP or ticket.submitted_by != ctx.principal.name \
+            or not _asked_with(ticket, ctx.principal.token):
         _already_used(ctx, ticket, detail)  # before any status: another's ticket tells its caller nothing of it
     if ticket.status in (Approval.PENDING, Approval.APPROVED) and ticket.consumed_at is None \
             and ticket.is_past_lifetime(now):
@@ -205,6 +211,29 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
     return ticket
 
 
+#: how many rotations back a recalling token's lineage is followed to the token that asked
+MAX_ROTATIONS = 32
+
+
+def _asked_with(ticket, token):
+    """Whether ``token`` is the one that asked for the ticket, or a rotation successor of it: the approver approved
+    what that token (that MCP client) asked, not what any token of the same person may ask. A ticket that names no
+    token (minted before tickets recorded it) is bound to its submitter only."""
+    asked = (ticket.requester or {}).get("token_id")
+    if asked is None:
+        return True
+    current = token.pk if token is not None else None
+    previous = token.rotated_from_id if token is not None else None
+    for _ in range(MAX_ROTATIONS):
+        if current is None:
+            return False
+        if current == asked:
+            return True
+        current, previous = previous, (ApiToken.objects.filter(pk=previous).values_list("rotated_from_id", flat=True)
+                                       .first() if previous is not None else None)
+    return False
+
+
 def _already_used(ctx, ticket, detail):
     """Replay, lost race, foreign origin and foreign submitter read alike (anti-oracle)."""
     MCP_APPROVAL_MASKED.inc()
@@ -219,4 +248,6 @@ def _real_reason(ticket, ctx):
         return f"foreign_origin:{fresh.get('origin')}"
     if fresh.get("submitted_by") != ctx.principal.name:
         return "foreign_submitter"
+    if not _asked_with(ticket, ctx.principal.token):
+        return "foreign_token"
     return "replay" if fresh.get("consumed_at") else "lost_race"

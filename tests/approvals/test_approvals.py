@@ -297,6 +297,41 @@ def test_a_foreign_caller_learns_no_status_of_a_ticket(mcp, tagged_agent, approv
     assert Approval.objects.get(pk=pending).status == Approval.PENDING
 
 
+def test_a_ticket_is_recalled_by_the_token_that_asked_for_it(mcp, tagged_agent, approver, mint):
+    """The approver approves what one token (one MCP client: its name, tier and client are on the review page)
+    asked for. Another token of the same person — another OAuth client of theirs, say, which lists their approved
+    tickets — took it over and ran it (and got its result: a created token's secret); so did any of their tokens
+    after the asking one was revoked. Now only the asking token, or its rotation successor, redeems it; another
+    token's identical call gets a ticket of its own."""
+    from yuzu.models import ApiToken
+    from yuzu.tokens import rotate_token
+
+    alice = mcp("alice")
+    other = McpClient(mint("alice", role="Operator", tier="operator"))
+    other.initialize()
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    listed = result_of(other.call("list_pending_approvals", {"status": "approved"}))["structuredContent"]
+    assert [a["id"] for a in listed["approvals"]] == [tid]  # the person's tickets stay readable to each token
+    err = error_of(other.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert (err["code"], err["message"]) == (-32003, ALREADY_USED)
+    assert audits(principal="alice")[-1].detail.endswith("refused:foreign_token")
+    assert Approval.objects.get(pk=tid).consumed_at is None and Tag.objects.filter(key="owner").exists()
+    # the other token's identical call is a ticket of its own, not the first token's
+    assert mint_ticket(other) != tid
+    # revoked: no other token of the person takes its approved ticket over
+    asking = ApiToken.objects.get(pk=Approval.objects.get(pk=tid).requester["token_id"])
+    ApiToken.objects.filter(pk=asking.pk).update(revoked_at=timezone.now())
+    assert error_of(other.call("delete_tag", {**ARGS, "approval_id": tid}))["message"] == ALREADY_USED
+    # rotated: the successor carries on with its predecessor's tickets
+    ApiToken.objects.filter(pk=asking.pk).update(revoked_at=None)
+    successor = rotate_token(Principal(user=asking.owner, token=asking), asking.pk)
+    heir = McpClient(successor["token"])
+    heir.initialize()
+    out = result_of(heir.call("delete_tag", {**ARGS, "approval_id": tid}))["structuredContent"]
+    assert out["deleted"] is True
+
+
 def test_mismatch_refuses_and_leaves_the_ticket_usable(mcp, tagged_agent, approver):
     alice = mcp("alice")
     tid = mint_ticket(alice)
