@@ -14,7 +14,7 @@ from yuzu.audit import audit
 from yuzu.dbfuncs import IsoUtc
 from yuzu.errors import NotFound, PermissionDenied
 from yuzu.models import Role, RoleAssignment
-from yuzu.plans import Plan
+from yuzu.plans import Plan, check_role_pin, role_pins
 from yuzu.stepup import require_fresh_mfa
 
 from .groups import agents_in_groups, group_agents, service_agent_ids
@@ -417,6 +417,7 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
                                remediation="an administrator assigns it globally in the admin "
                                            f"({rbac.ROLE_ASSIGNMENT_PAGE}, no group)") from None
     permissions = sorted((p.securable, p.operation) for p in role_obj.permissions.all())
+    check_role_pin(pinned, role, role_obj.pk, [f"{sec}:{op}" for sec, op in permissions])
     # No escalation: a group's ITServiceOwner granted itself (or anyone) Approver there, reading and — as staff —
     # reviewing tickets it held no permission for. A grantor passes on only what it holds on the group itself, of
     # what a role held on a group confers at all (rbac.GROUP_SCOPED: device-scoped securables).
@@ -432,7 +433,9 @@ def plan_assign_group_role(principal, group_id, username, role, pinned=None):
     if pinned is not None and (pinned or {}).get("user") not in (None, user.pk):
         raise NotFound(f"user not found: {username} (the account was replaced after the approval)")
     return Plan(summary=f"Grant role {role_obj.name} on management group '{g.name}' to {username}",
-                value=(g, user, role_obj), pins={"group": g.pk, "user": user.pk}, risk="write",
+                value=(g, user, role_obj),
+                pins={"group": g.pk, "user": user.pk, **role_pins(role_obj.pk, [f"{s}:{o}" for s, o in permissions])},
+                risk="write",
                 facts={"permissions": [f"{sec}:{op}" for sec, op in permissions]})
 
 

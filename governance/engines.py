@@ -24,7 +24,7 @@ from yuzu import rbac, secrets
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, PermissionDenied, YuzuError
 from yuzu.models import ApiToken, Role, RoleAssignment, hash_secret
-from yuzu.plans import Plan
+from yuzu.plans import Plan, check_role_pin, role_pins
 from yuzu.stepup import require_fresh_mfa
 from yuzu.text import check_label
 
@@ -400,9 +400,11 @@ def plan_transfer_engine_principal_owner(principal: rbac.Principal, principal_id
     _authorize(principal, "Security", "Write")
     ep = get_principal(principal_id)
     _active(ep)
-    _human(new_owner, "new_owner")
+    user = _human(new_owner, "new_owner")
+    if pinned and pinned.get("user") not in (None, user.pk):  # the name now belongs to another account
+        raise NotFound(f"user not found: {new_owner} (the account was replaced after the approval)")
     return Plan(summary=f"Transfer engine principal {principal_id} from {ep.owner.get_username()} to {new_owner}",
-                value=(principal_id, new_owner), risk="write",
+                value=(principal_id, new_owner), pins={"user": user.pk}, risk="write",
                 facts={"principal_id": principal_id, "from": ep.owner.get_username(), "to": new_owner})
 
 
@@ -447,8 +449,9 @@ def plan_assign_engine_role(principal: rbac.Principal, principal_id: str, role: 
               target_id=ep.principal_id, detail=f"role={role} reason={admin_refusal(row)}")
         raise YuzuError(NEVER_ADMIN, remediation="grant a narrower role (create one in the admin if none fits)")
     perms = sorted(f"{s}:{o}" for s, o in row.permissions.values_list("securable", "operation"))
+    check_role_pin(pinned, role, row.pk, perms)
     return Plan(summary=f"Grant role {role} fleet-wide to {ep.principal_id} ({len(perms)} permissions)",
-                value=(ep.principal_id, role), risk="write",
+                value=(ep.principal_id, role), pins=role_pins(row.pk, perms), risk="write",
                 facts={"principal_id": ep.principal_id, "role": role, "permissions": perms})
 
 

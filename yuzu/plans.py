@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from .errors import YuzuError
 from .jsondata import JsonObject
 
 #: parameter names whose values are secrets: stored redacted, shown redacted, sent only to the agent
@@ -51,3 +52,20 @@ def redact_arguments(args: JsonObject, hide: Callable[[Any], Any] = lambda value
                         if isinstance(step, dict) and isinstance(step.get("params"), dict) else step
                         for step in out["steps"]]
     return out
+
+
+def role_pins(role_pk: int, permissions: list[str]) -> JsonObject:
+    """What a role grant's ticket pins of the role: which one, and the permissions its approver was shown."""
+    return {"role": role_pk, "role_permissions": sorted(permissions)}
+
+
+def check_role_pin(pinned: JsonObject | None, name: str, role_pk: int, permissions: list[str]) -> None:
+    """On an approved recall: the role found by ``name`` now must be the one the ticket pinned, holding the permissions
+    its approver saw — a role renamed and replaced by a namesake, or edited since, is not what was approved (the
+    ticket is kept: a role put back as it was is granted)."""
+    if not pinned or "role" not in pinned:
+        return
+    if pinned["role"] != role_pk or pinned.get("role_permissions") != sorted(permissions):
+        raise YuzuError(f"role {name} changed after the approval (renamed and replaced, or its permissions edited): "
+                        "the approval does not cover it", status=409, rpc_code=-32602,
+                        remediation="call again without approval_id to ask for an approval of the role as it is now")

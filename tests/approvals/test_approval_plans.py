@@ -120,6 +120,77 @@ def test_bundle_quarantine_and_group_tickets_pin_what_they_resolved(sup, approve
     assert ManagementGroup.objects.get(pk=impostor.pk).description == ""
 
 
+def test_a_role_grant_runs_only_with_the_permissions_the_approver_saw(sup, approver, make_user):
+    """A role grant's ticket shows the role's permissions; the role is looked up by name at recall. Edited after the
+    approval (a permission added), or renamed and replaced by a namesake, the recall granted a role the approver
+    never saw. The ticket pins the role and its permissions: a changed role is refused, the ticket kept."""
+    from governance import engines
+    from yuzu.models import Role, RoleAssignment, RolePermission
+    from yuzu.plans import Plan
+    from yuzu.rbac import Principal
+
+    make_user("bob")
+    owen = make_user("owen")
+    engines.create_engine_principal(Principal(user=owen), plan=Plan("", {
+        "principal_id": "engine:bot", "display_name": "bot", "owner_username": "owen", "justification": "j",
+        "classification": "internal"}))
+    group = ManagementGroup.objects.create(name="payments")
+    role = Role.objects.create(name="Reader")
+    RolePermission.objects.create(role=role, securable="Infrastructure", operation="Read")
+    calls = [("assign_management_group_role", {"group_id": "payments", "username": "bob", "role": "Reader"},
+              {"group": group, "user__username": "bob"}),
+             ("assign_engine_role", {"principal_id": "bot", "role": "Reader"}, {"user__username": "engine:bot"})]
+    for tool, args, held in calls:
+        t = ticket_of(sup.call(tool, args))
+        assert t.facts["permissions"] == ["Infrastructure:Read"]
+        approve(approver, t.id)
+        RolePermission.objects.create(role=role, securable="Execution", operation="Execute")
+        err = error_of(sup.call(tool, {**args, "approval_id": t.id}))
+        assert err["code"] in (-32602, -32003) and "changed after the approval" in err["message"], err
+        assert not RoleAssignment.objects.filter(role=role, **held).exists()
+        assert Approval.objects.get(pk=t.id).consumed_at is None
+        # renamed, and a namesake holding what the approver saw: still not the approved role
+        RolePermission.objects.filter(role=role, securable="Execution").delete()
+        Role.objects.filter(pk=role.pk).update(name="Reader-old")
+        twin = Role.objects.create(name="Reader")
+        RolePermission.objects.create(role=twin, securable="Infrastructure", operation="Read")
+        err = error_of(sup.call(tool, {**args, "approval_id": t.id}))
+        assert "changed after the approval" in err["message"], err
+        twin.delete()
+        Role.objects.filter(pk=role.pk).update(name="Reader")
+        result_of(sup.call(tool, {**args, "approval_id": t.id}))
+        assert RoleAssignment.objects.filter(role=role, **held).exists()
+
+
+def test_an_ownership_transfer_goes_to_the_account_the_approver_saw(sup, approver, make_user):
+    """transfer_engine_principal_owner names the new owner by username: renamed, and a new account given the name,
+    the recall handed the engine principal to a person the approver never saw. The ticket pins the account."""
+    from django.contrib.auth import get_user_model
+
+    from governance import engines
+    from governance.models import EnginePrincipal
+    from yuzu.plans import Plan
+    from yuzu.rbac import Principal
+
+    owen, nina = make_user("owen"), make_user("nina")
+    engines.create_engine_principal(Principal(user=owen), plan=Plan("", {
+        "principal_id": "engine:bot", "display_name": "bot", "owner_username": "owen", "justification": "j",
+        "classification": "internal"}))
+    args = {"principal_id": "engine:bot", "new_owner": "nina"}
+    t = ticket_of(sup.call("transfer_engine_principal_owner", args))
+    approve(approver, t.id)
+    get_user_model().objects.filter(pk=nina.pk).update(username="nina-old")
+    impostor = make_user("nina")
+    err = error_of(sup.call("transfer_engine_principal_owner", {**args, "approval_id": t.id}))
+    assert err["code"] in (-32602, -32003) and "replaced after the approval" in err["message"], err
+    assert EnginePrincipal.objects.get(pk="engine:bot").owner_id == owen.pk
+    assert Approval.objects.get(pk=t.id).consumed_at is None
+    impostor.delete()
+    get_user_model().objects.filter(pk=nina.pk).update(username="nina")
+    result_of(sup.call("transfer_engine_principal_owner", {**args, "approval_id": t.id}))
+    assert EnginePrincipal.objects.get(pk="engine:bot").owner_id == nina.pk
+
+
 # --- issue 11: nothing invalid reaches a human ----------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
