@@ -129,12 +129,14 @@ def plan_create_engine_principal(principal: rbac.Principal, args: dict[str, Any]
                                  pinned: dict[str, Any] | None = None) -> Plan[dict[str, Any]]:
     _authorize(principal, "Security", "Write")
     pid = args["principal_id"]
-    _human(args["owner_username"], "owner_username")
+    owner = _human(args["owner_username"], "owner_username")
+    if pinned and pinned.get("user") not in (None, owner.pk):  # the name now belongs to another account
+        raise NotFound(f"user not found: {args['owner_username']} (the account was replaced after the approval)")
     if EnginePrincipal.objects.filter(pk=pid).exists() or get_user_model().objects.filter(username=pid).exists():
         raise _taken(pid)
     return Plan(summary=f"Register engine principal {pid} ('{args['display_name']}', {args['classification']}), "
                         f"owned by {args['owner_username']}: {args['justification']}",
-                value=dict(args), risk="additive",
+                value=dict(args), pins={"user": owner.pk}, risk="additive",
                 facts={k: args[k] for k in ("principal_id", "owner_username", "classification", "justification")})
 
 

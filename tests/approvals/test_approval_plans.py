@@ -162,9 +162,10 @@ def test_a_role_grant_runs_only_with_the_permissions_the_approver_saw(sup, appro
         assert RoleAssignment.objects.filter(role=role, **held).exists()
 
 
-def test_an_ownership_transfer_goes_to_the_account_the_approver_saw(sup, approver, make_user):
-    """transfer_engine_principal_owner names the new owner by username: renamed, and a new account given the name,
-    the recall handed the engine principal to a person the approver never saw. The ticket pins the account."""
+def test_an_owner_named_by_username_is_the_account_the_approver_saw(sup, approver, make_user):
+    """transfer_engine_principal_owner and create_engine_principal name the (new) owner by username: renamed, and a
+    new account given the name, the recall handed the engine principal to a person the approver never saw. The
+    tickets pin the account."""
     from django.contrib.auth import get_user_model
 
     from governance import engines
@@ -176,19 +177,27 @@ def test_an_ownership_transfer_goes_to_the_account_the_approver_saw(sup, approve
     engines.create_engine_principal(Principal(user=owen), plan=Plan("", {
         "principal_id": "engine:bot", "display_name": "bot", "owner_username": "owen", "justification": "j",
         "classification": "internal"}))
-    args = {"principal_id": "engine:bot", "new_owner": "nina"}
-    t = ticket_of(sup.call("transfer_engine_principal_owner", args))
-    approve(approver, t.id)
+    transfer = {"principal_id": "engine:bot", "new_owner": "nina"}
+    create = {"principal_id": "engine:bot2", "display_name": "bot2", "owner_username": "nina", "justification": "j",
+              "classification": "internal"}
+    tickets = [(tool, args, ticket_of(sup.call(tool, args)).id)
+               for tool, args in (("transfer_engine_principal_owner", transfer), ("create_engine_principal", create))]
+    for _, _, tid in tickets:
+        approve(approver, tid)
     get_user_model().objects.filter(pk=nina.pk).update(username="nina-old")
     impostor = make_user("nina")
-    err = error_of(sup.call("transfer_engine_principal_owner", {**args, "approval_id": t.id}))
-    assert err["code"] in (-32602, -32003) and "replaced after the approval" in err["message"], err
+    for tool, args, tid in tickets:
+        err = error_of(sup.call(tool, {**args, "approval_id": tid}))
+        assert err["code"] in (-32602, -32003) and "replaced after the approval" in err["message"], err
+        assert Approval.objects.get(pk=tid).consumed_at is None
     assert EnginePrincipal.objects.get(pk="engine:bot").owner_id == owen.pk
-    assert Approval.objects.get(pk=t.id).consumed_at is None
+    assert not EnginePrincipal.objects.filter(pk="engine:bot2").exists()
     impostor.delete()
     get_user_model().objects.filter(pk=nina.pk).update(username="nina")
-    result_of(sup.call("transfer_engine_principal_owner", {**args, "approval_id": t.id}))
+    for tool, args, tid in tickets:
+        result_of(sup.call(tool, {**args, "approval_id": tid}))
     assert EnginePrincipal.objects.get(pk="engine:bot").owner_id == nina.pk
+    assert EnginePrincipal.objects.get(pk="engine:bot2").owner_id == nina.pk
 
 
 # --- issue 11: nothing invalid reaches a human ----------------------------------------------------
