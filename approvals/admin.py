@@ -250,7 +250,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
             "code_error": code_error,
             "needs_code": not mfa_is_fresh(principal),
             "may_review": ticket.current_status == Approval.PENDING and rbac.has_any(principal, "Approval", "Approve")
-            and ticket.submitted_by != principal.name,
+            and ticket.submitted_by != principal.name and not services.asked_by(ticket, principal.user),
             "changelist_url": reverse("admin:approvals_approval_changelist"),
         }
         return TemplateResponse(request, "admin/approvals/approval/review.html", context)

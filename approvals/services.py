@@ -13,7 +13,7 @@ from fleet.models import Agent, ManagementGroup
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied, YuzuError
-from yuzu.models import TOTPDevice
+from yuzu.models import ApiToken, TOTPDevice
 from yuzu.stepup import mfa_is_fresh
 
 from .models import Approval
@@ -123,6 +123,13 @@ def assurance_problem(principal):
     return None
 
 
+def asked_by(ticket, user):
+    """Whether ``user``'s own token asked for the ticket: the submitter's name is compared too, but an account renamed
+    since keeps its tokens."""
+    token_id = (ticket.requester or {}).get("token_id")
+    return token_id is not None and ApiToken.objects.filter(pk=token_id, owner=user).exists()
+
+
 def review(principal, approval_id, decision, comment="", *, cid=""):
     """Approve or reject a pending ticket. Raises YuzuError on every refusal (REST 400/403)."""
     assert decision in (Approval.APPROVED, Approval.REJECTED)
@@ -147,7 +154,7 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
             refusal = NOT_VISIBLE
         elif ticket.status != Approval.PENDING:
             refusal = f"only pending approvals can be reviewed (this one is {ticket.status})"
-        elif ticket.submitted_by == principal.name:
+        elif ticket.submitted_by == principal.name or asked_by(ticket, principal.user):
             refusal = "the reviewer must differ from the submitter"
         else:
             ticket.status = decision

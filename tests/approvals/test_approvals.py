@@ -35,7 +35,7 @@ from tests.support.mcp_http import McpClient, request
 from tests.support.otp import code, next_code
 from tests.support.races import at_once
 from yuzu.auth import MFA_SESSION_KEY
-from yuzu.models import AuditEvent, TOTPDevice
+from yuzu.models import ApiToken, AuditEvent, Role, RoleAssignment, TOTPDevice
 from yuzu.rbac import Principal
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("release_worker_connections")]
@@ -717,6 +717,31 @@ def test_every_refused_review_attempt_is_audited(mcp, tagged_agent, make_user):
     row = audits("approval.reject", principal="carol")[-1]
     assert (row.result, row.target_id) == ("denied", "0" * 32) and "not found" in row.detail
     assert Approval.objects.get(pk=tid).status == Approval.PENDING
+
+
+def test_a_renamed_submitter_cannot_approve_their_own_ticket(mcp, tagged_agent, make_user):
+    """Reviewer ≠ submitter compared account names only: the submitter's account renamed (by themselves, as an
+    administrator, or by anyone) after asking, they approved their own ticket. The asking token's account counts."""
+    from django.contrib.auth import get_user_model
+
+    from approvals.services import review
+    from yuzu.errors import YuzuError
+
+    carol = approver_principal(make_user, "carol", "Approver")
+    asking = McpClient(mint_for(carol.user))
+    asking.initialize()
+    tid = mint_ticket(asking)
+    get_user_model().objects.filter(pk=carol.user.pk).update(username="carol2")
+    carol.user.refresh_from_db()
+    with pytest.raises(YuzuError, match="the reviewer must differ from the submitter"):
+        review(carol, tid, Approval.APPROVED, "mine")
+    assert Approval.objects.get(pk=tid).status == Approval.PENDING
+
+
+def mint_for(user, tier="operator"):
+    """A token of an existing account (an approver's own), with the Operator role."""
+    RoleAssignment.objects.get_or_create(user=user, role=Role.objects.get(name="Operator"), group=None)
+    return ApiToken.mint(user, "own", mcp_tier=tier, expires_at=timezone.now() + timedelta(days=30))[1]
 
 
 # --- the admin Approvals page --------------------------------------------------------------------
