@@ -146,7 +146,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
 
     @admin.display(description="expires")
     def expires(self, obj):
-        if obj.status not in (Approval.PENDING, Approval.APPROVED) or obj.consumed_at is not None:
+        if not obj.lapses:
             return "—"
         if obj.is_past_lifetime():
             return "expired"

@@ -22,10 +22,12 @@ class ApprovalQuerySet(models.QuerySet):
         return self.filter(status=Approval.PENDING, submitted_at__gt=cutoff)
 
     def expire_stale(self, now=None):
-        """Lazy 7-day expiry of pending and approved-but-unconsumed tickets."""
+        """Lazy 7-day expiry of pending and approved-but-unconsumed tickets — not of a schedule's approved ticket,
+        a standing approval its every run goes by (it is never consumed; operations.schedules)."""
         cutoff = (now or timezone.now()) - APPROVAL_LIFETIME
-        return self.filter(status__in=(Approval.PENDING, Approval.APPROVED), consumed_at__isnull=True,
-                           submitted_at__lte=cutoff).update(status=Approval.EXPIRED)
+        lapsing = models.Q(status=Approval.PENDING) | (models.Q(status=Approval.APPROVED)
+                                                       & ~models.Q(origin=Approval.ORIGIN_SCHEDULE))
+        return self.filter(lapsing, consumed_at__isnull=True, submitted_at__lte=cutoff).update(status=Approval.EXPIRED)
 
 
 class Approval(models.Model):
@@ -87,9 +89,17 @@ class Approval(models.Model):
     def current_status(self):
         """The status as of now: a pending or approved, unused ticket past its lifetime is expired, whether or not
         the lazy sweep (``expire_stale``) has written so yet — what every view of a ticket shows."""
-        if self.status in (self.PENDING, self.APPROVED) and self.consumed_at is None and self.is_past_lifetime():
+        if self.lapses and self.is_past_lifetime():
             return self.EXPIRED
         return self.status
+
+    @property
+    def lapses(self):
+        """Whether the 7-day lifetime still applies: pending, or approved and unused — but a schedule's approval
+        stands (``expire_stale``)."""
+        if self.consumed_at is not None:
+            return False
+        return self.status == self.PENDING or (self.status == self.APPROVED and self.origin != self.ORIGIN_SCHEDULE)
 
     @property
     def pinned_agents(self):

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from approvals.gate import NOTHING_TO_APPROVE, UNREACHABLE
 from approvals.models import APPROVAL_LIFETIME, Approval
@@ -383,3 +384,30 @@ def test_expired_pending_tickets_leave_the_queue_on_their_own(sup, mint):
     assert result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]["status"] == "expired"
     err = error_of(sup.call("withdraw_approval", {"approval_id": ticket.id}))
     assert err["message"] == "only a pending ticket can be withdrawn (this one is expired)"
+
+
+def test_an_approved_schedule_still_fires_after_the_tickets_seven_days(mcp, mint, approver):
+    """A supervised schedule's ticket is a standing approval (never consumed: each run is approved by it). The lazy
+    7-day expiry of approved, unconsumed tickets turned it expired, so a schedule whose first run came more than a
+    week after it was asked for (weekly, monthly, once at a later date) was refused and disabled when it came due."""
+    from fleet.models import InstructionDefinition
+    from operations import schedules
+    from operations.models import InstructionSchedule
+    from yuzu.models import ApiToken
+    from yuzu.rbac import Principal
+
+    agent("a1")
+    InstructionDefinition.objects.create(id="up", name="uptime", plugin="system", action="uptime")
+    mint("sup", role="Administrator", tier="supervised")
+    token = ApiToken.objects.get(owner__username="sup")
+    row = schedules.create_schedule(Principal(user=token.owner, token=token), {
+        "name": "weekly", "definition_id": "up", "frequency_type": "weekly", "time_of_day": "03:00",
+        "day_of_week": 0})
+    approve(approver, row["approval_id"])
+    Approval.objects.filter(pk=row["approval_id"]).update(submitted_at=timezone.now() - timedelta(days=8))
+    Approval.objects.expire_stale()  # any mint or review anywhere sweeps
+    assert Approval.objects.get(pk=row["approval_id"]).current_status == Approval.APPROVED
+    InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now())
+    schedules.tick()
+    assert Execution.objects.count() == 1
+    assert InstructionSchedule.objects.get(pk=row["id"]).enabled
