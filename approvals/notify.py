@@ -115,7 +115,7 @@ def ticket_message(ticket):
     tool = ticket.definition_id.removeprefix("mcp.")
     review_url = settings.YUZU_PUBLIC_URL + reverse("admin:approvals_approval_review", args=[ticket.pk])
     expires = ticket.expires_at
-    text = (f"{ticket.submitted_by} asks to run {tool}" + (f": {summary}" if summary else "")
+    text = (f"{ticket.submitted_by} asks to run {tool}" + (f": {chat_text(summary)}" if summary else "")
             + f". Approval ticket {ticket.pk}, expires {expires:%Y-%m-%d %H:%M} UTC. Review it: {review_url}")
     return {
         "event": EVENT, "approval_id": ticket.pk, "tool": tool, "definition_id": ticket.definition_id,
@@ -123,6 +123,13 @@ def ticket_message(ticket):
         "expires_at": expires.isoformat(), "origin": ticket.origin, "summary": summary,
         "review_url": review_url, "text": text,
     }
+
+
+def chat_text(text):
+    """Submitter-controlled text for ``text``, which a Slack incoming webhook posts as it is: its three control
+    characters escaped as Slack documents, so ``<https://…|label>`` is no link of the submitter's under a label of
+    their choosing and ``<!channel>`` pages nobody (the review link, ours, stays a link)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def email_recipients(ticket):

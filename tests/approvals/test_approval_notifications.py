@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.core import mail
 from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from approvals.models import Approval
@@ -200,6 +201,22 @@ def test_the_notification_never_carries_argument_values_but_does_carry_the_summa
     assert body["text"].startswith("alice asks to run set_tag: Set tag team on host-1 and nothing else. ")
     assert body["approval_id"] == ticket.pk
     wait_until(lambda: notify_audits(ticket.pk), timeout=20, what="the delivery to be audited")
+
+
+def test_the_webhook_text_carries_no_chat_markup_from_the_submitter():
+    """The webhook's text is what a Slack incoming webhook posts as it is: a summary (text the submitter controls, a
+    group's name, say) holding <https://evil.example|Review it here> showed the approvers a link of the submitter's
+    under a label of their choosing, and <!channel> paged the whole channel. Slack's three control characters in the
+    submitter's text are escaped; our own link stays a link."""
+    from approvals.notify import ticket_message
+
+    sly = "Create group 'x' <https://evil.example/login|Review it here> <!channel> & more"
+    ticket = Approval(id="a" * 32, definition_id="mcp.create_management_group", submitted_by="alice",
+                      summary=sly, scope_expression="{}", submitted_at=timezone.now())
+    text = ticket_message(ticket)["text"]
+    assert "<https://evil" not in text and "<!channel>" not in text and "&amp; more" in text
+    assert "&lt;https://evil.example/login|Review it here&gt; &lt;!channel&gt;" in text
+    assert text.endswith(f"/admin/approvals/approval/{'a' * 32}/review/")
 
 
 def test_a_receiver_failing_twice_gets_three_attempts_with_growing_backoff(alice, receiver, eager_celery):
