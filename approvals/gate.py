@@ -10,6 +10,7 @@ run the tool's pre-consume precondition, then consume with one conditional UPDAT
 """
 
 import json
+import re
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
@@ -32,6 +33,7 @@ from yuzu.rbac import APPROVALS_PAGE
 
 from .models import Approval
 
+PLAIN_ID = re.compile(r"[A-Za-z0-9_.:@-]+")
 PER_SUBMITTER_CAP = 25
 GLOBAL_CAP = 1000
 MISMATCH = "approval_id does not match this tool and arguments"
@@ -103,7 +105,7 @@ UNREACHABLE = ("none of the agents this approval is pinned to can be reached now
 
 
 def gate(ctx, tool, args, approval_id):
-    agent = f"agent_id={args['agent_id']} " if isinstance(args.get("agent_id"), str) else ""
+    agent = f"agent_id={_audited_id(args['agent_id'])} " if isinstance(args.get("agent_id"), str) else ""
     canonical = canonical_args(args)
     definition = f"mcp.{tool.name}"
     if approval_id is None:
@@ -114,6 +116,13 @@ def gate(ctx, tool, args, approval_id):
         ticket, deduped = _mint(ctx, definition, canonical, plan)
         _required(ctx, tool, ticket, f"{agent}approval_id={ticket.id}" + (" (deduped)" if deduped else ""))
     return _recall(ctx, tool, args, definition, canonical, approval_id, agent)
+
+
+def _audited_id(agent_id):
+    """An agent_id as the audit detail records it: as it is when it is a plain id, else as a JSON string — the recall's
+    refusals write it before anything checked it, and a space or a newline in it wrote words of the caller's
+    choosing into the row ('… approval_id=<another> consumed')."""
+    return agent_id if PLAIN_ID.fullmatch(agent_id) else json.dumps(agent_id)
 
 
 def _requester(ctx):

@@ -354,6 +354,19 @@ def test_mismatch_refuses_and_leaves_the_ticket_usable(mcp, tagged_agent, approv
     result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
 
 
+def test_a_recalls_agent_id_writes_no_words_of_its_own_into_the_audit_row(mcp, tagged_agent, approver):
+    """The recall's refusals record the agent_id before anything checked it: a space or a newline in it wrote words
+    of the caller's choosing into the row (here a fake "consumed" of another ticket). Such an id is quoted."""
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    forged = "host-1 approval_id=" + "e" * 32 + " consumed\nagent_id=host-1"
+    err = error_of(alice.call("delete_tag", {"agent_id": forged, "key": "owner", "approval_id": tid}))
+    assert err["message"] == MISMATCH
+    row = audits()[-1]
+    assert row.detail == f'agent_id={json.dumps(forged)} approval_id={tid} mismatch', row.detail
+    assert "\n" not in row.detail
+
+
 def test_rejected_ticket(mcp, tagged_agent, approver):
     alice = mcp("alice")
     tid = mint_ticket(alice)
