@@ -23,7 +23,7 @@ from django.utils import timezone
 from yuzu import rbac, secrets
 from yuzu.audit import audit
 from yuzu.errors import STORE_FAULT_RETRY_MS, NotFound, PermissionDenied, YuzuError
-from yuzu.models import ApiToken, Role, RoleAssignment, hash_secret
+from yuzu.models import ApiToken, Role, RoleAssignment, RolePermission, hash_secret
 from yuzu.plans import Plan, check_role_pin, role_pins
 from yuzu.stepup import require_fresh_mfa
 from yuzu.text import check_label
@@ -429,11 +429,17 @@ def _slug_principal(slug: str) -> EnginePrincipal:
     return get_principal(ENGINE_PREFIX + slug)
 
 
-def admin_refusal(role: Role) -> str | None:
-    """Why ``role`` may never be an engine principal's (admin_role | wildcard_equivalent), or None."""
+def admin_refusal(role: Role, ep: EnginePrincipal | None = None) -> str | None:
+    """Why ``role`` may never be an engine principal's (admin_role | wildcard_equivalent), or None. With ``ep``, the
+    roles it holds already count too: two narrower roles that together hold the whole product are as admin as one
+    (audit_engine_no_admin reports that union as wildcard_equivalent)."""
     if role.name in ADMIN_ROLE_NAMES:
         return "admin_role"
-    if set(role.permissions.values_list("securable", "operation")) >= set(rbac.ALL):
+    held = set(role.permissions.values_list("securable", "operation"))
+    if ep is not None:
+        held |= set(RolePermission.objects.filter(role__assignments__user=ep.account_id)
+                    .values_list("securable", "operation"))
+    if held >= set(rbac.ALL):
         return "wildcard_equivalent"
     return None
 
@@ -446,9 +452,10 @@ def plan_assign_engine_role(principal: rbac.Principal, principal_id: str, role: 
     row = Role.objects.filter(name=role).first()
     if row is None:
         raise YuzuError(f"role not found: {role}", remediation="list_roles / GET /api/v1/rbac/roles lists them")
-    if admin_refusal(row):
+    why = admin_refusal(row, ep)
+    if why:
         audit(principal, "engine_principal.role.assign", "denied", target_type="EnginePrincipal",
-              target_id=ep.principal_id, detail=f"role={role} reason={admin_refusal(row)}")
+              target_id=ep.principal_id, detail=f"role={role} reason={why}")
         raise YuzuError(NEVER_ADMIN, remediation="grant a narrower role (create one in the admin if none fits)")
     perms = sorted(f"{s}:{o}" for s, o in row.permissions.values_list("securable", "operation"))
     check_role_pin(pinned, role, row.pk, perms)
@@ -463,7 +470,7 @@ def assign_engine_role(principal: rbac.Principal, *, cid: str = "", plan: Plan[t
         ep = get_principal(principal_id, lock=True)
         _active(ep)
         row = Role.objects.get(name=role)
-        if admin_refusal(row):
+        if admin_refusal(row, ep):  # again under the row lock: a concurrent assign may have added the rest
             raise YuzuError(NEVER_ADMIN)
         RoleAssignment.objects.get_or_create(user=ep.account, role=row, group=None)
         audit(principal, "engine_principal.role.assign", "success", target_type="EnginePrincipal",

@@ -96,6 +96,29 @@ def test_never_admin(admin, fleet_reader):
     assert ok(admin.call("unassign_engine_role", {"principal_id": "patch-bot", "role": "Administrator"}))["unassigned"]
 
 
+def test_never_admin_by_two_roles_that_together_hold_everything(admin):
+    """Two narrower roles whose union is the whole securable × operation product make an admin-equivalent engine as
+    surely as one role does (audit_engine_no_admin reports it as wildcard_equivalent): the second is refused, and
+    nothing is granted."""
+    ok(admin.call("create_engine_principal", NEW))
+    half = len(ALL) // 2
+    for name, perms in (("FirstHalf", ALL[:half]), ("SecondHalf", ALL[half:])):
+        role = Role.objects.create(name=name)
+        RolePermission.objects.bulk_create([RolePermission(role=role, securable=s, operation=o) for s, o in perms])
+    ok(admin.call("assign_engine_role", {"principal_id": "patch-bot", "role": "FirstHalf"}))
+    e = err(admin.call("assign_engine_role", {"principal_id": "patch-bot", "role": "SecondHalf"}))
+    assert e["code"] == -32602 and e["message"] == "engine principals can never hold admin or system roles"
+    assert ok(admin.call("list_engine_roles", {"principal_id": "patch-bot"}))["roles"] == [
+        {"principal_id": "engine:patch-bot", "role": "FirstHalf"}]
+    assert ok(admin.call("audit_engine_no_admin", {})) == {"ok": True, "violations": []}
+    refused = AuditEvent.objects.get(action="engine_principal.role.assign", result="denied")
+    assert "reason=wildcard_equivalent" in refused.detail and "role=SecondHalf" in refused.detail
+    # Over REST alike.
+    r = Client().post("/api/v1/engine-principals/engine:patch-bot/roles", {"role": "SecondHalf"},
+                      content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {admin.token}")
+    assert r.status_code == 400, r.content
+
+
 def test_bad_input_is_refused_before_anything_happens(admin):
     assert err(admin.call("create_engine_principal", {**NEW, "principal_id": "patch-bot"}))["code"] == -32602
     assert err(admin.call("create_engine_principal", {**NEW, "owner_username": "nobody"}))["code"] == -32602
