@@ -29,6 +29,7 @@ MAX_ROWS = 20000
 STAGE_TTL_S = 600  # a full list whose next page has not come for this long is dropped
 HASH_RE = re.compile(r"[0-9a-f]{64}")
 VERSION_PART_RE = re.compile(r"(\d+|[A-Za-z]+|~)")
+MAX_VERSION = 128  # InstalledSoftware.version's length, and the tool schema's
 
 
 @dataclass
@@ -210,6 +211,11 @@ def query_installed_software(principal, *, name=None, agent_id=None, version=Non
         raise rbac.denial(principal, "Inventory", "Read")
     if (version is None) != (version_op is None):
         raise YuzuError("version and version_op go together", remediation="e.g. version_op=lt version=3.0.2")
+    if version is not None and (not isinstance(version, str) or len(version) > MAX_VERSION):
+        # the tool's schema says so; the REST twin's query parameter has no schema (a run of over 4,300 digits
+        # made version_key's int() raise: a 500)
+        raise YuzuError(f"version must be text of at most {MAX_VERSION} characters",
+                        remediation="a package version as the agents report it, e.g. 3.0.2-0ubuntu1")
     try:
         qs = InstalledSoftware.objects.all()
         if name:

@@ -243,6 +243,19 @@ def test_query_filters_counts_and_confines(agent, mcp, mint):
     assert other.pk == "b2"
 
 
+def test_a_version_too_long_to_compare_is_a_400_on_rest_as_on_mcp(agent, mint, client):
+    """The tool's schema caps version at 128 characters; the REST twin passed any length on to the comparison, whose
+    int() of a run of more than 4,300 digits raised — a 500 for one query parameter."""
+    inventory.receive_software("a1", {"hash": HASH, "page": 0, "pages": 1, "packages": [pkg("openssl", "3.0.2-1")]})
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {mint('inv', role='Viewer')}"}
+    r = client.get("/api/v1/inventory/software", {"name": "openssl", "version": "1" * 5000, "version_op": "lt"},
+                   **auth)
+    assert r.status_code == 400, r.content
+    assert "version" in r.json()["error"]["message"]
+    r = client.get("/api/v1/inventory/software", {"name": "openssl", "version": "3.0.10", "version_op": "lt"}, **auth)
+    assert r.status_code == 200 and [s["agent_id"] for s in r.json()["data"]["software"]] == ["a1"]
+
+
 def test_licences_per_device_never_user_ref_on_mcp(agent, mcp, mint):
     inventory.receive_licenses("a1", {"licenses": [{
         "product": "rhel", "vendor": "Red Hat", "version": "9", "license_type": "subscription",
