@@ -2,15 +2,13 @@
 service functions), schedule CRUD, the licence decommission, and the agents' upload routes (no MCP twins;
 authenticated by the grant and session secrets, not by a bearer token)."""
 
-import json
-
 from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.decorators import api_view
 
 from mcp.schema import boolean, enum, integer, obj, string
-from yuzu import rbac
+from yuzu import jsondata, rbac
 from yuzu.api.contract import contract, payload, tool_input, tool_output
 from yuzu.api.envelope import cid_of, error_body, ok
 from yuzu.api.views import int_param, principal_of
@@ -150,8 +148,8 @@ def _agent_route(fn):
 
 def _json_body(request):
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
+        body = jsondata.loads(request.body or b"{}")
+    except (ValueError, RecursionError):  # RecursionError: nested far deeper than the parser's stack
         raise uploads.Refused(400, "bad_request", "the body must be JSON") from None
     if not isinstance(body, dict):
         raise uploads.Refused(400, "bad_request", "the body must be a JSON object")
@@ -179,8 +177,10 @@ def upload_session(request, upload_id):
 def upload_chunk(request, upload_id):
     if request.method != "PUT":
         raise uploads.Refused(405, "method_not_allowed", "PUT a chunk")
-    length = int(request.META.get("CONTENT_LENGTH") or 0)
-    if length > uploads.CHUNK_MAX:
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if not (length.isascii() and length.isdigit()):
+        raise uploads.Refused(400, "bad_request", "Content-Length must be a number of bytes")
+    if int(length) > uploads.CHUNK_MAX:
         raise uploads.Refused(413, "chunk_too_large", f"a chunk may carry at most {uploads.CHUNK_MAX} bytes")
     return 200, uploads.write_chunk(upload_id, request.headers.get("X-Yuzu-Upload-Session"),
                                     request.headers.get("Content-Range"), request.body)

@@ -28,7 +28,7 @@ from .models import UploadGrant, UploadSession, sha256_hex
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 GRANT_ID_RE = re.compile(r"[a-f0-9]{1,64}")
-RANGE_RE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+RANGE_RE = re.compile(r"bytes ([0-9]{1,15})-([0-9]{1,15})/([0-9]{1,15})")  # ASCII, and what int() reads
 CHUNK_MAX = 4 * 1024 * 1024  # the server's request-body bound (DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 

@@ -136,3 +136,24 @@ def test_plain_http_is_refused_off_loopback(agent, mcp):
     r = open_session(Client(REMOTE_ADDR="10.0.0.5"), grant)
     assert r.status_code == 400 and reason(r) == "tls_required"
     assert UploadGrant.objects.get(pk=grant["grant_id"]).state == "minted"  # nothing redeemed
+
+
+def test_hostile_headers_and_bodies_on_the_agent_routes_are_refusals_not_500s(agent, mcp):
+    """The upload routes take no bearer token: what anyone may send them. A commit body nested far deeper than the
+    json module's stack (parsed before the session was looked at), a Content-Length that is no number, and a
+    Content-Range whose numbers int() refuses (over 4,300 digits) were each a 500 with a stack trace in the log."""
+    c = Client(raise_request_exception=False)
+    r = c.post("/api/v1/uploads/nope/commit", "[" * 100_000, content_type="application/json",
+               HTTP_X_YUZU_UPLOAD_SESSION="x")
+    assert r.status_code in (400, 401), r.content
+    r = c.put("/api/v1/uploads/nope/chunk", b"abc", content_type="application/octet-stream", CONTENT_LENGTH="abc",
+              HTTP_X_YUZU_UPLOAD_SESSION="x")
+    assert r.status_code in (400, 401), r.content
+    up = open_session(c, mint(mcp)).json()["data"]
+    r = c.put(f"/api/v1/uploads/{up['upload_id']}/chunk", b"a", content_type="application/octet-stream",
+              HTTP_X_YUZU_UPLOAD_SESSION=up["session_secret"], HTTP_CONTENT_RANGE="bytes 0-0/" + "9" * 5000)
+    assert r.status_code == 400 and reason(r) == "bad_range", r.content
+    r = c.post(f"/api/v1/uploads/{up['upload_id']}/commit", "[" * 100_000, content_type="application/json",
+               HTTP_X_YUZU_UPLOAD_SESSION=up["session_secret"])
+    assert r.status_code == 400 and reason(r) == "bad_request", r.content
+    assert UploadSession.objects.get(pk=up["upload_id"]).state == "open"  # none of it touched the session
