@@ -131,7 +131,10 @@ def _verdict(run, response):
     answer = _answer(response)
     if response.status != AgentState.SUCCESS:
         return Status.ERROR, {**base, **answer, "reason": f"the command ended {answer['status']}"}
-    value = result_value(response.output)
+    try:
+        value = result_value(response.output)
+    except RecursionError:  # the agent's text, nested past the parser's stack: its verdict, not the whole run's
+        return Status.ERROR, {**base, **answer, "reason": "the answer is JSON nested too deeply to read"}
     ok, detail = evaluate(run.expression, value)
     if ok is None:
         return Status.ERROR, {**base, **answer, "reason": detail}

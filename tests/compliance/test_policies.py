@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 from compliance import documents, engine, services
 from compliance.models import Policy, PolicyAgentStatus, PolicyFragment, PolicyRun
 from fleet.agent.plugins import PLUGINS, Context, execute
-from fleet.models import Agent, AgentState, Execution, ManagementGroup
+from fleet.models import Agent, AgentState, Execution, ManagementGroup, Response
 from operations.models import PluginKillSwitch
 from tests.support.agent_ws import enrolled_agent, mint_device_token
 from tests.support.compliance import FRAGMENT, POLICY, admin_client, agents, answer, make_policy, nothing_written
@@ -176,6 +176,23 @@ def test_a_check_writes_one_verdict_per_agent():
     assert metric("yuzu_server_policy_eval_errors_total", phase="check") == errors_before + 1
     assert policy.summary() == {"policy_id": policy.pk, "compliant": 1, "non_compliant": 1, "unknown": 1,
                                 "fixing": 0, "error": 1, "total": 4}
+
+
+def test_one_agent_answering_json_nested_past_the_parsers_stack_does_not_poison_the_run():
+    """An agent's output is its own text (up to 1 MiB): one answering a check with arrays nested far deeper than the
+    json module's stack made result_value raise RecursionError, which failed the whole collection — every agent's
+    verdict rolled back, and the run retried (and failed) at every tick. Its own verdict is an error now; the others
+    are written."""
+    agents("a1", "evil")
+    run = engine.evaluate_now(make_policy())
+    answer(run, "a1", output={"exists": True, "world_writable": False})
+    Response.objects.create(execution_id=run.execution_id, agent_id="evil", instruction_id="x",
+                            status=AgentState.SUCCESS, output="[" * 100_000)
+    assert engine.collect(run) == 2
+    verdicts = dict(PolicyAgentStatus.objects.values_list("agent_id", "status"))
+    assert verdicts == {"a1": "compliant", "evil": "error"}
+    evil = PolicyAgentStatus.objects.get(agent_id="evil").check_result
+    assert "reason" in evil and len(json.dumps(evil)) < 10_000
 
 
 def test_due_policies_are_dispatched_once_per_interval_and_the_clock_survives_a_restart():
