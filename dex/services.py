@@ -580,9 +580,12 @@ def reap(signal_days=30):
 # --- the posture section (fleet.orientation.POSTURE_SECTIONS["dex"]) ---------------------------------------
 
 def posture(principal):
-    """DEX health for get_fleet_posture_fast: → (section, the tools to call next). status is no_data when no device
-    the caller can read reports DEX facts or signals (not 'healthy'), attention when a device is under pressure or
-    a signal fired in the last 24 h, else ok."""
+    """DEX health for get_fleet_posture_fast: → (section, the tools to call next), or (None, []) to a caller the DEX
+    tools refuse (no fleet-wide GuaranteedState:Read: the posture needs only Infrastructure:Read). status is no_data
+    when no device the caller can read reports DEX facts or signals (not 'healthy'), attention when a device is under
+    pressure or a signal fired in the last 24 h, else ok."""
+    if not rbac.may(principal, "GuaranteedState", "Read"):
+        return None, []
     facts = current(principal)
     perf = [r for r in facts if r.has_perf]
     net = [r for r in facts if r.has_net]

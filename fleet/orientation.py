@@ -25,7 +25,8 @@ POSTURE_SCHEMA = obj({
     "agents": obj({"total": integer(0), "connected": integer(0), "disconnected": integer(0),
                    "quarantined": integer(0)}, additional=True),
     "os_mix": {"type": "object", "additionalProperties": {"type": "integer"}},
-    "dex": {"type": "object", "description": "DEX health (docs/dex.md), when the dex app is installed"},
+    "dex": {"type": "object", "description": "DEX health (docs/dex.md), when the dex app is installed and the "
+                                             "caller holds GuaranteedState:Read fleet-wide"},
     "recommended_next_tools": array(string(64), min_items=1),
 }, ["generated_at", "data_age_seconds", "partial", "agents", "os_mix", "recommended_next_tools"])
 
@@ -44,7 +45,8 @@ SUMMARY_SCHEMA = obj({"kind": string(32), "narrative": string(8192),
 
 _cache: dict[str, dict] = {}  # principal key -> its last fleet_posture
 #: other apps' health sections of the posture (fleet knows none of them): name -> section(principal) returning
-#: (a JSON object, the tools it recommends next); registered in their AppConfig.ready (dex: the DEX health)
+#: (a JSON object, the tools it recommends next), or (None, []) when the caller may not read it; registered in their
+#: AppConfig.ready (dex: the DEX health)
 POSTURE_SECTIONS: dict = {}
 _cache_lock = threading.Lock()
 
@@ -72,7 +74,10 @@ def fleet_posture(principal, ttl_seconds=30):
         tools += ["execute_instruction", "get_execution_status"] if connected else ["query_audit_log"]
         for name, section in POSTURE_SECTIONS.items():
             try:
-                hit[name], more = section(principal)
+                out, more = section(principal)
+                if out is None:  # not the caller's to read (the section's own permission): no key at all
+                    continue
+                hit[name] = out
                 tools += [t for t in more if t not in tools]
             except Exception:  # the section's store is away: say so, keep the rest
                 hit["partial"] = True

@@ -6,6 +6,7 @@ from django.test import Client
 
 from dex.models import DeviceFacts
 from fleet import orientation
+from fleet.models import ManagementGroup
 from fleet.orientation import classify, playbook
 from tests.dex.conftest import observe
 from tests.support.mcp_http import McpClient
@@ -62,6 +63,25 @@ def test_posture_carries_dex_health(world, mint):
     signals = c.call("get_fleet_posture_fast", {}).json()["result"]["structuredContent"]["dex"]
     assert signals["status"] == "attention" and signals["top_signals_24h"] == [{"obs_type": "storage.low",
                                                                                "count": 1}]
+
+
+def test_the_posture_carries_dex_health_only_to_who_may_read_dex(world, mint):
+    """The DEX tools need a fleet-wide GuaranteedState:Read; the posture's dex section (p90s, devices under pressure,
+    the top signals) went to every Infrastructure:Read holder — an Approver, a role held on one group — whom those
+    tools refuse."""
+    orientation._cache.clear()
+    approver = McpClient(mint("dex-approver", role="Approver", tier="readonly"))
+    approver.initialize()
+    assert approver.call("list_dex_signals", {}).json()["error"]["code"] == -32003
+    posture = approver.call("get_fleet_posture_fast", {}).json()["result"]["structuredContent"]
+    assert posture["agents"]["total"] > 0 and "dex" not in posture, posture
+    assert not {"list_dex_perf_devices", "list_dex_signals"} & set(posture["recommended_next_tools"])
+    group = ManagementGroup.objects.create(name="dex-g")
+    group.members.add(*world["agents"][:12])
+    owner = McpClient(mint("dex-owner", role="ITServiceOwner", tier="readonly", group=group))
+    owner.initialize()
+    posture = owner.call("get_fleet_posture_fast", {}).json()["result"]["structuredContent"]
+    assert posture["agents"]["total"] == 12 and "dex" not in posture, posture
 
 
 def test_fleet_gauges_at_metrics(world):
