@@ -11,7 +11,7 @@ import secrets
 from datetime import timedelta
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -121,8 +121,8 @@ def load_csr(csr_pem, curves=(ec.SECP256R1,)):
     try:
         csr = x509.load_pem_x509_csr(csr_pem.encode())
         key = csr.public_key()
-    except ValueError:
-        raise CertError("csr_pem is not a PEM certificate signing request") from None
+    except (ValueError, UnsupportedAlgorithm):  # a key algorithm or curve the library does not know
+        raise CertError("csr_pem is not a PEM certificate signing request with a key this CA reads") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, curves):
         raise CertError("the CSR key must be EC " + " or ".join(c.name for c in curves))
     if not csr.is_signature_valid:

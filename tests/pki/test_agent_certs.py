@@ -20,7 +20,7 @@ from fleet.agent.client import proof, renewal_due
 from fleet.models import Agent
 from pki import ca, services
 from pki.models import IssuedCert
-from tests.pki.test_ca import csr_for, keypair
+from tests.pki.test_ca import csr_for, keypair, unknown_algorithm_csrs
 from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg, send
 from tests.support.races import at_once
 from yuzu.models import AuditEvent
@@ -155,7 +155,7 @@ def test_cert_enroll_refuses_bad_csrs_without_closing():
     async def scenario():
         comm, *_ = await enrolled_agent(token)
         for bad in ("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
-                    base64.b64encode(b"junk").decode()):
+                    base64.b64encode(b"junk").decode(), *unknown_algorithm_csrs()):
             reply = await send(comm, {"type": "cert.enroll", "csr_pem": bad})
             assert reply["type"] == "cert.refused" and "CSR" in reply["error"] or "PEM" in reply["error"]
         await comm.send_json_to({"type": "cert.enroll", "csr_pem": "\x00"})

@@ -37,6 +37,17 @@ def csr_for(key, cn="evil", san="admin.example"):
             .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
 
 
+def unknown_algorithm_csrs():
+    """CSRs the library parses but cannot read the key of: an unknown public-key algorithm, an unknown curve (the
+    id-ecPublicKey and P-256 OIDs of a real CSR's DER, one arc changed)."""
+    der = x509.load_pem_x509_csr(csr_for(keypair()).encode()).public_bytes(serialization.Encoding.DER)
+    out = []
+    for old, new in (("06072a8648ce3d0201", "06072a8648ce3d0209"), ("06082a8648ce3d030107", "06082a8648ce3d030109")):
+        body = base64.encodebytes(der.replace(bytes.fromhex(old), bytes.fromhex(new))).decode()
+        out.append(f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n")
+    return out
+
+
 def pem(cert):
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pki import ca
 from pki.models import IssuedCert
-from tests.pki.test_ca import agent_leaf
+from tests.pki.test_ca import agent_leaf, unknown_algorithm_csrs
 from tests.support.otp import code
 from yuzu.auth import MFA_SESSION_KEY
 from yuzu.models import TOTPDevice
@@ -77,3 +77,16 @@ def test_hostile_input_is_refused_cleanly(csr, cert, proof, serial):
             call()
         except ca.CertError:
             pass
+
+
+def test_a_csr_whose_key_algorithm_is_unknown_is_a_400_not_a_500(mint):
+    """cryptography parses such a CSR, then raises UnsupportedAlgorithm (no ValueError) reading its key: load_csr let
+    it through — a 500 on the code-signing issue (and a dropped agent connection on cert.enroll)."""
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('ca-admin', role='Administrator')}", raise_request_exception=False)
+    for csr in unknown_algorithm_csrs():
+        with pytest.raises(ca.CertError, match="not a PEM certificate signing request|must be EC"):
+            ca.load_csr(csr)
+        r = c.post("/api/v1/ca/issue", {"csr_pem": csr, "signer_name": "release", "justification": "test"},
+                   content_type="application/json")
+        assert r.status_code == 400, r.content
+    assert not IssuedCert.objects.filter(purpose="code-signing").exists()
