@@ -105,7 +105,22 @@ class _NoAliases(yaml.SafeLoader):
         return value
 
 
+    def construct_yaml_int(self, node):
+        """Integers within 64 bits: a decimal of over 4,300 digits makes int() raise ValueError, and a longer hex,
+        octal or binary one is read but no JSON column writes it back (json refuses to print it)."""
+        mark = node.start_mark
+        try:
+            value = super().construct_yaml_int(node)
+        except ValueError:
+            value = None
+        if value is None or not -(2**63) <= value < 2**64:
+            raise DocumentError(f"{node.value[:32]!r} at line {mark.line + 1} is not an integer within 64 bits",
+                                line=mark.line + 1, column=mark.column + 1)
+        return value
+
+
 _NoAliases.add_constructor("tag:yaml.org,2002:float", _NoAliases.construct_yaml_float)
+_NoAliases.add_constructor("tag:yaml.org,2002:int", _NoAliases.construct_yaml_int)
 
 
 def load(text):
@@ -126,6 +141,8 @@ def load(text):
                             line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None) from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise DocumentError(f"malformed YAML: {str(exc)[:200]}") from None
+    except ValueError as exc:  # a constructor's own: a timestamp such as 2020-13-45 is no date
+        raise DocumentError(f"malformed YAML: a value cannot be read ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise DocumentError("the document must be a YAML mapping with apiVersion, kind, metadata and spec")
     return data

@@ -341,6 +341,22 @@ def test_hostile_documents_get_a_400_or_a_201_never_a_500(mint, text):
     PolicyFragment.objects.all().delete()
 
 
+@pytest.mark.parametrize("value", [
+    "9" * 5000,  # a decimal integer int() refuses to read (over 4,300 digits): ValueError out of the YAML loader
+    "0x" + "f" * 5000,  # read (a power-of-two base has no limit), then a number no JSON column can write back
+    "!!timestamp 2020-13-45",  # a timestamp the loader builds a date of: ValueError too
+])
+def test_a_number_or_date_the_loader_cannot_build_is_a_400(mint, value):
+    """The YAML loader raises ValueError (no YAMLError) for these: a 500 on create, and nothing may be written."""
+    c = admin_client(mint)
+    assert c.post("/api/v1/policy-fragments", {"yaml_source": FRAGMENT}, content_type="application/json"
+                  ).status_code == 201
+    text = POLICY.replace("inputs: {path: /tmp/marker}", f"inputs: {{path: /tmp/marker, n: {value}}}")
+    r = c.post("/api/v1/policies", text, content_type="application/yaml")
+    assert r.status_code == 400, r.content[:300]
+    assert not Policy.objects.exists()
+
+
 # --- startup triggers --------------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
