@@ -224,7 +224,8 @@ def get_incident_playbook(ctx, args):
 @resource(uri="yuzu://golden-prompts/enterprise-it-v1", name="Golden prompt pack: enterprise IT (v1)",
           description="Realistic operator questions (incidents, compliance, inventory, approvals, bridge delegation), "
                       "each with the expected first tool, acceptable alternatives and tools that must not be called "
-                      "first; bench/prompt_pack/ scores classify_operational_question against it.")
+                      "first; bench/prompt_pack/ scores classify_operational_question against it.",
+          service_scope="open")
 def golden_prompts_resource(ctx):
     return orientation.golden_pack()
 

@@ -9,7 +9,7 @@ from jsonschema.exceptions import SchemaError
 from yuzu.jsondata import JsonObject
 from yuzu.policy import requires_approval
 
-from .registry import EFFECTS, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
+from .registry import EFFECTS, RESOURCE_SCOPE_CLASSES, SERVICE_SCOPE_CLASSES, _catalogues, autodiscover
 
 
 class McpConfig(AppConfig):
@@ -63,6 +63,9 @@ def registry_check(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 err(f"tool '{name}' free-text argument '{pname}' needs maxLength", name, "mcp.E009")
             for pname in _unbounded_integers(t.input_schema):
                 err(f"tool '{name}' integer argument '{pname}' needs minimum and maximum", name, "mcp.E010")
+        for uri, r in cat.resources.items():
+            if r.service_scope not in RESOURCE_SCOPE_CLASSES:
+                err(f"resource '{uri}' has an invalid service-scope class", uri, "mcp.E011")
     return errors
 
 

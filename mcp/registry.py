@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 DEFAULT_CATALOGUE = "v1"
 EFFECTS = ("read", "additive", "destructive")
 SERVICE_SCOPE_CLASSES = ("denied", "confined")
+#: a resource is fleet data ("denied" to a service-scoped token, like a tool of that class; none is confined) or a
+#: document the same for every caller ("open": the primer, the catalogues, the OpenAPI description)
+RESOURCE_SCOPE_CLASSES = ("denied", "open")
 
 
 class ToolFailure(Exception):
@@ -173,6 +176,7 @@ class Resource:
     operation: str
     reader: Reader
     catalogue: str = DEFAULT_CATALOGUE
+    service_scope: str = "denied"
 
     def listing(self) -> JsonObject:
         return {"uri": self.uri, "name": self.name, "description": self.description, "mimeType": self.mime_type}
@@ -255,9 +259,11 @@ def tool(*, name: str, title: str, description: str, securable: str, operation: 
 
 
 def resource(*, uri: str, name: str, description: str, securable: str = "Infrastructure", operation: str = "Read",
-             mime_type: str = "application/json", catalogue: str = DEFAULT_CATALOGUE) -> Callable[[R], R]:
+             mime_type: str = "application/json", catalogue: str = DEFAULT_CATALOGUE,
+             service_scope: str = "denied") -> Callable[[R], R]:
     def register(fn: R) -> R:
-        _cat(catalogue).resources[uri] = Resource(uri, name, description, mime_type, securable, operation, fn, catalogue)
+        _cat(catalogue).resources[uri] = Resource(uri, name, description, mime_type, securable, operation, fn, catalogue,
+                                                  service_scope)
         return fn
 
     return register

@@ -12,7 +12,7 @@ from django.conf import settings
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.auth import AuthError, authenticate, bearer_challenge, last_principal_key, step_up_scope
-from yuzu.errors import correlation_id
+from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_INITIALIZE_PROTOCOL, MCP_REQUESTS, MCP_SESSIONS_OPENED, mcp_method_label
 from yuzu.policy import tier_allows
@@ -402,7 +402,9 @@ def _tools_call(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObjec
 
 def _resources_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
     cat = catalogue(req.catalogue)
-    return _page([r.listing() for r in sorted(cat.resources.values(), key=lambda r: r.uri)], params, "resources")
+    shown = [r for r in sorted(cat.resources.values(), key=lambda r: r.uri)
+             if not (ctx.principal.scope_service and r.service_scope == "denied")]  # as tools/list fits the token
+    return _page([r.listing() for r in shown], params, "resources")
 
 
 def _templates_list(ctx: ToolContext, req: Request, params: JsonObject) -> JsonObject:
@@ -416,6 +418,12 @@ def _resources_read(ctx: ToolContext, req: Request, params: JsonObject) -> JsonO
         raise rpc.RpcError(rpc.RESOURCE_NOT_FOUND, "Resource not found",
                            a4(ctx.cid, remediation="resources/list lists the served URIs",
                               uri=uri if isinstance(uri, str) else None))
+    if ctx.principal.scope_service and res.service_scope == "denied":  # fleet data: a tool of that class is refused
+        raise as_rpc_error(rpc.PERMISSION_DENIED, YuzuError(
+            f"service-scoped tokens may not read this resource (this token is scoped to service "
+            f"'{ctx.principal.scope_service}')", extra={"scope_service": ctx.principal.scope_service},
+            remediation="use a token without a service scope: " + rbac.mint_token_hint(
+                ctx.principal, ctx.principal.tier or "readonly") + " (no --service)"), ctx.cid)
     if not tier_allows(ctx.principal.tier, res.securable, res.operation):
         raise as_rpc_error(rpc.TIER_DENIED, rbac.tier_denial(ctx.principal, res.securable, res.operation), ctx.cid)
     if not rbac.has_any(ctx.principal, res.securable, res.operation):

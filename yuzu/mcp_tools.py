@@ -187,23 +187,25 @@ def audit_resource(ctx: ToolContext) -> list[JsonObject]:
 
 
 @resource(uri="yuzu://about", name="About yuzu", description="The primer (same text as initialize.instructions).",
-          mime_type="text/markdown")
+          mime_type="text/markdown", service_scope="open")
 def about_resource(ctx: ToolContext) -> str:
     return INSTRUCTIONS
 
 
-@resource(uri="yuzu://capabilities", name="Capabilities", description="What yuzu can answer and how.")
+@resource(uri="yuzu://capabilities", name="Capabilities", description="What yuzu can answer and how.",
+          service_scope="open")
 def capabilities_resource(ctx: ToolContext) -> dict[str, list[str]]:
     return CAPABILITIES
 
 
 @resource(uri="yuzu://operating-model", name="Operating model", mime_type="text/markdown",
-          description="classify → plan → read → narrow → probe → approve → execute → monitor")
+          description="classify → plan → read → narrow → probe → approve → execute → monitor", service_scope="open")
 def operating_model_resource(ctx: ToolContext) -> str:
     return OPERATING_MODEL
 
 
-@resource(uri="yuzu://openapi", name="OpenAPI", description="The REST API's OpenAPI 3 document.")
+@resource(uri="yuzu://openapi", name="OpenAPI", description="The REST API's OpenAPI 3 document.",
+          service_scope="open")
 def openapi_resource(ctx: ToolContext) -> JsonObject:
     return openapi.document()
 

@@ -71,6 +71,26 @@ def test_guardian_schemas_are_one_catalogue_on_every_face(mint):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_service_scoped_token_reads_no_fleet_wide_resource(mint):
+    """get_fleet_compliance and query_audit_log refuse a service-scoped token (service-scope class "denied"), as
+    do their REST twins; resources/read asked only the tier and the grant, so the same token read the whole
+    install's compliance counts at yuzu://compliance/fleet, its newest audit rows at yuzu://audit/recent and every
+    service's connected agents at yuzu://server/health — and the Guardian catalogue its tool and route refuse. The
+    static documents stay readable."""
+    agents("a1")
+    c = McpClient(mint("comp-svc", role="Viewer", tier="readonly", scope_service="payments"))
+    c.initialize()
+    assert c.call("get_fleet_compliance", {}).json()["error"]["code"] == -32003
+    for uri in ("yuzu://compliance/fleet", "yuzu://audit/recent", "yuzu://server/health", "yuzu://guardian/schemas"):
+        err = c.rpc("resources/read", {"uri": uri}).json().get("error")
+        assert err is not None and err["code"] == -32003 and err["data"]["scope_service"] == "payments", (uri, err)
+    for uri in ("yuzu://about", "yuzu://capabilities", "yuzu://openapi"):
+        assert c.rpc("resources/read", {"uri": uri}).json()["result"]["contents"], uri
+    listed = {r["uri"] for r in c.rpc("resources/list", {}).json()["result"]["resources"]}
+    assert "yuzu://about" in listed and not listed & {"yuzu://compliance/fleet", "yuzu://audit/recent"}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_prompt_wraps_its_argument_as_untrusted(mint):
     c = McpClient(mint("comp-reader", role="Viewer", tier="readonly"))
     c.initialize()
