@@ -1,6 +1,6 @@
 """Core MCP tools (audit, RBAC, API tokens, accounts), the resources, the prompts and the primer."""
 
-from fleet.models import Agent
+from fleet.services import visible_agents
 from mcp.context import ToolContext
 from mcp.registry import Render, configure, prompt, resource, tool
 from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj, string
@@ -175,9 +175,11 @@ OPERATING_MODEL = """# Operating model
 """
 
 
-@resource(uri="yuzu://server/health", name="Server health", description="Server status and connected agents.")
+@resource(uri="yuzu://server/health", name="Server health",
+          description="Server status and the connected agents you may read.")
 def health_resource(ctx: ToolContext) -> JsonObject:
-    return {"status": "ok", "agents_connected": Agent.objects.filter(connected=True).count()}
+    # the agents the caller reads (a grant held on a group counts that group's): not every group's count
+    return {"status": "ok", "agents_connected": visible_agents(ctx.principal).filter(connected=True).count()}
 
 
 @resource(uri="yuzu://audit/recent", name="Recent audit", description="The newest 50 audit rows.",

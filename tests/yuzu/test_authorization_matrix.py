@@ -1064,6 +1064,20 @@ def test_a_group_grant_gives_nothing_on_securables_that_are_no_groups():
     assert read.body["error"]["code"] == -32003
 
 
+def test_server_health_counts_only_the_agents_the_caller_reads():
+    """yuzu://server/health counted every connected agent of the install for anyone holding Infrastructure:Read
+    somewhere: a Viewer held on one group learned how many devices the other groups have connected (its
+    get_fleet_posture_fast and list_agents count its own)."""
+    viewer = Caller("Viewer", on_group=True)
+    w = build_world([viewer], ["readonly"])
+    token, raw = w.token_of(viewer, "readonly")
+    sid = open_session(raw, "v1")
+    read = handle(Request("POST", _headers(raw, sid), {}, "v1", {"jsonrpc": "2.0", "id": 2, "method": "resources/read",
+                                                                  "params": {"uri": "yuzu://server/health"}}))
+    health = json.loads(read.body["result"]["contents"][0]["text"])
+    assert health == {"status": "ok", "agents_connected": 2}  # in-1 and in-2, never out-1
+
+
 def test_an_execution_in_another_group_reads_as_absent_everywhere():
     """summarize_working_set(kind=execution) and query_responses named another group's execution by id:
     the summary showed its responses (agent ids, statuses, exit codes); the query its status."""
