@@ -148,7 +148,7 @@ def observation(raw, now):
         return None, ("detail_json", "oversized" if isinstance(detail, str) else "type")
     try:
         parsed = json.loads(detail, parse_constant=_no_constant) if detail else {}
-    except (ValueError, RecursionError):  # RecursionError: 4 KiB of brackets nest past the parser's stack
+    except ValueError:
         return None, ("detail_json", "parse")
     except RecursionError:  # 4 KiB of brackets: the parser ran out of stack (it lost the whole frame)
         return None, ("detail_json", "oversized")
