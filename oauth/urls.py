@@ -1,4 +1,5 @@
 from django.urls import path
+from django.views.decorators.cache import never_cache
 from oauth2_provider.views import RevokeTokenView
 
 from . import discovery, views
@@ -13,7 +14,8 @@ urlpatterns = [
     path(f"{PRM}/mcp/bridge", discovery.protected_resource, {"audience": "mcp-bridge"}),
     path(f"{PRM}/mcp/bridge/", discovery.protected_resource, {"audience": "mcp-bridge"}),
     path(".well-known/oauth-authorization-server", discovery.authorization_server),
-    path("oauth/authorize", refuse_nul(views.AuthorizeView.as_view()), name="oauth-authorize"),
+    # the consent page is a signed-in person's, with its form's CSRF token: never kept by a browser or a proxy
+    path("oauth/authorize", refuse_nul(never_cache(views.AuthorizeView.as_view())), name="oauth-authorize"),
     path("oauth/token", refuse_nul(views.TokenView.as_view()), name="oauth-token"),
     path("oauth/register", refuse_nul(views.register), name="oauth-register"),
     path("oauth/revoke", refuse_nul(RevokeTokenView.as_view()), name="oauth-revoke"),

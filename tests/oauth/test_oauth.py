@@ -209,6 +209,8 @@ def test_consent_then_a_resource_bound_api_token(person):
     flow = Flow(client_id)
     page = flow.consent(browser)
     assert page.status_code == 200
+    # a signed-in person's page with its form's CSRF token: no browser or proxy keeps a copy
+    assert "no-store" in page["Cache-Control"] and "private" in page["Cache-Control"]
     html = page.content.decode()
     for fact in ("Claude", "/mcp/v1/", "alice", client_id, "127.0.0.1:9999", "registered itself"):
         assert fact in html, fact
