@@ -379,7 +379,6 @@ def race_one_refresh_token(flow, refresh_token, monkeypatch, *, winner_answers_l
     """Two threads (each its own database connection) present the same refresh token; both pass validation before
     either issues (a barrier holds them there). ``winner_answers_last``: the one that issued waits, after its
     commit, until the other has been refused — the reuse revokes what it had just issued."""
-    from django.db import connection
 
     from oauth.validators import Validator
 
@@ -403,22 +402,10 @@ def race_one_refresh_token(flow, refresh_token, monkeypatch, *, winner_answers_l
 
     monkeypatch.setattr(Validator, "validate_refresh_token", both_validated)
     monkeypatch.setattr(Validator, "save_bearer_token", ordered)
-    answers = []
-
-    def use():
-        try:
-            answers.append(refresh(flow.client_id, refresh_token))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=use) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    outcomes = at_once(partial(refresh, flow.client_id, refresh_token), partial(refresh, flow.client_id, refresh_token), timeout=30)
     monkeypatch.undo()
-    assert len(answers) == 2, "a request raised (a 500)"
-    return answers
+    assert all(kind == "ok" for kind, _ in outcomes), f"a request raised (a 500): {outcomes}"
+    return [r for _, r in outcomes]
 
 
 def assert_the_family_is_revoked_and_audited(flow, answers):
@@ -840,7 +827,6 @@ def race_one_code(flow, code, monkeypatch, *, second_waits_in):
     """Two threads (each its own database connection) exchange the same code; both pass validate_code before either
     issues. The second then waits, in ``second_waits_in`` (a Validator method), until the first has issued and
     committed."""
-    from django.db import connection
 
     from oauth.validators import Validator
 
@@ -873,22 +859,10 @@ def race_one_code(flow, code, monkeypatch, *, second_waits_in):
         monkeypatch.setattr(Validator, "save_bearer_token", saved)
     else:
         monkeypatch.setattr(Validator, "invalidate_authorization_code", lambda *a, **k: first_done.set())
-    answers = []
-
-    def use():
-        try:
-            answers.append(flow.exchange(code))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=use) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    outcomes = at_once(partial(flow.exchange, code), partial(flow.exchange, code), timeout=30)
     monkeypatch.undo()
-    assert len(answers) == 2, "a request raised (a 500)"
-    return answers
+    assert all(kind == "ok" for kind, _ in outcomes), f"a request raised (a 500): {outcomes}"
+    return [r for _, r in outcomes]
 
 
 @pytest.mark.parametrize("second_waits_in", ["get_code_challenge", "save_bearer_token"])
