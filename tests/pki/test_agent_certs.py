@@ -62,6 +62,17 @@ async def proved(agent_id, credential, key_pem, cert_pem, sign_with=None, refuse
     return comm, await send(comm, msg)
 
 
+async def proved_then_revoked_quietly(token, reason):
+    """An agent with a certificate, connected again with its proof; its certificate then revoked without the push
+    that would close the connection (lost, or not yet delivered). → (the open connection, agent id)."""
+    comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+    await comm.disconnect()
+    comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+    row = await db(IssuedCert.objects.get)(pk=serial)
+    await db(row.revoke)(reason)
+    return comm, agent_id
+
+
 def test_enrol_certificate_then_prove_it_on_reconnect():
     token = mint_device_token()
 
@@ -116,11 +127,7 @@ def test_heartbeat_closes_a_connection_whose_certificate_was_revoked_meanwhile()
     token = mint_device_token()
 
     async def scenario():
-        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
-        await comm.disconnect()
-        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
-        row = await db(IssuedCert.objects.get)(pk=serial)
-        await db(row.revoke)("quiet")  # no push
+        comm, _ = await proved_then_revoked_quietly(token, "quiet")
         await comm.send_json_to({"type": "heartbeat"})
         assert "revoked" in await closed_with(comm, 4401)
 
@@ -220,11 +227,7 @@ def test_a_connection_whose_certificate_was_revoked_cannot_obtain_a_new_one():
     token = mint_device_token()
 
     async def scenario():
-        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
-        await comm.disconnect()
-        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
-        row = await db(IssuedCert.objects.get)(pk=serial)
-        await db(row.revoke)("stolen")  # the push not (yet) delivered
+        comm, agent_id = await proved_then_revoked_quietly(token, "stolen")
         refused = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
         assert refused["type"] == "cert.refused" and "revoked" in refused["error"], refused
         await comm.disconnect()
