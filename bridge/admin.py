@@ -37,8 +37,8 @@ class ProfileForm(forms.ModelForm):
 @admin.register(Profile)
 class ProfileAdmin(AuditedAdmin):
     form = ProfileForm
-    list_display = ("name", "agent_kind", "is_default", "enabled", "blocked_injectable", "requires_api_base_url",
-                    "spawnable")
+    list_display = ("name", "agent_kind", "run_as", "is_default", "enabled", "blocked_injectable",
+                    "requires_api_base_url", "spawnable")
     list_filter = ("agent_kind", "enabled")
     search_fields = ("name", "description")
 

@@ -2,6 +2,7 @@
 
 GET    /api/v1/bridge/members                    list (Bridge:Read)
 POST   /api/v1/bridge/members       {profile}    spawn (Bridge:Execute); guard breach → 403 subscription_boundary
+                                                 or isolation_boundary
 DELETE /api/v1/bridge/members/{paneId}           stop (Bridge:Execute), idempotent
 POST   /api/v1/bridge/members/{paneId}/events    hook sink: the worker's own token (audience "bridge") only
 

@@ -9,6 +9,8 @@ YUZU_BRIDGE_HOOK_TRUST_SECONDS   a hook-reported status is trusted for this long
 YUZU_BRIDGE_WORKER_TOKEN_HOURS   lifetime of a worker's token (default 24)
 YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carries (default 40)
 YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and acknowledges with <file>.ack)
+YUZU_BRIDGE_SAME_USER_WORKERS    1: real agents may run as the server's own OS user (a single-person workstation;
+                                 see bridge/guard.py, the IsolationGuard). Default: refused.
 """
 
 import hashlib
@@ -86,6 +88,10 @@ def tail_lines():
 
 def repo_root():
     return str(Path(settings.BASE_DIR))
+
+
+def same_user_workers():
+    return os.environ.get("YUZU_BRIDGE_SAME_USER_WORKERS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def pause_file():

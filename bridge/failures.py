@@ -13,8 +13,8 @@ class BridgeFailure(Exception):
     """A business failure both faces render: MCP → ToolFailure (isError, {error:{code, message,
     retryable}}); REST → the envelope with ``status`` and ``reason: code``."""
 
-    STATUS = {"worker_gone": 410, "subscription_boundary": 403, "unknown_worker": 404, "no_worker": 404,
-              "ambiguous_worker": 409, "wrong_role": 403, "not_a_worker": 403, "unknown_turn": 404,
+    STATUS = {"worker_gone": 410, "subscription_boundary": 403, "isolation_boundary": 403, "unknown_worker": 404,
+              "no_worker": 404, "ambiguous_worker": 409, "wrong_role": 403, "not_a_worker": 403, "unknown_turn": 404,
               "no_question": 409, "unknown_profile": 404, "spawn_failed": 502, "delivery_failed": 502,
               "content_too_large": 413, "worker_limit": 429}
 
@@ -31,8 +31,8 @@ class BridgeFailure(Exception):
 
     @property
     def audit_result(self):
-        """A refusal of who the caller is (403: wrong_role, not_a_worker, subscription_boundary) is audited
-        ``denied`` on both faces; any other failure ``failure``."""
+        """A refusal of who the caller is (403: wrong_role, not_a_worker, subscription_boundary,
+        isolation_boundary) is audited ``denied`` on both faces; any other failure ``failure``."""
         return "denied" if self.status == 403 else "failure"
 
     def as_yuzu_error(self):

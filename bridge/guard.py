@@ -14,10 +14,23 @@ Invariants:
   ``X-Bridge-Pane``) must not live on the bridge's private tmux server: the bridge closes panes there and
   may shut that server down. The server is named as a real pane knows it (``$TMUX:$TMUX_PANE``, see
   ``tmux_server``) or by its ``-L`` name; a hint that names none is taken to mean the bridge's.
+
+The IsolationGuard: a worker that runs a real agent does not run as the server's own OS user.
+
+* **No agent with the server's powers.** A worker of any kind but the stand-in (``Profile.runs_commands``: Claude
+  Code runs shell commands unattended) started as the server's own OS user could read var/ (the database, the KEK
+  directory), ``/proc/<server pid>/environ`` and run manage.py — any Operator would be everything. Its spawn is
+  refused with ``isolation_boundary`` unless the profile names another user (``run_as``), or the installation says
+  it is a single-person workstation (``YUZU_BRIDGE_SAME_USER_WORKERS=1``, ``conf.same_user_workers``).
+* **run_as is checked before anything exists**: the user exists, the server is root (only root may start a process
+  as another user), and that user may enter the worker's working directory (default: its home). The launcher
+  (bridge/launch.py) then drops to it — initgroups, setgid, setuid — after it has read and deleted the env file.
 """
 
 import os
+import pwd
 import re
+import subprocess
 import sys
 
 from . import conf
@@ -55,6 +68,81 @@ class SubscriptionGuard:
             raise BridgeFailure("subscription_boundary", _pane_refusal(
                 primary_pane, sock, socket_name, "the bridge will not manage workers beside the primary's pane (it "
                 "closes panes on that server and may shut it down)"))
+
+
+def server_euid():
+    """The uid this server runs as (a function, so a test on a root machine can play an ordinary user's server)."""
+    return os.geteuid()
+
+
+class IsolationGuard:
+    """The spawn check of run_as (see the module docstring)."""
+
+    @staticmethod
+    def check_spawn(profile, cwd):
+        """``(user, cwd)`` a worker of ``profile`` starts with: ``user`` None for the server's own user, else the
+        run_as name; ``cwd`` the profile's (substituted) cwd, else the repository root, or with run_as that user's
+        home. Raises ``isolation_boundary`` with what an administrator can do."""
+        name, euid = (profile.run_as or "").strip(), server_euid()
+        pw = None
+        if name:
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                raise BridgeFailure(
+                    "isolation_boundary",
+                    f"profile '{profile.name}' runs its worker as OS user '{name}', but there is no OS user of that "
+                    f"name on the bridge's host; an administrator must create it (useradd --create-home {name}) or "
+                    "correct run_as (admin → Bridge → Profiles)") from None
+            if pw.pw_uid == euid:
+                pw = None  # the server's own user by another name
+            elif euid != 0:
+                raise BridgeFailure(
+                    "isolation_boundary",
+                    f"profile '{profile.name}' runs its worker as OS user '{name}', but the server runs as uid "
+                    f"{euid}, not root, and only root may start a process as another user; run the server (daphne "
+                    "and the bridge poller) as root, or an administrator must clear run_as (admin → Bridge → "
+                    "Profiles)")
+        if pw is None:
+            if profile.runs_commands and not conf.same_user_workers():
+                raise BridgeFailure(
+                    "isolation_boundary",
+                    f"profile '{profile.name}' would run a {profile.get_agent_kind_display()} worker, which runs "
+                    f"commands unattended, as the server's own OS user ({_user_name(euid)}): it could read the "
+                    "server's database, keys and environment and run its management commands. An administrator "
+                    "must set the profile's run_as to an unprivileged OS user (docs/bridge.md, Isolating workers), "
+                    "or — on a single-person workstation whose operator owns the machine anyway — opt in with "
+                    "YUZU_BRIDGE_SAME_USER_WORKERS=1")
+            return None, cwd or conf.repo_root()
+        cwd = cwd or pw.pw_dir
+        if not _may_enter(pw, cwd):
+            raise BridgeFailure(
+                "isolation_boundary",
+                f"profile '{profile.name}' runs its worker as OS user '{name}', who may not enter its working "
+                f"directory {cwd!r} (or it is no directory); an administrator must set the profile's cwd to a "
+                f"workspace that user owns (e.g. its home, {pw.pw_dir})")
+        return name, cwd
+
+
+def _user_name(uid):
+    try:
+        return f"'{pwd.getpwuid(uid).pw_name}'"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _may_enter(pw, path):
+    """Whether user ``pw`` may make ``path`` its working directory: asked of the kernel, as that user (only root
+    gets here), so permissions, ACLs and every parent directory count as they will for the worker."""
+    if not os.path.isdir(path):
+        return False
+    try:
+        return subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", path], user=pw.pw_uid, group=pw.pw_gid,
+                              extra_groups=os.getgrouplist(pw.pw_name, pw.pw_gid), cwd="/",
+                              env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _pane_refusal(hint, sock, socket_name, what):

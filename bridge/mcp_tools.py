@@ -169,9 +169,10 @@ def bridge_status(ctx, args):
       description="Primary only. Starts a worker from a profile (default: the default profile; bridge_profiles "
                   "lists them) in a new terminal pane and returns {sessionId, terminalId, paneId, status, profile}. "
                   "Refused with subscription_boundary when the profile would put the worker on the primary's "
-                  "subscription (its env lacks ANTHROPIC_BASE_URL) — an administrator must configure the profile; "
-                  "refused with worker_limit when you already have YUZU_BRIDGE_MAX_WORKERS (default 8) live "
-                  "workers — bridge_stop one first.",
+                  "subscription (its env lacks ANTHROPIC_BASE_URL), and with isolation_boundary when it would run "
+                  "a real agent as the server's own OS user (no run_as) or its run_as cannot be honoured — an "
+                  "administrator must configure the profile; refused with worker_limit when you already have "
+                  "YUZU_BRIDGE_MAX_WORKERS (default 8) live workers — bridge_stop one first.",
       input_schema=obj({"profile": string(64, "A profile name from bridge_profiles", minLength=1)}),
       output_schema=WORKER)
 def bridge_spawn(ctx, args):

@@ -19,6 +19,7 @@ Invariants the methods below keep:
 """
 
 import json
+import re
 import secrets
 from datetime import timedelta
 
@@ -68,6 +69,15 @@ def _validate_env(value):
         isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in value.items()
     ):
         raise ValidationError("env must be a JSON object of string names to string values")
+
+
+#: a POSIX user name as useradd accepts it (and nothing a command line or tmux could read as more)
+_RUN_AS_RE = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
+
+
+def _validate_run_as(value):
+    if value and not _RUN_AS_RE.fullmatch(value):
+        raise ValidationError("run_as must be an OS user name (lower-case letters, digits, '_', '.', '-'; at most 32)")
 
 
 def _validate_keys(value):
@@ -120,7 +130,13 @@ class Profile(models.Model):
     env_sealed = models.BinaryField(null=True, blank=True, editable=False,
                                     help_text="the worker's environment (``env``), sealed with yuzu.secrets: it "
                                               "often holds API credentials, so a database dump never shows it")
-    cwd = models.CharField(max_length=1024, blank=True, help_text="Working directory (default: the bridge's repo)")
+    cwd = models.CharField(max_length=1024, blank=True,
+                           help_text="Working directory (default: the bridge's repo; with run_as, that user's home)")
+    run_as = models.CharField(
+        max_length=32, blank=True, validators=[_validate_run_as],
+        help_text="The OS user the worker runs as (blank: the server's own user). The IsolationGuard refuses a real "
+                  "agent as the server's own user unless YUZU_BRIDGE_SAME_USER_WORKERS=1; a run_as user needs the "
+                  "server to run as root and a cwd that user may enter (docs/bridge.md, Isolating workers).")
     blocked_injectable = models.BooleanField(
         default=True, help_text="Deliver messages while the worker is BLOCKED (awaiting input, e.g. a dialog)")
     requires_api_base_url = models.BooleanField(
@@ -179,6 +195,12 @@ class Profile(models.Model):
         (it calls no model)."""
         exempt = not self.requires_api_base_url and self.agent_kind == self.Kind.STANDIN
         return exempt or bool(str((self.env or {}).get("ANTHROPIC_BASE_URL", "")).strip())
+
+    @property
+    def runs_commands(self):
+        """The IsolationGuard's question (bridge/guard.py): whether a worker of this profile may run what a model
+        decides (every kind but the scripted stand-in, which calls no model and runs nothing it is sent)."""
+        return self.agent_kind != self.Kind.STANDIN
 
     def to_dict(self, default_id=None):
         """What bridge_profiles shows: never ``env``."""

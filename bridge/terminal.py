@@ -17,7 +17,9 @@ Design notes
   the ``TMUX``/``TERM`` variables tmux adds), and the values travel in a 0600
   file the launcher deletes before it exec's the program — never on a command
   line (tmux keeps its first client's argv for the server's lifetime, readable
-  by every user with ``ps``).
+  by every user with ``ps``). Given a ``user``, the launcher (still the
+  server's user, root) drops to that OS user after reading and deleting the
+  file, before the exec.
 * ``remain-on-exit`` is set globally on the private server *before* the pane is
   created (same tmux invocation), so even a program that exits at once leaves a
   dead pane behind: death is observable via :meth:`alive`.
@@ -103,8 +105,10 @@ class TerminalBackend(abc.ABC):
         argv: Sequence[str],
         env: Mapping[str, str],
         cwd: str | os.PathLike[str] | None = None,
+        *,
+        user: str | None = None,
     ) -> PaneInfo:
-        """Start ``argv`` detached in a new pane with exactly ``env``."""
+        """Start ``argv`` detached in a new pane with exactly ``env`` (as OS user ``user``: needs root)."""
 
     @abc.abstractmethod
     def paste(self, pane_id: str, text: str, *, submit: bool = True) -> None:
@@ -275,6 +279,8 @@ class TmuxBackend(TerminalBackend):
         argv: Sequence[str],
         env: Mapping[str, str],
         cwd: str | os.PathLike[str] | None = None,
+        *,
+        user: str | None = None,
     ) -> PaneInfo:
         argv = [str(a) for a in argv]
         if not argv:
@@ -304,7 +310,7 @@ class TmuxBackend(TerminalBackend):
             with contextlib.suppress(OSError):
                 os.unlink(env_file)
             raise TerminalError(f"cannot write the launcher's environment file: {exc}") from exc
-        command = [sys.executable, _LAUNCHER, env_file, *argv]
+        command = [sys.executable, _LAUNCHER, *(["--user", user] if user else []), env_file, *argv]
         new_session += [_tmux_arg(a) for a in command]
         # One invocation: start the server if needed, make dead panes stay,
         # then create the session -- no window in which a fast-exiting

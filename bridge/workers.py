@@ -2,8 +2,8 @@
 
 Invariants:
 
-* **Guard before side effects.** A spawn resolves its profile and passes the SubscriptionGuard
-  (bridge/guard.py) before any row, token or pane exists; a refusal is audited ``denied``.
+* **Guard before side effects.** A spawn resolves its profile and passes the SubscriptionGuard and the
+  IsolationGuard (bridge/guard.py) before any row, token or pane exists; a refusal is audited ``denied``.
 * **One token per worker, for its pane only.** The worker's token (audience "bridge", expiring after
   YUZU_BRIDGE_WORKER_TOKEN_HOURS) is minted with its Member in one transaction and handed only to the
   pane's environment; no tool ever returns it. A pane that cannot start leaves a stopped Member and a
@@ -30,7 +30,7 @@ from yuzu.rbac import Principal
 
 from . import conf
 from .failures import BridgeFailure
-from .guard import SubscriptionGuard, substitute, worker_env
+from .guard import IsolationGuard, SubscriptionGuard, substitute, worker_env
 from .identity import PRIMARY, identify, require
 from .models import Member, Profile
 from .status import (
@@ -75,6 +75,7 @@ def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
     sock = conf.socket_name()
     try:
         SubscriptionGuard.check_spawn(profile, primary_pane, sock)
+        run_as, cwd = IsolationGuard.check_spawn(profile, substitute(profile.cwd, profile))
     except BridgeFailure as exc:
         audit(caller.principal, "bridge.spawn", "denied", target_type="BridgeProfile", target_id=profile.name,
               detail=f"reason={exc.code}", correlation_id=cid)
@@ -101,9 +102,9 @@ def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
                             f"(YUZU_BRIDGE_MAX_WORKERS={limit}); bridge_stop one you no longer need (bridge_list "
                             "shows them)")
     argv = substitute(list(profile.argv or []), profile)
-    cwd = substitute(profile.cwd, profile) or conf.repo_root()
     try:
-        info = backend(sock).start(f"bridge-{member.session_id}", argv, worker_env(profile, member, raw), cwd)
+        info = backend(sock).start(f"bridge-{member.session_id}", argv, worker_env(profile, member, raw), cwd,
+                                   user=run_as)
     except TerminalError as exc:
         member.mark_gone(f"spawn failed: {exc}")
         audit(caller.principal, "bridge.spawn", "failure", target_type="BridgeMember", target_id=member.session_id,
@@ -118,7 +119,8 @@ def spawn(caller, profile_name=None, *, primary_pane=None, cid=""):
               detail=f"profile={profile.name} pane={info.pane_id} error=stopped while starting", correlation_id=cid)
         raise BridgeFailure("worker_gone", f"worker {member.session_id} was stopped while its pane was starting")
     audit(caller.principal, "bridge.spawn", "success", target_type="BridgeMember", target_id=member.session_id,
-          detail=f"profile={profile.name} pane={info.pane_id} socket={sock}", correlation_id=cid)
+          detail=f"profile={profile.name} pane={info.pane_id} socket={sock} run_as={run_as or '-'}",
+          correlation_id=cid)
     return member
 
 

@@ -106,10 +106,10 @@ def test_a_worker_stopped_while_its_pane_starts_leaves_no_pane_behind(sock, prin
     real_start = b.start
     started = []
 
-    def start_while_stopped(name, argv, env, cwd=None):
+    def start_while_stopped(name, argv, env, cwd=None, **kw):
         (m,) = Member.objects.live().filter(owner_key=alice.world_key)
         assert workers.stop(alice, m.session_id)["wasRunning"] is True  # the stop lands first …
-        info = real_start(name, argv, env, cwd)  # … then tmux answers
+        info = real_start(name, argv, env, cwd, **kw)  # … then tmux answers
         started.append(info)
         return info
 

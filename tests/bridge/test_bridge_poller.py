@@ -44,7 +44,7 @@ class FakeBackend(TerminalBackend):
             raise PaneNotFound(target)
         return pane
 
-    def start(self, name, argv, env, cwd=None):
+    def start(self, name, argv, env, cwd=None, *, user=None):
         raise NotImplementedError
 
     def paste(self, pane_id, text, *, submit=True):

@@ -5,7 +5,7 @@ hook payloads, its CLI flags (--mcp-config with ${VAR} expansion, --settings hoo
 --append-system-prompt) and that the model actually calls bridge_reply — is exercised here. It runs
 only when asked to, because it bills the configured API:
 
-    YUZU_BRIDGE_REAL_AGENT=1 \\
+    YUZU_BRIDGE_REAL_AGENT=1 YUZU_BRIDGE_SAME_USER_WORKERS=1 \\
     YUZU_BRIDGE_REAL_AGENT_BASE_URL=https://your-gateway/... \\
     YUZU_BRIDGE_REAL_AGENT_AUTH_TOKEN=...      (or YUZU_BRIDGE_REAL_AGENT_API_KEY=...) \\
     .venv/bin/python -m pytest tests/e2e/test_bridge_real_agent.py -q -s
@@ -30,6 +30,9 @@ elif shutil.which("claude") is None:
     REASON = "no real `claude` CLI on PATH"
 elif shutil.which("tmux") is None:
     REASON = "tmux is not installed"
+elif os.environ.get("YUZU_BRIDGE_SAME_USER_WORKERS") != "1":
+    REASON = ("set YUZU_BRIDGE_SAME_USER_WORKERS=1: the worker runs as this user, which the IsolationGuard refuses "
+              "otherwise (docs/bridge.md, Isolating workers)")
 elif not os.environ.get("YUZU_BRIDGE_REAL_AGENT_BASE_URL"):
     REASON = "set YUZU_BRIDGE_REAL_AGENT_BASE_URL (the worker's ANTHROPIC_BASE_URL; never the primary's subscription)"
 

@@ -74,3 +74,9 @@ def test_the_profile_form_edits_a_sealed_env(boss):
     assert profile.env == {"API_KEY": "sk-admin-typed"} and b"sk-admin-typed" not in bytes(profile.env_sealed)
     r = c.post(url, {**data, "env": '{"A": 1}'})
     assert r.status_code == 200 and Profile.objects.get(pk=profile.pk).env == {"API_KEY": "sk-admin-typed"}
+    # run_as (the OS user the worker runs as, bridge.guard.IsolationGuard) is edited here, a user name only
+    assert 'name="run_as"' in page and "run_as" in c.get("/admin/bridge/profile/").content.decode()
+    assert c.post(url, {**data, "run_as": "yuzu-worker"}).status_code == 302
+    assert Profile.objects.get(pk=profile.pk).run_as == "yuzu-worker"
+    assert c.post(url, {**data, "run_as": "x; rm -rf /"}).status_code == 200
+    assert Profile.objects.get(pk=profile.pk).run_as == "yuzu-worker"
