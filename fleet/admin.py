@@ -32,7 +32,7 @@ class TagInline(admin.TabularInline):
 
     model = Tag
     extra = 0
-    fields = readonly_fields = ("key", "value")
+    fields = readonly_fields = ("key", "value", "origin")
     can_delete = False
 
     def has_add_permission(self, request, obj=None):
@@ -61,8 +61,8 @@ class TagAdmin(ServiceFormAdmin, HiddenColumnsAdmin):
     """Tags set (TagForm) and deleted (one by one) through fleet.services, which audits and pushes them."""
 
     form = TagForm
-    list_display = ("agent", "key", "value")
-    list_filter = ("key",)
+    list_display = ("agent", "key", "value", "origin")  # origin: server (set here, wins) or agent (reported)
+    list_filter = ("origin", "key")
     search_fields = ("agent__agent_id", "key", "value")
 
     def get_readonly_fields(self, request, obj=None):

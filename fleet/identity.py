@@ -82,10 +82,11 @@ def enroll(token, hostname):
 def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None):
     """Verify the credential (constant time) and, for an agent that holds a certificate, its proof of
     possession (``proof`` = (cert_pem, signature, nonce): pki.ca.verify_agent_proof); refresh what the agent
-    reports (``fields``, its tags — not the server's own, SERVER_TAG_KEYS — and its plugin catalogue), mark it
-    connected as of the connection opened at ``opened_at``. The newest connection wins: if one opened later has
-    registered already, this one is stale (its agent has reconnected since) and is refused with Superseded,
-    changing nothing. Returns (tags, the serial of the certificate proved or None)."""
+    reports (``fields``, its tags — Tag.objects.report: never the SERVER_TAG_KEYS, nor a key set on the server —
+    and its plugin catalogue), mark it connected as of the connection opened at ``opened_at``. The newest
+    connection wins: if one opened later has registered already, this one is stale (its agent has reconnected
+    since) and is refused with Superseded, changing nothing. Returns (tags, the serial of the certificate proved
+    or None)."""
     agent = Agent.objects.filter(pk=agent_id).first()
     stored = agent.credential_hash if agent and agent.credential_hash else _DUMMY_HASH
     if not hmac.compare_digest(stored, hash_secret(credential)) or agent is None:
@@ -97,11 +98,14 @@ def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None)
         if not Agent.objects.connect(agent_id, opened_at, simulated=bool(fields["attributes"].get("simulated")),
                                      **fields):
             raise Superseded("a newer connection of this agent has registered")
+        reported = {}
         for key, value in tags.items():
             if key in SERVER_TAG_KEYS:  # not the agent's to choose (the server's value, if any, stands)
                 log.info("agent %s reported the server's tag %s=%s at register: ignored", agent_id, key, value)
                 continue
-            Tag.objects.update_or_create(agent_id=agent_id, key=key, defaults={"value": value})
+            reported[key] = value
+        for key, value in Tag.objects.report(agent_id, reported, now).items():  # the server set these: they win
+            log.info("agent %s reported %s=%r at register over the server's tag: ignored", agent_id, key, value)
         AgentInventory.objects.store(agent_id, AgentInventory.CATALOGUE, plugins, now)
     return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")), serial
 

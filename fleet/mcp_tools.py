@@ -9,7 +9,7 @@ from mcp.schema import APPROVAL_ID, array, boolean, enum, integer, nullable, obj
 from yuzu.metrics import MCP_POLL
 
 from . import events, executions, inventory, orientation, services
-from .models import Execution, InstructionDefinition, ManagementGroup, Response
+from .models import Execution, InstructionDefinition, ManagementGroup, Response, Tag
 from .permissions import on_agent
 
 AGENT = obj({
@@ -47,15 +47,21 @@ def list_agents(ctx, args):
                   + AGENT_WRITTEN.format(what="Its hostname and attributes are"),
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
       output_schema=obj({"agent_id": string(128), "attributes": {"type": "object"}, "tags": {"type": "object"},
+                         "tag_origins": {"type": "object", "description": "each tag's origin: server (set with "
+                                         "set_tag, wins) or agent (reported at register)"},
                          "groups": array(string(128))}, ["agent_id", "tags"], additional=True))
 def get_agent_details(ctx, args):
     return services.agent_details(ctx.principal, args["agent_id"])
 
 
 @tool(name="get_tags", title="Agent tags", securable="Tag", operation="Read", pure=True, object_permission=on_agent("agent_id"),
-      description="The tags (key=value) of one agent. An empty list means the agent has no tags.",
+      description="The tags (key=value) of one agent. An empty list means the agent has no tags. origin: `server` "
+                  "(set with set_tag; wins over what the agent reports) or `agent` (reported by the agent at "
+                  "register, for a key not set on the server).",
       input_schema=obj({"agent_id": AGENT_ID}, ["agent_id"]),
-      output_schema=obj({"agent_id": string(128), "tags": array(obj({"key": string(64), "value": string(256)}))},
+      output_schema=obj({"agent_id": string(128),
+                         "tags": array(obj({"key": string(64), "value": string(256),
+                                            "origin": enum(Tag.Origin.values)}))},
                         ["agent_id", "tags"]))
 def get_tags(ctx, args):
     return services.get_tags(ctx.principal, args["agent_id"])
@@ -74,7 +80,8 @@ def search_agents_by_tag(ctx, args):
 @tool(name="set_tag", title="Set a tag", securable="Tag", operation="Write", effect="destructive", idempotent=True,
       service_scope="confined", object_permission=on_agent("agent_id"),
       description="Sets tag key=value on one agent and pushes the tags to it. Category keys (role, environment, "
-                  "location, service) are lower-cased and validated.",
+                  "location, service) are lower-cased and validated. A tag set here is the server's: it wins over "
+                  "the value the agent reports, and the agent's register never changes or removes it.",
       input_schema=obj({"agent_id": AGENT_ID, "key": string(64, minLength=1), "value": string(256)},
                        ["agent_id", "key", "value"]),
       output_schema=obj({"agent_id": string(128), "key": string(64), "value": string(256)}, ["agent_id", "key"]))

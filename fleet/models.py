@@ -131,11 +131,41 @@ def normalise_tag(key, value):
     return key, value
 
 
+class TagQuerySet(models.QuerySet):
+    def report(self, agent_id, tags, now):
+        """An agent's register: its reported ``tags`` become its AGENT tags — updated, added, and the ones it no
+        longer reports removed — except for the keys set on the server (SERVER rows are never written here, even
+        by a register racing a set_tag: every write is conditional on the row being the agent's). Returns the
+        reported keys ignored because the server set them ({key: the reported value})."""
+        ignored = {}
+        for key, value in tags.items():
+            if self.filter(agent_id=agent_id, key=key, origin=Tag.Origin.AGENT).update(value=value, updated_at=now):
+                continue
+            tag, created = self.get_or_create(agent_id=agent_id, key=key,
+                                              defaults={"value": value, "origin": Tag.Origin.AGENT})
+            if not created and tag.origin == Tag.Origin.SERVER and tag.value != value:
+                ignored[key] = value
+        self.filter(agent_id=agent_id, origin=Tag.Origin.AGENT).exclude(key__in=list(tags)).delete()
+        return ignored
+
+
 class Tag(models.Model):
+    """One key=value of an agent. Its origin says who owns it: a tag set on the server (fleet.services.set_tag —
+    REST, MCP, the admin) wins and a register never changes or removes it; a key nobody set on the server is the
+    agent's, which each register reports afresh (Tag.objects.report)."""
+
+    class Origin(models.TextChoices):
+        SERVER = "server"  # set through the server's services: tags decide groups and scopes, so the agent can't
+        AGENT = "agent"  # reported by the agent at register, for a key the server did not set
+
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tags")
     key = models.CharField(max_length=64)
     value = models.CharField(max_length=256, blank=True)
+    # rows stored before origins were: the server's (it cannot tell which an administrator set, so it keeps them)
+    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.SERVER)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = TagQuerySet.as_manager()
 
     class Meta:
         unique_together = [("agent", "key")]

@@ -102,14 +102,17 @@ def agent_details(principal, agent_id):
     agent = get_agent(principal, agent_id)
     data = agent_view(agent)
     data["attributes"] = agent.attributes
-    data["tags"] = {t.key: t.value for t in agent.tags.all()}
+    tags = list(agent.tags.all())
+    data["tags"] = {t.key: t.value for t in tags}
+    data["tag_origins"] = {t.key: t.origin for t in tags}  # server: set on the server, wins; agent: reported
     data["groups"] = sorted(agent.groups.values_list("name", flat=True))
     return data
 
 
 def get_tags(principal, agent_id):
     agent = get_agent(principal, agent_id, securable="Tag")
-    return {"agent_id": agent.agent_id, "tags": [{"key": t.key, "value": t.value} for t in agent.tags.all()]}
+    return {"agent_id": agent.agent_id,
+            "tags": [{"key": t.key, "value": t.value, "origin": t.origin} for t in agent.tags.all()]}
 
 
 def search_agents_by_tag(principal, key, value=None):
@@ -124,7 +127,8 @@ def set_tag(principal, agent_id, key, value, *, cid=""):
     if not rbac.may(principal, "Tag", "Write", agent=agent):
         raise rbac.denial(principal, "Tag", "Write", agent=agent)
     key, value = normalise_tag(key, value)
-    Tag.objects.update_or_create(agent=agent, key=key, defaults={"value": value})
+    # the server's from now on: a register no longer changes or removes it (a reported one is taken over)
+    Tag.objects.update_or_create(agent=agent, key=key, defaults={"value": value, "origin": Tag.Origin.SERVER})
     audit(principal, "tag.set", "success", target_type="Agent", target_id=agent.agent_id, detail=f"{key}={value}",
           correlation_id=cid)
     push_tags(agent.agent_id)

@@ -164,6 +164,20 @@ def test_a_tag_is_set_and_deleted_on_its_page_through_the_service(root):
     assert AuditEvent.objects.filter(action="tag.delete", target_id="a1", detail="key=service deleted=True").exists()
 
 
+def test_the_tag_pages_show_each_tags_origin_and_a_tag_changed_there_becomes_the_servers(root):
+    """A reported tag changed on its page is the server's from then on (a register no longer changes it); the list
+    and the agent's page say which tags are whose."""
+    agent = Agent.objects.create(agent_id="a1", hostname="a1.example")
+    reported = Tag.objects.create(agent=agent, key="role", value="web", origin=Tag.Origin.AGENT)
+    Tag.objects.create(agent=agent, key="owner", value="ops", origin=Tag.Origin.AGENT)
+    r = root.post(f"/admin/fleet/tag/{reported.pk}/change/", {"value": "db"})
+    assert r.status_code == 302
+    assert dict(Tag.objects.values_list("key", "origin")) == {"role": "server", "owner": "agent"}
+    listing = page_text(root.get("/admin/fleet/tag/"))
+    assert "Origin" in listing and "server" in listing and "agent" in listing
+    assert "Origin" in page_text(root.get("/admin/fleet/agent/a1/change/"))
+
+
 def test_executions_and_responses_are_shown_not_edited_and_an_agent_can_still_be_deleted(root):
     agent = Agent.objects.create(agent_id="a1", hostname="a1.example")
     Tag.objects.create(agent=agent, key="env", value="prod")

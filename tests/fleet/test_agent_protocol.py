@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from fleet import consumers, identity
+from fleet import consumers, identity, services
 from fleet.executions import start_execution
 from fleet.models import (
     Agent,
@@ -24,10 +24,12 @@ from fleet.models import (
     AgentState,
     DeviceToken,
     Execution,
+    ManagementGroup,
     Response,
     Tag,
 )
 from fleet.push import push_tags
+from fleet.scope import matching_agents
 from tests.support.agent_ws import (
     agent_endpoint,
     closed_with,
@@ -529,6 +531,96 @@ def test_an_agent_cannot_choose_its_service_tag():
     agent_id = async_to_sync(scenario)()
     assert dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")) == {"service": "payments",
                                                                                        "role": "db"}
+
+
+def test_a_register_cannot_overwrite_an_admin_set_tag_to_enter_a_dynamic_group(principal):
+    """Tags decide dynamic groups (and so Guardian, compliance and target scopes): a compromised agent reporting
+    environment=prod over the staging an administrator set (set_tag) entered the Prod group, and every policy and
+    command aimed at it. A tag set on the server wins; the agent's report of that key is ignored."""
+    admin = principal("root", role="Administrator", tier="")
+    ManagementGroup.objects.create(name="Prod", membership_type=ManagementGroup.Membership.DYNAMIC,
+                                   scope_expression="tag:environment == prod")
+    token = mint_device_token()
+
+    async def enrol():
+        comm, agent_id, credential, _ = await enrolled_agent(token, tags={"owner": "ops"})
+        await comm.disconnect()
+        return agent_id, credential
+
+    agent_id, credential = async_to_sync(enrol)()
+    services.set_tag(admin, agent_id, "environment", "staging")
+
+    async def hostile():
+        comm = await connect()
+        registered = await send(comm, register_msg(agent_id, credential,
+                                                   tags={"environment": "prod", "owner": "ops"}))
+        await comm.disconnect()
+        return registered["tags"]
+
+    assert async_to_sync(hostile)() == {"environment": "staging", "owner": "ops"}
+    assert Tag.objects.get(agent_id=agent_id, key="environment").value == "staging"
+    assert agent_id not in matching_agents("group:Prod").values_list("agent_id", flat=True)
+
+
+def test_a_register_omitting_an_admin_set_tag_does_not_remove_it(principal):
+    """A register reporting no tags at all, or none of the server's, leaves every tag set on the server as it was:
+    an agent cannot leave a group (and the policies aimed at it) by staying silent about its role."""
+    admin = principal("root", role="Administrator", tier="")
+    ManagementGroup.objects.create(name="Databases", membership_type=ManagementGroup.Membership.DYNAMIC,
+                                   scope_expression="tag:role == db")
+    token = mint_device_token()
+
+    async def enrol():
+        comm, agent_id, credential, _ = await enrolled_agent(token, tags={"role": "web", "owner": "ops"})
+        await comm.disconnect()
+        return agent_id, credential
+
+    agent_id, credential = async_to_sync(enrol)()
+    services.set_tag(admin, agent_id, "role", "db")
+
+    async def silent():
+        comm = await connect()
+        registered = await send(comm, register_msg(agent_id, credential, tags={}))
+        await comm.disconnect()
+        return registered["tags"]
+
+    assert async_to_sync(silent)() == {"role": "db"}
+    assert dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")) == {"role": "db"}
+    assert list(matching_agents("group:Databases").values_list("agent_id", flat=True)) == [agent_id]
+
+
+def test_reported_tags_follow_the_agent_for_keys_the_server_did_not_set(principal):
+    """A key nobody set on the server is the agent's: its report updates it, and a register that stops reporting
+    it removes it. Once set on the server it is the server's (the origin says so); deleted there, the agent's
+    report applies again."""
+    admin = principal("root", role="Administrator", tier="")
+    token = mint_device_token()
+
+    async def enrol():
+        comm, agent_id, credential, _ = await enrolled_agent(token, tags={"role": "web", "owner": "ops"})
+        await comm.disconnect()
+        return agent_id, credential
+
+    agent_id, credential = async_to_sync(enrol)()
+
+    async def report(tags):
+        comm = await connect()
+        registered = await send(comm, register_msg(agent_id, credential, tags=tags))
+        await comm.disconnect()
+        return registered["tags"]
+
+    def origins():
+        return {t["key"]: (t["value"], t["origin"]) for t in services.get_tags(admin, agent_id)["tags"]}
+
+    assert origins() == {"role": ("web", "agent"), "owner": ("ops", "agent")}
+    assert async_to_sync(report)({"role": "cache"}) == {"role": "cache"}
+    services.set_tag(admin, agent_id, "role", "cache")
+    assert origins() == {"role": ("cache", "server")}
+    assert async_to_sync(report)({"role": "web"}) == {"role": "cache"}
+    services.delete_tag(admin, agent_id, "role")
+    assert async_to_sync(report)({"role": "web"}) == {"role": "web"}
+    assert origins() == {"role": ("web", "agent")}
+    assert services.agent_details(admin, agent_id)["tag_origins"] == {"role": "agent"}
 
 
 def test_tag_pushes_reach_the_agent_and_a_newer_connection_supersedes():
