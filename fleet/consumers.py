@@ -424,7 +424,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def on_heartbeat(self, msg):
         if not await identity.heartbeat.submit((self.agent_id, self.cert_serial)):
-            await self.refuse(CLOSE_REFUSED, "certificate revoked")
+            await self.refuse(CLOSE_REFUSED, "agent credential or certificate revoked, or agent deleted")
             return
         if "dex" in msg:  # DEX facts (docs/dex.md): each value is validated, and dropped if bad, by the dex app
             await self._announce(agent_telemetry, agent_id=self.agent_id, kind="heartbeat", frame=msg)
@@ -532,6 +532,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.cert_serial is not None and event.get("serial_hex") == self.cert_serial:
             CA_REVOKED_CERT.labels("live").inc()
             await self.refuse(CLOSE_REFUSED, "certificate revoked")
+
+    async def agent_cut_off(self, event):
+        """The agent's credential was revoked (fleet.services.revoke_agent_credential) or its Agent row deleted
+        (fleet.apps): close its connection now. Its next register is refused."""
+        if self.agent_id is not None:
+            await self.refuse(CLOSE_REFUSED, event.get("why") or "agent cut off")
 
     async def agent_superseded(self, event):
         """Another connection registered as this agent: the newest one (by the time it was opened) wins."""

@@ -163,13 +163,16 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
 def heartbeats(beats):
     """Heartbeats ``[(agent_id, proved serial or None), …]`` from a server process's connections, in one go: the
     agents are seen (one UPDATE), and each one's result is False when the certificate its connection proved has
-    been revoked since (the store is checked, not the CRL: one query)."""
-    Agent.objects.seen({agent_id for agent_id, _ in beats})
+    been revoked since (the store is checked, not the CRL: one query), or the agent's credential has been revoked
+    or its row deleted (one query): what closes the connection when the channel layer's message was lost."""
+    ids = {agent_id for agent_id, _ in beats}
+    Agent.objects.seen(ids)
+    admitted = set(Agent.objects.filter(pk__in=ids).exclude(credential_hash="").values_list("pk", flat=True))
     active = ca.active_serials({serial for _, serial in beats if serial is not None})
-    results = [serial is None or serial in active for _, serial in beats]
-    if revoked := results.count(False):
+    cert_ok = [serial is None or serial in active for _, serial in beats]
+    if revoked := cert_ok.count(False):
         CA_REVOKED_CERT.labels("heartbeat").inc(revoked)
-    return results
+    return [ok and agent_id in admitted for ok, (agent_id, _) in zip(cert_ok, beats, strict=True)]
 
 
 async def _heartbeats(beats):

@@ -12,14 +12,14 @@ from django.utils import timezone
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.dbfuncs import IsoUtc
-from yuzu.errors import NotFound, PermissionDenied
+from yuzu.errors import NotFound, PermissionDenied, YuzuError
 from yuzu.models import Role, RoleAssignment
 from yuzu.plans import Plan, check_role_pin, role_pins
 from yuzu.stepup import require_fresh_mfa
 
 from .groups import agents_in_groups, group_agents, service_agent_ids
 from .models import Agent, DeviceToken, ManagementGroup, Tag, normalise_tag
-from .push import push_tags
+from .push import push_tags, send_to_agent
 from .scope import ScopeError, parse
 
 AGENT_FIELDS = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "quarantined")
@@ -463,3 +463,42 @@ def revoke_device_token(principal, token_id, *, cid=""):
         audit(principal, "device_token.revoke", "success", target_type="DeviceToken", target_id=token.pk,
               detail=f"name={token.name} uses={token.uses}", correlation_id=cid)
     return {"token_id": token.pk, "revoked": revoked}
+
+
+# --- an agent's own credential -----------------------------------------------------------------------
+
+def plan_revoke_agent_credential(principal, agent_id, reason="", pinned=None):
+    """The one validation of a credential's revocation. As a certificate's (pki.services): a fleet-wide
+    Security:Delete — a grant on one management group does not reach it, nor does a service-scoped token — and
+    destructive (approval-gated on the supervised tier). Pins the agent."""
+    rbac.refuse_service_scoped(principal, "Security", "Delete")
+    if not rbac.may(principal, "Security", "Delete"):
+        raise rbac.denial(principal, "Security", "Delete")
+    if pinned and pinned.get("agents") != [agent_id]:
+        raise YuzuError("the approval was for another agent")
+    agent = Agent.objects.filter(pk=agent_id).first() if isinstance(agent_id, str) else None
+    if agent is None:
+        raise NotFound(f"Agent not found: {agent_id}")
+    if not agent.credential_hash:
+        raise YuzuError("the agent's credential is already revoked", remediation="nothing was changed; the device "
+                        "enrols again with a new device token (it gets a new agent id)")
+    return Plan(summary=f"Revoke the credential of agent {agent.hostname or agent_id} ({agent_id}): its connection "
+                        "closes now and it must enrol again with a new device token"
+                        + (f" — reason: {reason[:200]}" if reason else ""),
+                value=(agent, reason or ""), pins={"agents": [agent_id]}, risk="destructive",
+                facts={"agent_id": agent_id, "hostname": agent.hostname, "connected": agent.connected,
+                       "reason": reason or ""})
+
+
+def revoke_agent_credential(principal, agent_id=None, reason="", *, cid="", plan=None):
+    """Revoke the agent's own credential (the one enroll traded for a device token): its register is refused from
+    now on (fleet.identity.register), its live connection is closed through the channel layer (and, were that
+    message lost, at its next heartbeat), audited ``agent.credential.revoked``. The Agent row, its tags, groups
+    and records stay; the device comes back only by enrolling again with a new device token (a new agent id)."""
+    agent, reason = (plan or plan_revoke_agent_credential(principal, agent_id, reason)).value
+    if not Agent.objects.filter(pk=agent.pk).exclude(credential_hash="").update(credential_hash=""):
+        raise YuzuError("the agent's credential is already revoked", remediation="nothing was changed")
+    audit(principal, "agent.credential.revoked", "success", target_type="Agent", target_id=agent.pk,
+          detail=f"hostname={agent.hostname} reason={reason[:256]}", correlation_id=cid)
+    send_to_agent(agent.pk, {"type": "agent.cut_off", "why": "agent credential revoked"})
+    return {"agent_id": agent.pk, "revoked": True}

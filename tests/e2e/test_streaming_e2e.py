@@ -70,7 +70,7 @@ class Fleet:
     def device_token(self):
         if self._device_token is None:
             out = StringIO()
-            call_command("mint_device_token", "--name", "e2e", stdout=out)
+            call_command("mint_device_token", "--name", "e2e", "--unlimited-uses", stdout=out)  # a swarm enrols on it
             self._device_token = out.getvalue().strip()
         return self._device_token
 

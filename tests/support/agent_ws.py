@@ -13,8 +13,9 @@ from fleet.routing import websocket_urlpatterns
 
 
 def mint_device_token(*args):
+    """A device token; without arguments one of unlimited uses (a test enrols as many agents as it needs)."""
     out = io.StringIO()
-    call_command("mint_device_token", "--name", "lab", *args, stdout=out)
+    call_command("mint_device_token", "--name", "lab", *(args or ("--unlimited-uses",)), stdout=out)
     return out.getvalue().strip()
 
 

@@ -1,0 +1,128 @@
+"""Cutting an agent off, against the real consumer (Channels' WebsocketCommunicator): revoking its credential
+(fleet.services.revoke_agent_credential) or deleting its Agent row closes its live socket at once through the
+channel layer, at the next heartbeat if that message is lost, and refuses its credential on reconnect; the device
+must enrol again with a new device token. And a device token minted without --max-uses enrols one agent."""
+
+import asyncio
+import io
+
+import pytest
+from channels.db import database_sync_to_async
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from fleet import services
+from fleet.models import Agent, DeviceToken
+from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg
+from yuzu.errors import YuzuError
+from yuzu.models import AuditEvent
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
+db = database_sync_to_async
+
+
+def test_revoking_the_credential_closes_the_live_socket_and_refuses_reconnect(principal):
+    token = mint_device_token("--max-uses", "2")
+    admin = principal("root", "Administrator")
+
+    async def scenario():
+        comm, agent_id, credential, _ = await enrolled_agent(token)
+        out = await db(services.revoke_agent_credential)(admin, agent_id, "laptop stolen")
+        assert out == {"agent_id": agent_id, "revoked": True}
+        assert "revoked" in await closed_with(comm, 4401)  # at once, through the channel layer
+        comm = await connect()
+        await comm.send_json_to(register_msg(agent_id, credential))
+        assert "invalid agent credential" in await closed_with(comm, 4401)
+        # re-enrolment with a device token is the way back: a new identity
+        comm, new_id, _, _ = await enrolled_agent(token)
+        assert new_id != agent_id
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = asyncio.run(scenario())
+    assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id=agent_id, result="success",
+                                     detail__contains="laptop stolen").exists()
+    assert not Agent.objects.get(pk=agent_id).connected
+    with pytest.raises(YuzuError, match="already revoked"):  # nothing to do twice
+        services.revoke_agent_credential(admin, agent_id)
+
+
+def test_heartbeat_closes_a_connection_whose_credential_was_revoked_meanwhile():
+    """If the push is lost (another process, a layer hiccup), the next heartbeat checks the store."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await db(Agent.objects.filter(pk=agent_id).update)(credential_hash="")  # no push
+        await comm.send_json_to({"type": "heartbeat"})
+        assert "revoked" in await closed_with(comm, 4401)
+
+    asyncio.run(scenario())
+
+
+def test_deleting_the_agent_closes_its_live_socket_at_once():
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, credential, _ = await enrolled_agent(token)
+        await db(lambda: Agent.objects.get(pk=agent_id).delete())()
+        assert "deleted" in await closed_with(comm, 4401)
+        comm = await connect()
+        await comm.send_json_to(register_msg(agent_id, credential))
+        await closed_with(comm, 4401)
+
+    asyncio.run(scenario())
+
+
+def test_heartbeat_closes_a_connection_whose_agent_was_deleted_meanwhile(monkeypatch):
+    token = mint_device_token()
+    monkeypatch.setattr("fleet.push.send_to_agent", lambda *a, **k: None)  # the push lost
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)
+        await db(lambda: Agent.objects.get(pk=agent_id).delete())()
+        await comm.send_json_to({"type": "heartbeat"})
+        await closed_with(comm, 4401)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("role, group", [("Viewer", None), ("Operator", None), ("Administrator", "other")])
+def test_who_may_not_revoke_a_credential(principal, role, group):
+    """A fleet-wide Security:Delete, as a certificate's revocation: a grant on one group does not reach it (the
+    token tiers are the MCP pipeline's and rbac.check's: tests/yuzu/test_authorization_matrix.py)."""
+    from fleet.models import ManagementGroup
+
+    g = ManagementGroup.objects.create(name="other") if group else None
+    agent = Agent.objects.create(agent_id="ab12", credential_hash="x" * 64)
+    if g:
+        g.members.add(agent)
+    p = principal("mallory", role, group=g)
+    with pytest.raises(YuzuError) as exc:
+        services.plan_revoke_agent_credential(p, "ab12")
+    assert exc.value.status in (403, 404)
+    assert Agent.objects.get(pk="ab12").credential_hash == "x" * 64
+
+
+def test_a_token_minted_without_max_uses_enrols_one_agent():
+    out = io.StringIO()
+    call_command("mint_device_token", "--name", "one", stdout=out)
+    token = out.getvalue().strip()
+    assert DeviceToken.objects.get().max_uses == 1
+
+    async def scenario():
+        comm, _, _, _ = await enrolled_agent(token)
+        await comm.disconnect()
+        comm = await connect()
+        await comm.send_json_to({"type": "enroll", "token": token, "hostname": "web-2"})
+        await closed_with(comm, 4401)
+
+    asyncio.run(scenario())
+
+
+def test_unlimited_uses_must_be_asked_for():
+    call_command("mint_device_token", "--name", "fleet", "--unlimited-uses", stdout=io.StringIO())
+    assert DeviceToken.objects.get().max_uses is None
+    with pytest.raises(CommandError):
+        call_command("mint_device_token", "--name", "x", "--unlimited-uses", "--max-uses", "3")
+
