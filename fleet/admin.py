@@ -1,6 +1,7 @@
 from django import forms
 from django.contrib import admin, messages
 
+from yuzu import rbac
 from yuzu.admin_rbac import (
     AuditedAdmin,
     HiddenColumnsAdmin,
@@ -12,6 +13,7 @@ from yuzu.admin_rbac import (
 )
 from yuzu.errors import YuzuError
 from yuzu.middleware import request_cid
+from yuzu.stepup import mfa_is_fresh
 
 from . import services
 from .models import (
@@ -91,9 +93,35 @@ class AgentAdmin(AuditedAdmin):
     readonly_fields = ("agent_id", "hostname", "os", "arch", "agent_version", "connected", "last_seen", "enrolled_at",
                        "attributes", "simulated", "credential_hash")
     inlines = [TagInline]
+    actions = ["revoke_credential"]
 
     def has_add_permission(self, request):
         return False
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not rbac.may(session_principal(request), "Security", "Delete"):  # as the tool: fleet-wide
+            actions.pop("revoke_credential", None)
+        return actions
+
+    @admin.action(description="Revoke the selected agents' credentials (needs a fresh authenticator code)")
+    def revoke_credential(self, request, queryset):
+        """fleet.services.revoke_agent_credential, as the tool and the REST route: each agent's live connection
+        closes, it enrols again with a new device token. A fresh authenticator code first, as revoking a
+        certificate in the admin (pki.admin)."""
+        principal = session_principal(request)
+        if not mfa_is_fresh(principal):
+            self.message_user(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter the "
+                                       "current code, then revoke again. Nothing was revoked.", messages.ERROR)
+            return
+        cid = request_cid(request)
+        for agent_id in queryset.values_list("pk", flat=True):
+            try:
+                services.revoke_agent_credential(principal, agent_id, "revoked in the admin", cid=cid)
+            except YuzuError as exc:
+                self.message_user(request, f"{agent_id}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{agent_id}: credential revoked; it must enrol again")
 
 
 class GroupForm(ServiceForm):

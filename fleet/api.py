@@ -22,6 +22,7 @@ BUNDLE = tool_input("execute_bundle")
 SET_TAG = tool_input("set_tag")
 SCOPE = tool_input("validate_scope")
 QUARANTINE = tool_input("quarantine_device")
+REVOKE_CREDENTIAL = without(tool_input("revoke_agent_credential"), "agent_id", "approval_id")  # agent: the path
 AGENTS = items_of(tool_output("list_agents"), "agents")
 
 
@@ -40,6 +41,16 @@ def agent_detail(request, agent_id):
     p = principal_of(request)
     rbac.check(p, "Infrastructure", "Read", any_scope=True)
     return ok(services.agent_details(p, agent_id))
+
+
+@contract("POST", "Revoke an agent's credential (it must enrol again)", body=REVOKE_CREDENTIAL,
+          response=tool_output("revoke_agent_credential"))
+@api_view(["POST"])
+def agent_revoke_credential(request, agent_id):
+    p = principal_of(request)
+    rbac.check(p, "Security", "Delete", any_scope=True)
+    d = payload(request, REVOKE_CREDENTIAL)
+    return ok(services.revoke_agent_credential(p, agent_id, d.get("reason", ""), cid=cid_of(request)))
 
 
 @contract("GET", "List management groups", response=items_of(tool_output("list_management_groups"), "groups"))

@@ -21,6 +21,7 @@ api_v1 = [
     path("audit", api.audit_view),
     path("agents", fleet_api.agents_view),
     path("agents/<str:agent_id>", fleet_api.agent_detail),
+    path("agents/<str:agent_id>/revoke-credential", fleet_api.agent_revoke_credential),
     path("management-groups", fleet_api.groups_view),
     path("management-groups/<str:group_id>", fleet_api.group_detail),
     path("management-groups/<str:group_id>/members", fleet_api.group_members),

@@ -411,3 +411,21 @@ def test_an_approved_schedule_still_fires_after_the_tickets_seven_days(mcp, mint
     schedules.tick()
     assert Execution.objects.count() == 1
     assert InstructionSchedule.objects.get(pk=row["id"]).enabled
+
+
+def test_a_credential_revocation_waits_for_the_approver_and_acts_on_the_pinned_agent_only(sup, approver):
+    """revoke_agent_credential on the supervised tier: a ticket pinned to the agent, nothing revoked until the
+    approved recall; the approval does not stretch to another agent."""
+    agent("a1", credential_hash="1" * 64)
+    agent("a2", credential_hash="2" * 64)
+    t = ticket_of(sup.call("revoke_agent_credential", {"agent_id": "a1", "reason": "stolen laptop"}))
+    assert t.pins == {"agents": ["a1"]} and t.risk == "destructive" and "stolen laptop" in t.summary
+    assert Agent.objects.get(pk="a1").credential_hash == "1" * 64
+    approve(approver, t.id)
+    err = error_of(sup.call("revoke_agent_credential", {"agent_id": "a2", "approval_id": t.id}))
+    assert err["code"] != -32006 and Agent.objects.get(pk="a2").credential_hash == "2" * 64, err
+    out = result_of(sup.call("revoke_agent_credential", {"agent_id": "a1", "reason": "stolen laptop",
+                                                         "approval_id": t.id}))
+    assert out["structuredContent"] == {"agent_id": "a1", "revoked": True}
+    assert Agent.objects.get(pk="a1").credential_hash == ""
+    assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id="a1", principal="sam").exists()

@@ -5,17 +5,22 @@ must enrol again with a new device token. And a device token minted without --ma
 
 import asyncio
 import io
+import time
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
 
 from fleet import services
 from fleet.models import Agent, DeviceToken
 from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg
+from tests.support.otp import code
+from yuzu.auth import MFA_SESSION_KEY
 from yuzu.errors import YuzuError
-from yuzu.models import AuditEvent
+from yuzu.models import AuditEvent, TOTPDevice
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("eager_celery")]
 db = database_sync_to_async
@@ -126,3 +131,52 @@ def test_unlimited_uses_must_be_asked_for():
     with pytest.raises(CommandError):
         call_command("mint_device_token", "--name", "x", "--unlimited-uses", "--max-uses", "3")
 
+
+
+# --- the admin's action ----------------------------------------------------------------------------
+
+AGENTS = "/admin/fleet/agent/"
+
+
+def admin_session(make_user, role, superuser=True):
+    user = make_user(f"boss-{role.lower()}", role, superuser=superuser, password="s3cret-password")
+    if not superuser:  # staff, Django's permissions on the Agents page: what the page shows is Django's
+        user.is_staff = True
+        user.save()
+        user.user_permissions.add(*Permission.objects.filter(codename__in=("view_agent", "change_agent")))
+    device = TOTPDevice.objects.create(user=user, name="phone", confirmed=True)
+    c = Client()
+    r = c.post("/admin/login/?next=/admin/", {"username": user.username, "password": "s3cret-password",
+                                               "otp_token": code(device)})
+    assert r.status_code == 302
+    return c
+
+
+def test_the_admin_revokes_a_credential_with_a_fresh_code_only(make_user):
+    Agent.objects.create(agent_id="ab12", hostname="web-1", credential_hash="x" * 64)
+    c = admin_session(make_user, "Administrator")
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time() - 3600  # the login's proof has gone stale
+    s.save()
+    r = c.post(AGENTS, {"action": "revoke_credential", "_selected_action": ["ab12"]}, follow=True)
+    assert "fresh authenticator code" in r.content.decode()
+    assert Agent.objects.get(pk="ab12").credential_hash
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time()
+    s.save()
+    r = c.post(AGENTS, {"action": "revoke_credential", "_selected_action": ["ab12"]}, follow=True)
+    assert "credential revoked" in r.content.decode()
+    assert Agent.objects.get(pk="ab12").credential_hash == ""
+    assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id="ab12", result="success",
+                                     principal="boss-administrator").exists()
+
+
+def test_the_admin_offers_the_revoke_only_to_a_fleet_wide_security_delete(make_user):
+    """A staff user Django lets change agents, whose role lacks Security:Delete: the page is Django's, the revoke
+    is RBAC's."""
+    Agent.objects.create(agent_id="ab12", hostname="web-1", credential_hash="x" * 64)
+    c = admin_session(make_user, "Viewer", superuser=False)
+    page = c.get(AGENTS)
+    assert page.status_code == 200 and "revoke_credential" not in page.content.decode()
+    c.post(AGENTS, {"action": "revoke_credential", "_selected_action": ["ab12"]})
+    assert Agent.objects.get(pk="ab12").credential_hash == "x" * 64

@@ -254,7 +254,7 @@ class World:
 
 def _agent(agent_id, group, service=SERVICE):
     a = Agent.objects.create(agent_id=agent_id, hostname=f"{agent_id}.example", os="linux", arch="x86_64",
-                             connected=True, last_seen=timezone.now())
+                             connected=True, last_seen=timezone.now(), credential_hash="0" * 64)
     Tag.objects.create(agent=a, key="owner", value="payments")
     Tag.objects.create(agent=a, key="service", value=service)
     AgentInventory.objects.create(agent=a, plugin=AgentInventory.CATALOGUE, data=plugin_catalogue())

@@ -153,6 +153,10 @@ V1 = {
     "discover_scope_kinds": [V("Infrastructure", "Read", lambda w, t, c, tok: {})],
     "quarantine_device": [V("Security", "Execute", lambda w, t, c, tok: {"agent_id": agent(w, t)}, "agent",
                             service="confined")],
+    # an agent's own credential: fleet-wide, as a certificate's revocation
+    "revoke_agent_credential": [V("Security", "Delete", lambda w, t, c, tok: {"agent_id": agent(w, IN),
+                                                                             "reason": "matrix"},
+                                  compound=fleet_wide("Security", "Delete"))],
     # the CA: fleet-wide, so a Security grant held on one group does not reach it
     "list_issued_certs": [V("Security", "Read", lambda w, t, c, tok: {}, compound=fleet_wide("Security", "Read"))],
     "revoke_certificate": [V("Security", "Delete", lambda w, t, c, tok: {"serial_hex": w.cert, "reason": "matrix"},
@@ -567,6 +571,9 @@ REST = {
         R("Infrastructure", "Read", lambda w, t, c, tok: "/api/v1/discover/routes", label="routes")],
     ("api/v1/quarantine", "POST"): [R("Security", "Execute", lambda w, t, c, tok: "/api/v1/quarantine", target="agent",
                                       body=lambda w, t, c, tok: {"agent_id": A(w, t)}, **CONFINED)],
+    ("api/v1/agents/<str:agent_id>/revoke-credential", "POST"): [
+        R("Security", "Delete", lambda w, t, c, tok: f"/api/v1/agents/{A(w, IN)}/revoke-credential",
+          body=lambda w, t, c, tok: {"reason": "matrix"}, compound=fleet_wide("Security", "Delete"))],
     ("api/v1/ca/issued", "GET"): [R("Security", "Read", lambda w, t, c, tok: "/api/v1/ca/issued",
                                     compound=fleet_wide("Security", "Read"))],
     ("api/v1/ca/revoke", "POST"): [R("Security", "Delete", lambda w, t, c, tok: "/api/v1/ca/revoke",
