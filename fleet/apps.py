@@ -2,12 +2,12 @@ from django.apps import AppConfig
 from django.db import transaction
 from django.db.models.signals import post_delete
 
+from .layer import send_to_agent
+
 
 def _agent_deleted(sender, instance, **kwargs):
     """An Agent deleted (the admin, a service, a cascade): its live connection closes once the delete commits,
     through the channel layer (AgentConsumer.agent_cut_off), not at its next write; its heartbeat checks too."""
-    from .push import send_to_agent  # deferred: the app registry is not ready when this module is imported
-
     agent_id = instance.pk
     transaction.on_commit(lambda: send_to_agent(agent_id, {"type": "agent.cut_off", "why": "agent deleted"}))
 

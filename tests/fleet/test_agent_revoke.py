@@ -81,7 +81,7 @@ def test_deleting_the_agent_closes_its_live_socket_at_once():
 
 def test_heartbeat_closes_a_connection_whose_agent_was_deleted_meanwhile(monkeypatch):
     token = mint_device_token()
-    monkeypatch.setattr("fleet.push.send_to_agent", lambda *a, **k: None)  # the push lost
+    monkeypatch.setattr("fleet.apps.send_to_agent", lambda *a, **k: None)  # the push lost
 
     async def scenario():
         comm, agent_id, _, _ = await enrolled_agent(token)
