@@ -69,7 +69,7 @@ user = User.objects.filter(username="bench-streams").first() or User.objects.cre
 assign_role(user, "Operator")
 expires = timezone.now() + timedelta(days=1)
 tokens = [ApiToken.mint(user, f"bench-{i}", mcp_tier="operator", expires_at=expires)[1] for i in range(n_tokens)]
-print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swarm")}))
+print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swarm", max_uses=None)}))
 """
 
 # daphne, with the session registry's global cap (mcp.streaming.sessions.GLOBAL_CAP, 1024) raised for the
