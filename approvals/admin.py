@@ -7,7 +7,8 @@ submitter's token and MCP client, and the raw arguments folded below. Approve an
 stale MFA proof is refreshed by the authenticator code typed into the same form. Both go through
 ``approvals.services.review`` — the same rules as the REST route (interactive session, enrolled TOTP device,
 a proof younger than five minutes, reviewer ≠ submitter, pending only, confined to the reviewer's groups),
-which also writes the audit rows. Tickets are never edited here.
+which also writes the audit rows. An approved ticket not used yet can be revoked from the same page, with the same
+proof (``approvals.services.revoke``): it then reads as rejected. Tickets are never edited here.
 """
 
 import json
@@ -31,7 +32,7 @@ from yuzu.text import visible
 from . import services
 from .models import Approval
 
-DECISIONS = {"approve": Approval.APPROVED, "reject": Approval.REJECTED}
+DECISIONS = {"approve": Approval.APPROVED, "reject": Approval.REJECTED, "revoke": "revoke"}
 RISK_COLOURS = {"destructive": "#ba2121", "write": "#b36b00", "read": "#417690"}
 
 
@@ -221,7 +222,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
         if request.method == "POST":
             decision = DECISIONS.get(request.POST.get("decision", ""))
             if decision is None:
-                return HttpResponseBadRequest("decision must be approve or reject")
+                return HttpResponseBadRequest("decision must be approve, reject or revoke")
             comment = request.POST.get("comment", "")[:1024]
             code = request.POST.get("otp_token", "")
             if code.strip() and not mfa_is_fresh(session_principal(request)):
@@ -234,6 +235,8 @@ class ApprovalAdmin(ReadOnlyAdmin):
         principal = session_principal(request)
         page = request.GET.get("page", "1")
         targets = services.pinned_targets(ticket, int(page) if page.isdecimal() else 1)  # not isdigit: "²"
+        reviewer = (rbac.has_any(principal, "Approval", "Approve") and ticket.submitted_by != principal.name
+                    and not services.asked_by(ticket, principal.user))
         context = {
             **self.admin_site.each_context(request),
             "title": visible(ticket.summary) or f"Review approval {ticket.id}",
@@ -249,17 +252,20 @@ class ApprovalAdmin(ReadOnlyAdmin):
             "comment": comment,
             "code_error": code_error,
             "needs_code": not mfa_is_fresh(principal),
-            "may_review": ticket.current_status == Approval.PENDING and rbac.has_any(principal, "Approval", "Approve")
-            and ticket.submitted_by != principal.name and not services.asked_by(ticket, principal.user),
+            "may_review": ticket.current_status == Approval.PENDING and reviewer,
+            "may_revoke": reviewer and services.unused_approval_problem(ticket) is None,
             "changelist_url": reverse("admin:approvals_approval_changelist"),
         }
         return TemplateResponse(request, "admin/approvals/approval/review.html", context)
 
     def _review(self, request, ticket, decision, comment):
         """Returns a redirect, or None to show the review page again (with the message set)."""
+        cid = getattr(request, "correlation_id", "")
         try:
-            result = services.review(session_principal(request), ticket.id, decision, comment,
-                                     cid=getattr(request, "correlation_id", ""))
+            if decision == "revoke":
+                result = services.revoke(session_principal(request), ticket.id, comment, cid=cid)
+            else:
+                result = services.review(session_principal(request), ticket.id, decision, comment, cid=cid)
         except YuzuError as exc:
             if exc.message.endswith(":mfa_proof_missing"):
                 messages.error(request, "Your sign-in proof is older than five minutes: enter the current code "
@@ -268,7 +274,8 @@ class ApprovalAdmin(ReadOnlyAdmin):
                 text = exc.message if not exc.remediation or exc.status != 403 else f"{exc.message} — {exc.remediation}"
                 messages.error(request, text)
             return None
-        verb = "Approved" if result["status"] == Approval.APPROVED else "Rejected"
+        verb = {"revoke": "Approval revoked"}.get(decision) or (
+            "Approved" if result["status"] == Approval.APPROVED else "Rejected")
         messages.success(request, f"{verb}: {visible(ticket.summary or ticket.tool)} (ticket {ticket.id}, "
                                   f"submitted by {ticket.submitted_by}).")
         return redirect(reverse("admin:approvals_approval_changelist"))

@@ -52,7 +52,7 @@ def approval_detail(request, approval_id):
     return ok(services.approval_detail(p, approval_id, int_param(request, "page", 1, 1, 10000)))
 
 
-@contract("POST", "Withdraw your own pending ticket", response=tool_output("withdraw_approval"))
+@contract("POST", "Withdraw your own pending, or approved and unused, ticket", response=tool_output("withdraw_approval"))
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
     p = principal_of(request)
@@ -75,3 +75,11 @@ def approve_view(request, approval_id):
 @api_view(["POST"])
 def reject_view(request, approval_id):
     return _review(request, approval_id, Approval.REJECTED)
+
+
+@contract("POST", "Revoke an approved ticket not used yet (interactive session with a fresh MFA proof only); it then "
+          "reads as rejected", body=REVIEW, response=DECIDED)
+@api_view(["POST"])
+def revoke_view(request, approval_id):
+    comment = payload(request, REVIEW).get("comment", "")
+    return ok(services.revoke(principal_of(request), approval_id, comment, cid=cid_of(request)))

@@ -215,6 +215,11 @@ def _recall(ctx, tool, args, definition, canonical, approval_id, agent):
         submitted_by=ctx.principal.name,
     ).update(consumed_at=now, consumed_by=ctx.principal.name)
     if consumed != 1:
+        # Lost to a revoke or a withdrawal of this (the caller's own) ticket since it was read: told as such.
+        now_status = Approval.objects.filter(pk=ticket.pk).values_list("status", flat=True).first()
+        if now_status in (Approval.REJECTED, Approval.WITHDRAWN):
+            _refuse(ctx, rpc.PERMISSION_DENIED, f"approval was {now_status}", f"{detail} {now_status}",
+                    remediation="call again without approval_id to request a new approval")
         _already_used(ctx, ticket, detail)
     ctx.note(f"consumed approval_id={ticket.id}")
     return ticket

@@ -47,9 +47,10 @@ def get_approval(ctx, args):
 
 @tool(name="withdraw_approval", title="Withdraw my approval request", securable="Approval", operation="Write",
       effect="destructive", idempotent=False, rbac=False,
-      description="Withdraws a pending ticket you submitted (you no longer need it, or the arguments were wrong): "
-                  "it leaves the approvers' queue and can never be redeemed. Only the submitter may withdraw, and "
-                  "only while pending; anyone else's ticket reads as not found.",
+      description="Withdraws a ticket you submitted (you no longer need it, or the arguments were wrong) while it "
+                  "is pending, or approved and not used yet: it leaves the approvers' queue and can never be "
+                  "redeemed (its recall answers 'approval was withdrawn'). Only the submitter may withdraw; a used, "
+                  "rejected or expired ticket cannot be; anyone else's ticket reads as not found.",
       input_schema=obj({"approval_id": APPROVAL_ID_ARG}, ["approval_id"]),
       output_schema=obj({"id": string(32), "status": string(16)}, ["id", "status"]))
 def withdraw_approval(ctx, args):

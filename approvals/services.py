@@ -173,17 +173,94 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
     return {"id": ticket.id, "status": ticket.status}
 
 
+def unused_approval_problem(ticket):
+    """Why an approved ticket cannot be taken back (revoked or withdrawn), or None: it must be approved, unused, within
+    its lifetime, and not a schedule's standing approval (the schedule is disabled or deleted instead)."""
+    if ticket.consumed_at is not None:
+        return "this approval was already used; it cannot be taken back"
+    if ticket.current_status != Approval.APPROVED:
+        return f"only an approved, unused ticket can be revoked (this one is {ticket.current_status})"
+    if ticket.origin == Approval.ORIGIN_SCHEDULE:
+        return "a schedule's standing approval is not revoked here: disable or delete the schedule"
+    return None
+
+
+def _take_back(ticket, **changes):
+    """One conditional UPDATE of an approved, unused ticket — the recall consumes with the mirror image (status
+    approved, consumed_at null), so exactly one of them wins whatever the database's locking. False: the recall won."""
+    return Approval.objects.filter(pk=ticket.pk, status=Approval.APPROVED, consumed_at__isnull=True).update(
+        **changes) == 1
+
+
+def revoke(principal, approval_id, comment="", *, cid=""):
+    """A reviewer takes back an approval before it is used: the ticket reads as rejected from then on (its recall
+    is refused 'approval was rejected'). The same assurance as a review (interactive session, enrolled TOTP device,
+    fresh proof), confined to the tickets the reviewer may review; the submitter withdraws instead."""
+    action = "approval.revoke"
+    problem = assurance_problem(principal)
+    if problem is not None:
+        audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
+              detail=f"approver_assurance:{problem}", correlation_id=cid)
+        raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{problem}",
+                               remediation="sign in to the admin and confirm a fresh authenticator code (step-up)")
+    if not rbac.has_any(principal, "Approval", "Approve"):
+        exc = rbac.denial(principal, "Approval", "Approve")
+        audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
+              detail=f"permission={exc.permission}", correlation_id=cid)
+        raise exc
+    comment = (comment or "")[:1024]
+    with transaction.atomic():
+        ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
+        refusal = None
+        if ticket is None or not (ticket.submitted_by == principal.name or may_review(principal, ticket)):
+            refusal = NOT_VISIBLE
+        elif ticket.submitted_by == principal.name or asked_by(ticket, principal.user):
+            refusal = "the submitter withdraws their own ticket (withdraw); a reviewer revokes another's"
+        else:
+            refusal = unused_approval_problem(ticket)
+        if refusal is None:
+            approved_by = ticket.reviewed_by
+            ticket.reviewed_by, ticket.reviewed_at = principal.name, timezone.now()
+            ticket.review_comment = f"revoked (approved by {approved_by}): {comment}"[:1024]
+            if not _take_back(ticket, status=Approval.REJECTED, reviewed_by=ticket.reviewed_by,
+                              reviewed_at=ticket.reviewed_at, review_comment=ticket.review_comment):
+                refusal = "this approval was already used; it cannot be taken back"
+    if refusal is not None:
+        audit(principal, action, "denied", target_type="Approval", target_id=approval_id, detail=refusal,
+              correlation_id=cid)
+        if refusal == NOT_VISIBLE:
+            raise NotFound(f"approval not found: {approval_id}")
+        raise YuzuError(refusal, status=409 if "already used" in refusal else 400, rpc_code=-32602)
+    audit(principal, action, "success", target_type="Approval", target_id=ticket.id,
+          detail=f"definition_id={ticket.definition_id} submitted_by={ticket.submitted_by} approved_by={approved_by}",
+          correlation_id=cid)
+    return {"id": ticket.id, "status": Approval.REJECTED}
+
+
 def withdraw(principal, approval_id, *, cid=""):
-    """The submitter takes back their own pending ticket (it can then never be approved or redeemed)."""
+    """The submitter takes back their own ticket while pending, or approved and not used yet (it can then never be
+    approved or redeemed). Racing a recall of an approved ticket, exactly one of them wins (``_take_back``)."""
+    refusal = None
     with transaction.atomic():
         ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
         if ticket is None or ticket.submitted_by != principal.name:
             raise NotFound(f"approval not found: {approval_id}")
-        if ticket.current_status != Approval.PENDING:
-            raise YuzuError(f"only a pending ticket can be withdrawn (this one is {ticket.current_status})", status=409,
-                            rpc_code=-32602)
-        ticket.status = Approval.WITHDRAWN
-        ticket.save(update_fields=["status"])
+        if ticket.current_status == Approval.PENDING:
+            if not Approval.objects.filter(pk=ticket.pk, status=Approval.PENDING).update(status=Approval.WITHDRAWN):
+                refusal = "only a pending ticket can be withdrawn (a review decided it meanwhile)"
+        elif ticket.status == Approval.APPROVED and ticket.consumed_at is None \
+                and ticket.origin != Approval.ORIGIN_SCHEDULE and ticket.current_status == Approval.APPROVED:
+            if not _take_back(ticket, status=Approval.WITHDRAWN):
+                refusal = "this approval was already used; it cannot be taken back"
+        elif ticket.consumed_at is not None or ticket.current_status == Approval.APPROVED:
+            refusal = unused_approval_problem(ticket)  # used, or a schedule's standing approval
+        else:
+            refusal = (f"only a pending, or approved and unused, ticket can be withdrawn (this one is "
+                       f"{ticket.current_status})")
+    if refusal is not None:
+        audit(principal, "approval.withdraw", "denied", target_type="Approval", target_id=ticket.id, detail=refusal,
+              correlation_id=cid)
+        raise YuzuError(refusal, status=409, rpc_code=-32602)
     audit(principal, "approval.withdraw", "success", target_type="Approval", target_id=ticket.id,
           detail=f"definition_id={ticket.definition_id}", correlation_id=cid)
-    return {"id": ticket.id, "status": ticket.status}
+    return {"id": ticket.id, "status": Approval.WITHDRAWN}

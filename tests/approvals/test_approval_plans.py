@@ -383,7 +383,7 @@ def test_expired_pending_tickets_leave_the_queue_on_their_own(sup, mint):
     assert (shown["status"], shown["may_review"]) == ("expired", False)
     assert result_of(sup.call("get_approval", {"approval_id": ticket.id}))["structuredContent"]["status"] == "expired"
     err = error_of(sup.call("withdraw_approval", {"approval_id": ticket.id}))
-    assert err["message"] == "only a pending ticket can be withdrawn (this one is expired)"
+    assert err["message"] == "only a pending, or approved and unused, ticket can be withdrawn (this one is expired)"
 
 
 def test_an_approved_schedule_still_fires_after_the_tickets_seven_days(mcp, mint, approver):

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from approvals.gate import ALREADY_USED
 from approvals.models import APPROVAL_LIFETIME, Approval
-from approvals.services import review, withdraw
+from approvals.services import review, revoke, withdraw
 from fleet.models import Agent, AgentExecStatus, Execution, Tag
 from mcp.server import Request, handle
 from tests.support.authz import _agent, _headers, open_session
@@ -85,6 +85,7 @@ OP_ARGS = {
     "approve": st.tuples(st.just("approve"), ticket_ref),
     "reject": st.tuples(st.just("reject"), ticket_ref),
     "withdraw": st.tuples(st.just("withdraw"), ticket_ref, st.sampled_from(CALLERS)),
+    "revoke": st.tuples(st.just("revoke"), ticket_ref),
     "age": st.tuples(st.just("age"), st.sampled_from([1, 47, 160, 169])),  # hours: the clock moves forward
     "connected": st.tuples(st.just("connected"), st.sampled_from(AGENTS)),
     "quarantined": st.tuples(st.just("quarantined"), st.sampled_from(AGENTS)),
@@ -95,7 +96,7 @@ OP_ARGS = {
     "recall_same": st.tuples(st.just("recall"), ticket_ref, st.just(None), st.just(None)),
 }
 #: how often each operation is drawn (approvals and faithful recalls often, so that runs happen)
-WEIGHTS = {"mint": 2, "approve": 4, "reject": 1, "withdraw": 1, "age": 1, "connected": 2, "quarantined": 1,
+WEIGHTS = {"mint": 2, "approve": 4, "reject": 1, "withdraw": 1, "revoke": 1, "age": 1, "connected": 2, "quarantined": 1,
            "tag": 3, "recall": 2, "recall_same": 5}
 OPS = st.sampled_from([k for k, n in WEIGHTS.items() for _ in range(n)]).flatmap(OP_ARGS.__getitem__)
 STORIES = st.tuples(st.tuples(st.just("mint"), st.just("sam"), st.sampled_from(sorted(ARGS))),
@@ -177,9 +178,22 @@ def _step(op, m, p):
             done = True
         except YuzuError:
             done = False
-        assert done == (caller == t.submitter and t.effective() == "pending"), (t, caller)
+        takeable = t.effective() == "pending" or (t.effective() == "approved" and not t.consumed)
+        assert done == (caller == t.submitter and takeable), (t, caller)
         if done:
             t.status = "withdrawn"
+    elif kind == "revoke":  # carol, a reviewer (never the submitter), takes an approval back before it is used
+        t = pick(op[1])
+        if t is None:
+            return
+        try:
+            revoke(p.carol, t.id, "by mistake")
+            done = True
+        except YuzuError:
+            done = False
+        assert done == (t.effective() == "approved" and not t.consumed), ("revoke", t)
+        if done:
+            t.status = "rejected"
     elif kind == "age":
         delta = timedelta(hours=op[1])
         Approval.objects.update(submitted_at=F("submitted_at") - delta)
@@ -237,6 +251,9 @@ STORIES_BY_HAND = [
     [M, A, ("quarantined", "a1"), ("tag", "a2"), R],  # quarantined, and a new agent in scope: nothing runs
     [M, ("withdraw", 0, "olga"), ("withdraw", 0, "sam"), A, R],  # only the submitter withdraws; then dead
     [M, ("reject", 0), A, R, ("mint", "sam", "scope"), ("approve", 1), ("recall", 1, None, None)],
+    [M, A, ("revoke", 0), R, A, ("withdraw", 0, "sam")],  # revoked before use: refused, and dead for good
+    [M, A, ("withdraw", 0, "olga"), ("withdraw", 0, "sam"), R, ("revoke", 0)],  # the submitter takes it back
+    [M, A, R, ("revoke", 0), ("withdraw", 0, "sam"), R],  # used: neither revoke nor withdrawal takes it back
     [M, ("age", 160), M, A, ("age", 9), R],  # dedup while pending; the approval does not extend the lifetime
 ]
 

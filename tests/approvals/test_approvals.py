@@ -225,7 +225,7 @@ def test_fifty_concurrent_recalls_run_the_handler_exactly_once(mcp, tagged_agent
 
 def test_approve_reject_and_withdraw_at_once_decide_a_ticket_once(mcp, tagged_agent, approver, make_user):
     """Two reviewers and the submitter act on one pending ticket at the same instant: the ticket's row lock makes
-    them take turns, so exactly one decision stands and the others are told the ticket is no longer pending."""
+    them take turns, so at most one review decides; a withdrawal stands before a review, or after an approval."""
     alice = mcp("alice")
     dave = approver_principal(make_user, "dave", "Approver")
     submitter = Principal(user=make_user("alice"))
@@ -233,9 +233,12 @@ def test_approve_reject_and_withdraw_at_once_decide_a_ticket_once(mcp, tagged_ag
         tid = mint_ticket(alice)
         outcomes = at_once(partial(approve, approver, tid), partial(approve, dave, tid, Approval.REJECTED),
                            partial(withdraw, submitter, tid))
-        assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
+        (ak, _), (rk, _), (wk, _) = outcomes
+        # One review decides; the submitter may still withdraw an approved, unused ticket after it (or first).
+        assert (ak, rk) in (("ok", "error"), ("error", "ok"), ("error", "error")), outcomes
+        assert (ak, rk) != ("error", "error") or wk == "ok", outcomes
         assert all(re.match(r"only (a )?pending", str(e)) for kind, e in outcomes if kind == "error"), outcomes
-        status = next(out["status"] for kind, out in outcomes if kind == "ok")
+        status = "withdrawn" if wk == "ok" else ("approved" if ak == "ok" else "rejected")
         assert Approval.objects.get(pk=tid).status == status
         Approval.objects.filter(pk=tid).delete()
 
@@ -900,3 +903,224 @@ def test_admin_shows_review_refusals(mcp, tagged_agent, approver, make_user):
     nc = admin_client(nobody, ndev)
     assert nc.get("/admin/approvals/approval/").status_code == 403
     assert nc.get(f"/admin/approvals/approval/{fresh}/review/").status_code == 403
+
+
+# --- revoking an approved, unused ticket (reviewer) and withdrawing it (submitter) ----------------
+
+def _revoke(principal, tid, comment="approved by mistake"):
+    from approvals.services import revoke
+
+    return revoke(principal, tid, comment)
+
+
+def test_a_reviewer_revokes_an_approved_unused_ticket_and_its_recall_reads_rejected(mcp, tagged_agent, approver,
+                                                                                    make_user):
+    """An approval given by mistake could not be taken back: the ticket stayed redeemable until used or expired."""
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    dave = approver_principal(make_user, "dave", "Approver")  # any reviewer who may review it, not only carol
+    assert _revoke(dave, tid, "wrong host") == {"id": tid, "status": "rejected"}
+    t = Approval.objects.get(pk=tid)
+    assert (t.status, t.reviewed_by, t.consumed_at) == ("rejected", "dave", None)
+    assert t.review_comment == "revoked (approved by carol): wrong host"
+    row = audits("approval.revoke")[-1]
+    assert (row.result, row.principal, row.target_id) == ("success", "dave", tid)
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert (err["code"], err["message"]) == (-32003, "approval was rejected")
+    assert Tag.objects.filter(key="owner").exists() and not audits("tag.delete")
+    # A second revoke, and a revoke of a pending ticket: nothing approved to take back.
+    from yuzu.errors import YuzuError
+
+    with pytest.raises(YuzuError, match=r"only an approved, unused ticket can be revoked \(this one is rejected\)"):
+        _revoke(approver, tid)
+    pending = mint_ticket(alice, {"agent_id": "host-1", "key": "other"})
+    with pytest.raises(YuzuError, match=r"this one is pending"):
+        _revoke(approver, pending)
+    assert Approval.objects.get(pk=pending).status == "pending"
+    assert [a.result for a in audits("approval.revoke")] == ["success", "denied", "denied"]
+
+
+def test_a_used_ticket_cannot_be_revoked_or_withdrawn(mcp, tagged_agent, approver, make_user):
+    from yuzu.errors import YuzuError
+
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    result_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    with pytest.raises(YuzuError, match="already used"):
+        _revoke(approver, tid)
+    with pytest.raises(YuzuError, match="already used"):
+        withdraw(Principal(user=make_user("alice")), tid)
+    t = Approval.objects.get(pk=tid)
+    assert t.status == "approved" and t.consumed_at is not None
+    assert audits("approval.revoke")[-1].result == "denied" and "already used" in audits("approval.revoke")[-1].detail
+    assert audits("approval.withdraw")[-1].result == "denied"
+
+
+def test_who_may_not_revoke(mcp, tagged_agent, approver, make_user):
+    """Only a reviewer who may review the ticket, with a fresh proof, and not its submitter; every refusal audited."""
+    from fleet.models import ManagementGroup
+    from yuzu.errors import NotFound, PermissionDenied, YuzuError
+
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    vera = approver_principal(make_user, "vera", "Viewer")  # Approval:Read, not Approve
+    with pytest.raises(PermissionDenied):
+        _revoke(vera, tid)
+    other = ManagementGroup.objects.create(name="other-team")
+    gary = approver_principal(make_user, "gary", None)
+    RoleAssignment.objects.create(user=gary.user, role=Role.objects.get(name="Approver"), group=other)
+    with pytest.raises(NotFound):  # another group's reviewer: the ticket is not one it may see
+        _revoke(gary, tid)
+    stale = approver_principal(make_user, "dave", "Approver")
+    stale.mfa_verified_at = time.time() - 3600
+    with pytest.raises(PermissionDenied, match="approver_assurance_required:mfa_proof_missing"):
+        _revoke(stale, tid)
+    token = Principal(user=make_user("dave"))  # not an interactive session
+    with pytest.raises(PermissionDenied, match="non_interactive_session"):
+        _revoke(token, tid)
+    # The submitter — an approver themselves — revokes nothing: they withdraw their own ticket.
+    asking = McpClient(mint_for(approver.user))
+    asking.initialize()
+    own = mint_ticket(asking, {"agent_id": "host-1", "key": "other"})
+    dave = approver_principal(make_user, "dave", "Approver")
+    approve(dave, own)
+    with pytest.raises(YuzuError, match="the submitter withdraws their own ticket"):
+        _revoke(approver, own)
+    assert Approval.objects.filter(pk__in=[tid, own], status="approved").count() == 2
+    rows = audits("approval.revoke")
+    assert [r.result for r in rows] == ["denied"] * 5
+    assert [r.principal for r in rows] == ["vera", "gary", "dave", "dave", "carol"]
+    assert "mfa_proof_missing" in rows[2].detail and "not found" in rows[1].detail
+
+
+def test_revoke_and_recall_at_once_exactly_one_wins(mcp, tagged_agent, approver):
+    """The recall's consume and the revoke race: either the call runs (and the revoke is refused as used) or the
+    revoke stands (and the recall is refused) — never both, never neither."""
+    alice = mcp("alice")
+    for i in range(6):
+        Tag.objects.get_or_create(agent=tagged_agent, key="owner", defaults={"value": "payments"})
+        tid = mint_ticket(alice)
+        approve(approver, tid)
+        body = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                "params": {"name": "delete_tag", "arguments": {**ARGS, "approval_id": tid}}}
+        (rk, rv), (vk, vv) = at_once(lambda body=body: request(body=body, headers=alice.headers()).json(),
+                                     partial(_revoke, approver, tid))
+        assert rk == "ok", rv
+        ran = "result" in rv
+        assert ran == (vk == "error"), (rv, vv)
+        t = Approval.objects.get(pk=tid)
+        if ran:
+            assert "already used" in str(vv) and t.status == "approved" and t.consumed_at is not None
+        else:
+            assert vv == {"id": tid, "status": "rejected"} and t.consumed_at is None and t.status == "rejected"
+            assert rv["error"]["code"] == -32003 and rv["error"]["message"] in ("approval was rejected", ALREADY_USED)
+            assert Tag.objects.filter(key="owner").exists()
+    assert len(audits("tag.delete")) == Approval.objects.filter(consumed_at__isnull=False).count()
+
+
+def test_the_submitter_withdraws_an_approved_unused_ticket_over_mcp_and_rest(mcp, tagged_agent, approver, mint):
+    alice = mcp("alice")
+    first = mint_ticket(alice)
+    approve(approver, first)
+    res = result_of(alice.call("withdraw_approval", {"approval_id": first}))
+    assert res["structuredContent"] == {"id": first, "status": "withdrawn"}
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": first}))
+    assert (err["code"], err["message"]) == (-32003, "approval was withdrawn")
+    second = mint_ticket(alice)
+    approve(approver, second)
+    rest = Client(HTTP_AUTHORIZATION=f"Bearer {mint('alice', role='Operator')}")
+    r = rest.post(f"/api/v1/approvals/{second}/withdraw", {}, content_type="application/json")
+    assert r.status_code == 200 and r.json()["data"] == {"id": second, "status": "withdrawn"}
+    # The approver's review stays on the row; the withdrawal is audited.
+    t = Approval.objects.get(pk=second)
+    assert (t.status, t.reviewed_by) == ("withdrawn", "carol")
+    assert [a.result for a in audits("approval.withdraw")] == ["success", "success"]
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": second}))
+    assert err["message"] == "approval was withdrawn" and Tag.objects.filter(key="owner").exists()
+    # Someone else's approved ticket still reads as not found; a rejected one cannot be withdrawn.
+    bob = mcp("bob")
+    third = mint_ticket(alice)
+    approve(approver, third)
+    assert error_of(bob.call("withdraw_approval", {"approval_id": third}))["message"].startswith("approval not found")
+    assert Approval.objects.get(pk=third).status == "approved"
+
+
+def test_withdraw_and_recall_at_once_exactly_one_wins(mcp, tagged_agent, approver, make_user):
+    alice = mcp("alice")
+    submitter = Principal(user=make_user("alice"))
+    for i in range(4):
+        Tag.objects.get_or_create(agent=tagged_agent, key="owner", defaults={"value": "payments"})
+        tid = mint_ticket(alice)
+        approve(approver, tid)
+        body = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                "params": {"name": "delete_tag", "arguments": {**ARGS, "approval_id": tid}}}
+        (rk, rv), (wk, wv) = at_once(lambda body=body: request(body=body, headers=alice.headers()).json(),
+                                     partial(withdraw, submitter, tid))
+        assert rk == "ok", rv
+        assert ("result" in rv) == (wk == "error"), (rv, wv)
+        t = Approval.objects.get(pk=tid)
+        assert (t.consumed_at is not None) == ("result" in rv)
+        assert t.status == ("approved" if "result" in rv else "withdrawn")
+
+
+def test_admin_review_page_revokes_an_approved_ticket_with_a_fresh_code(mcp, tagged_agent, approver, make_user):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    c = admin_client(approver.user, approver.device)
+    make_stale(c)
+    url = f"/admin/approvals/approval/{tid}/review/"
+    page = html.unescape(c.get(url).content.decode())
+    assert 'id="revoke-button"' in page and 'id="approve-button"' not in page and 'id="id_otp_token"' in page
+    assert "csrfmiddlewaretoken" in page
+    # Stale proof and no code: refused, nothing changes.
+    r = c.post(url, {"decision": "revoke", "comment": "wrong host"})
+    assert r.status_code == 200 and "older than five minutes" in page_text(r)
+    assert Approval.objects.get(pk=tid).status == "approved"
+    assert audits("approval.revoke")[-1].detail == "approver_assurance:mfa_proof_missing"
+    # Without the CSRF token: refused before anything.
+    strict = Client(enforce_csrf_checks=True)
+    strict.cookies = c.cookies
+    assert strict.post(url, {"decision": "revoke", "otp_token": next_code(approver.device)}).status_code == 403
+    assert Approval.objects.get(pk=tid).status == "approved"
+    approver.device.refresh_from_db()
+    approver.device.throttle_reset()
+    r = c.post(url, {"decision": "revoke", "comment": "wrong host", "otp_token": next_code(approver.device)})
+    assert r.status_code == 302 and r["Location"] == "/admin/approvals/approval/"
+    t = Approval.objects.get(pk=tid)
+    assert (t.status, t.reviewed_by, t.review_comment) == ("rejected", "carol", "revoked (approved by carol): wrong host")
+    assert audits("approval.revoke")[-1].result == "success"
+    assert "revoked" in page_text(c.get("/admin/approvals/approval/?status=all"))
+    assert 'id="revoke-button"' not in c.get(url).content.decode()
+    err = error_of(alice.call("delete_tag", {**ARGS, "approval_id": tid}))
+    assert err["message"] == "approval was rejected"
+
+
+def test_admin_review_page_offers_no_revoke_to_the_submitter(mcp, tagged_agent, approver, make_user):
+    asking = McpClient(mint_for(approver.user))
+    asking.initialize()
+    own = mint_ticket(asking)
+    approve(approver_principal(make_user, "dave", "Approver"), own)
+    c = admin_client(approver.user, approver.device)
+    url = f"/admin/approvals/approval/{own}/review/"
+    assert 'id="revoke-button"' not in c.get(url).content.decode()
+    r = c.post(url, {"decision": "revoke", "comment": "mine"})
+    assert r.status_code == 200 and "the submitter withdraws their own ticket" in page_text(r)
+    assert Approval.objects.get(pk=own).status == "approved"
+
+
+def test_a_schedules_standing_approval_is_not_revoked_here(approver, make_user):
+    """A schedule caches its approval when it first fires: revoking the ticket would not stop it — refused, with
+    the way that does (disable or delete the schedule)."""
+    from yuzu.errors import YuzuError
+
+    t = Approval.objects.create(definition_id="schedule.x", submitted_by="alice", scope_expression='{"schedule_id":1}',
+                                origin=Approval.ORIGIN_SCHEDULE, status=Approval.APPROVED, reviewed_by="carol")
+    with pytest.raises(YuzuError, match="disable or delete the schedule"):
+        _revoke(approver, t.id)
+    with pytest.raises(YuzuError, match="disable or delete the schedule"):
+        withdraw(Principal(user=make_user("alice")), t.id)
+    assert Approval.objects.get(pk=t.id).status == "approved"

@@ -596,6 +596,8 @@ REST = {
         "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/approve", human_only=True)],
     ("api/v1/approvals/<str:approval_id>/reject", "POST"): [R(
         "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/reject", human_only=True)],
+    ("api/v1/approvals/<str:approval_id>/revoke", "POST"): [R(
+        "Approval", "Write", lambda w, t, c, tok: f"/api/v1/approvals/{w.tickets[IN]}/revoke", human_only=True)],
     ("api/v1/approvals/<str:approval_id>/withdraw", "POST"): [R(
         "Approval", "Write", lambda w, t, c, tok: "/api/v1/approvals/"
         + (w.own_tickets[c.username] if t == IN else w.tickets[t]) + "/withdraw", target="own", rbac=False)],
