@@ -116,3 +116,50 @@ def test_approver_approves_in_the_admin_after_step_up(daphne, make_user, mint, t
     assert done["result"]["structuredContent"] == {"agent_id": "host-1", "key": "owner", "deleted": True}
     assert not Tag.objects.filter(agent_id="host-1", key="owner").exists()
     assert Approval.objects.get(pk=tid).consumed_by == "alice"
+
+
+def test_approver_revokes_an_approved_unused_ticket_after_step_up(daphne, make_user, mint, tmp_path):
+    """Approved by mistake: the review page of the approved, unused ticket offers Revoke approval (reason, and the
+    authenticator code when the proof is stale); the submitter's recall is then refused and nothing runs."""
+    require_browser()
+    from approvals.services import review
+    from yuzu.rbac import Principal
+
+    agent = Agent.objects.create(agent_id="host-1", hostname="host-1")
+    Tag.objects.create(agent=agent, key="owner", value="payments")
+    token = mint("alice", role="Operator", tier="operator")
+    device = staff_with_authenticator(make_user, "carol", "Approver", PASSWORD)
+
+    server = daphne()
+    alice = McpHttp(server, token)
+    tid = alice.call("delete_tag", ARGS)["error"]["data"]["approval_id"]
+    review(Principal(user=device.user, via="session", mfa_verified_at=time.time()), tid, Approval.APPROVED, "ok")
+
+    with chromium() as browser:
+        page = open_page(browser, server.base)
+        admin_login(page, server.base, "/admin/", "carol", PASSWORD, device)
+        sid = next(c["value"] for c in page.context.cookies() if c["name"] == "sessionid")
+        off_thread(make_proof_stale, sid)
+
+        page.goto(f"{server.base}/admin/approvals/approval/{tid}/review/")
+        assert page.locator("#approve-button").count() == 0
+        page.fill("#id_comment", "wrong host")
+        page.click("#revoke-button")
+        page.wait_for_selector(".messagelist")
+        assert "older than five minutes" in page.inner_text(".messagelist")
+        assert off_thread(ticket_status, tid) == "approved"
+
+        page.fill("#id_otp_token", off_thread(next_code, device))
+        page.click("#revoke-button")
+        page.wait_for_url(f"{server.base}/admin/approvals/approval/")
+        assert f"Approval revoked: Delete tag owner=payments from host-1 (host-1) (ticket {tid}" in \
+            page.inner_text(".messagelist")
+        page.screenshot(path=str(tmp_path / "approvals-revoked.png"), full_page=True)
+
+    ticket = Approval.objects.get(pk=tid)
+    assert (ticket.status, ticket.review_comment) == ("rejected", "revoked (approved by carol): wrong host")
+    assert list(AuditEvent.objects.filter(action="approval.revoke").order_by("id").values_list("result", flat=True)) \
+        == ["denied", "success"]
+    err = alice.call("delete_tag", {**ARGS, "approval_id": tid})["error"]
+    assert (err["code"], err["message"]) == (-32003, "approval was rejected")
+    assert Tag.objects.filter(agent_id="host-1", key="owner").exists()
