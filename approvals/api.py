@@ -80,6 +80,6 @@ def reject_view(request, approval_id):
 @contract("POST", "Revoke an approved ticket not used yet (interactive session with a fresh MFA proof only); it then "
           "reads as rejected", body=REVIEW, response=DECIDED)
 @api_view(["POST"])
-def revoke_view(request, approval_id):
+def revoke_approval_view(request, approval_id):
     comment = payload(request, REVIEW).get("comment", "")
     return ok(services.revoke(principal_of(request), approval_id, comment, cid=cid_of(request)))

@@ -9,5 +9,5 @@ urlpatterns = [
     path("approvals/<str:approval_id>/approve", api.approve_view),
     path("approvals/<str:approval_id>/reject", api.reject_view),
     path("approvals/<str:approval_id>/withdraw", api.withdraw_view),
-    path("approvals/<str:approval_id>/revoke", api.revoke_view),
+    path("approvals/<str:approval_id>/revoke", api.revoke_approval_view),
 ]

@@ -1124,3 +1124,24 @@ def test_a_schedules_standing_approval_is_not_revoked_here(approver, make_user):
     with pytest.raises(YuzuError, match="disable or delete the schedule"):
         withdraw(Principal(user=make_user("alice")), t.id)
     assert Approval.objects.get(pk=t.id).status == "approved"
+
+
+def test_rest_revoke_needs_a_fresh_interactive_session(mcp, tagged_agent, approver, mint):
+    alice = mcp("alice")
+    tid = mint_ticket(alice)
+    approve(approver, tid)
+    url = f"/api/v1/approvals/{tid}/revoke"
+    r = Client(HTTP_AUTHORIZATION=f"Bearer {mint('dave', role='Approver')}").post(url, {"comment": "x"},
+                                                                                  content_type="application/json")
+    assert r.status_code == 403 and r.json()["error"]["message"].endswith("non_interactive_session")
+    c = admin_client(approver.user, approver.device)
+    make_stale(c)
+    r = c.post(url, {"comment": "x"}, content_type="application/json")
+    assert r.status_code == 403 and r.json()["error"]["message"].endswith("mfa_proof_missing")
+    s = c.session
+    s[MFA_SESSION_KEY] = time.time()
+    s.save()
+    r = c.post(url, {"comment": "wrong host"}, content_type="application/json")
+    assert r.status_code == 200 and r.json()["data"] == {"id": tid, "status": "rejected"}
+    assert c.post(url, {}, content_type="application/json").status_code == 400
+    assert [a.result for a in audits("approval.revoke")] == ["denied", "denied", "success", "denied"]
