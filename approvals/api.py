@@ -52,7 +52,8 @@ def approval_detail(request, approval_id):
     return ok(services.approval_detail(p, approval_id, int_param(request, "page", 1, 1, 10000)))
 
 
-@contract("POST", "Withdraw your own pending, or approved and unused, ticket", response=tool_output("withdraw_approval"))
+@contract("POST", "Withdraw your own pending, or approved and unused, ticket",
+          response=tool_output("withdraw_approval"))
 @api_view(["POST"])
 def withdraw_view(request, approval_id):
     p = principal_of(request)

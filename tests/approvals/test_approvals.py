@@ -1091,7 +1091,8 @@ def test_admin_review_page_revokes_an_approved_ticket_with_a_fresh_code(mcp, tag
     r = c.post(url, {"decision": "revoke", "comment": "wrong host", "otp_token": next_code(approver.device)})
     assert r.status_code == 302 and r["Location"] == "/admin/approvals/approval/"
     t = Approval.objects.get(pk=tid)
-    assert (t.status, t.reviewed_by, t.review_comment) == ("rejected", "carol", "revoked (approved by carol): wrong host")
+    assert (t.status, t.reviewed_by) == ("rejected", "carol")
+    assert t.review_comment == "revoked (approved by carol): wrong host"
     assert audits("approval.revoke")[-1].result == "success"
     assert "revoked" in page_text(c.get("/admin/approvals/approval/?status=all"))
     assert 'id="revoke-button"' not in c.get(url).content.decode()
