@@ -130,10 +130,9 @@ def asked_by(ticket, user):
     return token_id is not None and ApiToken.objects.filter(pk=token_id, owner=user).exists()
 
 
-def review(principal, approval_id, decision, comment="", *, cid=""):
-    """Approve or reject a pending ticket. Raises YuzuError on every refusal (REST 400/403)."""
-    assert decision in (Approval.APPROVED, Approval.REJECTED)
-    action = "approval.approve" if decision == Approval.APPROVED else "approval.reject"
+def _check_reviewer(principal, action, approval_id, cid):
+    """What a review and a revoke ask of the person first — an interactive session with an enrolled authenticator and
+    a fresh proof, then Approval:Approve somewhere — each refusal audited as ``action``."""
     problem = assurance_problem(principal)
     if problem is not None:
         audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
@@ -145,6 +144,13 @@ def review(principal, approval_id, decision, comment="", *, cid=""):
         audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
               detail=f"permission={exc.permission}", correlation_id=cid)
         raise exc
+
+
+def review(principal, approval_id, decision, comment="", *, cid=""):
+    """Approve or reject a pending ticket. Raises YuzuError on every refusal (REST 400/403)."""
+    assert decision in (Approval.APPROVED, Approval.REJECTED)
+    action = "approval.approve" if decision == Approval.APPROVED else "approval.reject"
+    _check_reviewer(principal, action, approval_id, cid)
     comment = (comment or "")[:1024]
     with transaction.atomic():
         Approval.objects.expire_stale()
@@ -197,17 +203,7 @@ def revoke(principal, approval_id, comment="", *, cid=""):
     is refused 'approval was rejected'). The same assurance as a review (interactive session, enrolled TOTP device,
     fresh proof), confined to the tickets the reviewer may review; the submitter withdraws instead."""
     action = "approval.revoke"
-    problem = assurance_problem(principal)
-    if problem is not None:
-        audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
-              detail=f"approver_assurance:{problem}", correlation_id=cid)
-        raise PermissionDenied("Approval:Approve", f"approver_assurance_required:{problem}",
-                               remediation="sign in to the admin and confirm a fresh authenticator code (step-up)")
-    if not rbac.has_any(principal, "Approval", "Approve"):
-        exc = rbac.denial(principal, "Approval", "Approve")
-        audit(principal, action, "denied", target_type="Approval", target_id=approval_id,
-              detail=f"permission={exc.permission}", correlation_id=cid)
-        raise exc
+    _check_reviewer(principal, action, approval_id, cid)
     comment = (comment or "")[:1024]
     with transaction.atomic():
         ticket = Approval.objects.select_for_update().filter(pk=approval_id).first()
