@@ -77,17 +77,20 @@ def _cert(agent_id):
 
 
 @pytest.mark.django_db
-def test_heartbeats_of_many_connections_in_one_update_and_one_certificate_query():
+def test_heartbeats_of_many_connections_in_one_update_one_credential_query_and_one_certificate_query():
     long_ago = timezone.now() - timedelta(hours=1)
-    for agent_id in ("a1", "a2", "a3"):
-        Agent.objects.create(agent_id=agent_id, hostname=agent_id, connected=agent_id != "a3", last_seen=long_ago)
+    for agent_id in ("a1", "a2", "a3", "a4"):
+        Agent.objects.create(agent_id=agent_id, hostname=agent_id, connected=agent_id != "a3", last_seen=long_ago,
+                             credential_hash="" if agent_id == "a4" else "0" * 64)
     kept, revoked = _cert("a1"), _cert("a2")
     revoked.revoke("compromised")
     before = CA_REVOKED_CERT.labels("heartbeat")._value.get()
     with CaptureQueriesContext(connection) as queries:
-        results = identity.heartbeats([("a1", kept.serial_hex), ("a2", revoked.serial_hex), ("a3", None)])
-    assert results == [True, False, True]  # a2's connection proved a certificate revoked since: it is closed
-    assert len(queries) == 2
+        results = identity.heartbeats([("a1", kept.serial_hex), ("a2", revoked.serial_hex), ("a3", None),
+                                       ("a4", None), ("gone", None)])
+    # a2's connection proved a certificate revoked since, a4's credential was revoked, "gone" was deleted: closed
+    assert results == [True, False, True, False, False]
+    assert len(queries) == 3
     assert CA_REVOKED_CERT.labels("heartbeat")._value.get() == before + 1
     # seen: every one of them (a3, marked disconnected by a sweep, is connected again)
     assert all(a.connected and a.last_seen > long_ago for a in Agent.objects.all())
