@@ -26,7 +26,7 @@ from yuzu.metrics import AGENT_AUTH_FAILURES, CA_REISSUE_BLOCKED, CA_REVOKED_CER
 from yuzu.models import hash_secret, new_hex_id
 
 from .batching import Batcher
-from .models import SERVER_TAG_KEYS, Agent, AgentInventory, DeviceToken, Tag
+from .models import Agent, AgentInventory, DeviceToken, Tag
 
 log = logging.getLogger("yuzu.fleet.agents")
 
@@ -98,13 +98,7 @@ def register(agent_id, credential, fields, tags, plugins, opened_at, proof=None)
         if not Agent.objects.connect(agent_id, opened_at, simulated=bool(fields["attributes"].get("simulated")),
                                      **fields):
             raise Superseded("a newer connection of this agent has registered")
-        reported = {}
-        for key, value in tags.items():
-            if key in SERVER_TAG_KEYS:  # not the agent's to choose (the server's value, if any, stands)
-                log.info("agent %s reported the server's tag %s=%s at register: ignored", agent_id, key, value)
-                continue
-            reported[key] = value
-        for key, value in Tag.objects.report(agent_id, reported, now).items():  # the server set these: they win
+        for key, value in Tag.objects.report(agent_id, tags, now).items():  # the server's keys: they win
             log.info("agent %s reported %s=%r at register over the server's tag: ignored", agent_id, key, value)
         AgentInventory.objects.store(agent_id, AgentInventory.CATALOGUE, plugins, now)
     return dict(Tag.objects.filter(agent_id=agent_id).values_list("key", "value")), serial

@@ -136,8 +136,9 @@ class TagQuerySet(models.QuerySet):
         """An agent's register: its reported ``tags`` become its AGENT tags — updated, added, and the ones it no
         longer reports removed — except for the keys set on the server (SERVER rows are never written here, even
         by a register racing a set_tag: every write is conditional on the row being the agent's). Returns the
-        reported keys ignored because the server set them ({key: the reported value})."""
-        ignored = {}
+        reported keys ignored because the server set them or only the server may ({key: the reported value})."""
+        ignored = {key: value for key, value in tags.items() if key in SERVER_TAG_KEYS}  # never the agent's
+        tags = {key: value for key, value in tags.items() if key not in SERVER_TAG_KEYS}
         for key, value in tags.items():
             if self.filter(agent_id=agent_id, key=key, origin=Tag.Origin.AGENT).update(value=value, updated_at=now):
                 continue
