@@ -34,7 +34,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 
 from .models import KekVersion, TOTPDevice
 
@@ -138,18 +138,34 @@ def _load(version: int) -> bytes:
     return key
 
 
+def _newest() -> int | None:
+    return KekVersion.objects.order_by("-version").values_list("version", flat=True).first()
+
+
 def active_version() -> int:
     """The newest KEK version; the first is created on first use (embedded installs need no set-up)."""
-    newest = KekVersion.objects.order_by("-version").values_list("version", flat=True).first()
-    return newest if newest is not None else create_version()
+    newest = _newest()
+    return newest if newest is not None else create_version(first=True)
 
 
-def create_version() -> int:
+def _lock_versions() -> None:
+    """Serialise minting across processes and hosts until the transaction ends. Locking the newest row would
+    lock nothing while the table is empty, and every process's first secret would mint a version of its own."""
+    if connection.vendor == "postgresql":  # SQLite's transactions begin IMMEDIATE: they hold its write lock already
+        with connection.cursor() as cursor:  # conflicts with itself and with inserts, not with reads
+            cursor.execute(f"LOCK TABLE {KekVersion._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
+
+
+def create_version(first: bool = False) -> int:
     """Mint the next KEK version: a new key file, then its row (a crash between them leaves an orphan file,
-    which the next attempt refuses to overwrite)."""
+    which the next attempt refuses to overwrite). ``first``: only if there is none yet (first use), else the
+    version another process minted meanwhile."""
     with transaction.atomic():
-        newest = KekVersion.objects.select_for_update().order_by("-version").first()
-        version = (newest.version if newest else 0) + 1
+        _lock_versions()
+        newest = _newest()
+        if first and newest is not None:
+            return newest
+        version = (newest or 0) + 1
         key = _random.token_bytes(KEY_BYTES)
         _write_key(version, key)
         KekVersion.objects.create(version=version, kcv=check_value(key))

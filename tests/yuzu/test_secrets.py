@@ -101,3 +101,21 @@ def test_serve_refuses_to_start_when_the_keys_do_not_match(settings):
     secrets.forget_keys()
     with pytest.raises(SystemCheckError, match="secrets at rest cannot be opened: kek_unresolvable"):
         call_command("serve", "--no-agent")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_use_at_once_mints_one_version(settings):
+    """Two processes sealing their first secret at once (the server and a test, CI on b39fd9f) both found no
+    version, and the one that lost the race to the key file failed ``kek_corrupt``: locking the newest row locks
+    nothing while the table is empty."""
+    from tests.support.races import at_once
+
+    for _ in range(3):
+        KekVersion.objects.all().delete()
+        for path in settings.YUZU_KEK_DIR.glob("secrets-kek-v*.key") if settings.YUZU_KEK_DIR.exists() else ():
+            path.unlink()
+        secrets.forget_keys()
+        outcomes = at_once(*[secrets.active_version] * 4)
+        assert outcomes == [("ok", 1)] * 4, outcomes
+        assert list(KekVersion.objects.values_list("version", flat=True)) == [1]
+        assert secrets.problems() == []
