@@ -90,7 +90,7 @@ def spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: str | Pat
 
 
 def start_daphne(port: int, env: Mapping[str, str], log_dir: str | Path, name: str | None = None) -> Proc:
-    p = spawn(name or f"daphne-{port}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    p = spawn(name or f"daphne-{port}", [sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port),
                                           "yuzu.asgi:application"], env, log_dir)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 30

@@ -107,7 +107,7 @@ def main():
         call_command("migrate", "--noinput", "-v0")
         token = mint_device_token("bench dex", max_uses=a.count + 10, via="bench/dex")
         port = free_port()
-        daphne = spawn("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        daphne = spawn("daphne", [sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port),
                                   "yuzu.asgi:application"])
 
         def healthy():

@@ -76,7 +76,7 @@ def manage(env, *args, stdin=None):
 
 def start(env, port, log_path):
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "yuzu.daphne_main", "-v", "0", "-b", "127.0.0.1", "-p", str(port),
                              "yuzu.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     for _ in range(300):
         try:

@@ -133,7 +133,7 @@ def count(tree: Path, env: dict[str, str], calls: int, tmp: Path) -> dict[str, d
     token = setup["tokens"][0]
     (tmp / "agents.json").write_text(json.dumps(setup["agents"]))
     port = free_port()
-    daphne = under_callgrind([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    daphne = under_callgrind([sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port),
                               "yuzu.asgi:application"], tree, env, tmp)
     url = f"http://127.0.0.1:{port}"
     with httpx.Client(timeout=120) as client:

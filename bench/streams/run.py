@@ -75,7 +75,7 @@ print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swa
 # daphne, with the session registry's global cap (mcp.streaming.sessions.GLOBAL_CAP, 1024) raised for the
 # 5,000 case: the bench needs one session per stream (and with Redis, the earlier levels' are still live).
 # The stream cap itself is YUZU_MCP_MAX_STREAMS.
-DAPHNE = ("import sys, mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
+DAPHNE = ("import sys, yuzu.daphne_main, mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
           "sys.argv = ['daphne'] + sys.argv[2:]; "
           "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()")
 

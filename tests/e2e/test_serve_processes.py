@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import psutil
@@ -47,6 +48,8 @@ def test_serve_runs_several_daphnes_on_one_port_and_ctrl_c_stops_them_all(transa
         kids = children(serve.proc.pid)
         daphnes = [pid for pid, args in kids.items() if "daphne" in args]
         assert len(daphnes) == 2 and all("--fd" in kids[p] for p in daphnes), kids
+        assert all("-m yuzu.daphne_main" in kids[p] for p in daphnes), kids  # daphne on uvloop
+        assert all("uvloop/loop" in Path(f"/proc/{p}/maps").read_text() for p in daphnes)
         for _ in range(20):  # whichever daphne accepts, it answers
             assert _healthy(port)
         # Each daphne listens on a socket of its own (SO_REUSEPORT), so the kernel spreads connections over them.

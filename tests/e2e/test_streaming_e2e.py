@@ -86,7 +86,7 @@ class Fleet:
         port = free_port()
         log_path = self.tmp / f"daphne-{port}.log"
         log = open(log_path, "w")
-        proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), *daphne_args,
+        proc = subprocess.Popen([sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port), *daphne_args,
                                  "yuzu.asgi:application"], cwd=ROOT, env=server_env(**env), stdout=log,
                                 stderr=subprocess.STDOUT)
         log.close()

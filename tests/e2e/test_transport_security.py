@@ -123,7 +123,7 @@ def test_the_removed_anonymous_switch_refuses_to_start(tmp_path):
     """YUZU_MCP_TEST_ANONYMOUS_USER used to turn unauthenticated calls into a Viewer. Set on a server now,
     daphne refuses to start instead of serving."""
     port = free_port()
-    proc = subprocess.run([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "yuzu.asgi:application"],
+    proc = subprocess.run([sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port), "yuzu.asgi:application"],
                           cwd=ROOT, env=server_env(YUZU_MCP_TEST_ANONYMOUS_USER="viewer"), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0

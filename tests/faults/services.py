@@ -188,7 +188,7 @@ class Cluster:
 
     def daphne(self, name: str = "daphne", port: int | None = None) -> str:
         port = port or free_port()
-        p = self.spawn(name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+        p = self.spawn(name, [sys.executable, "-m", "yuzu.daphne_main", "-b", "127.0.0.1", "-p", str(port),
                               "--application-close-timeout", "10", "yuzu.asgi:application"])
         base = f"http://127.0.0.1:{port}"
 

@@ -4,6 +4,7 @@ listening sockets it opens for them, and the CPU each runs on."""
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -118,3 +119,13 @@ def test_a_connect_burst_waits_in_the_accept_queue_while_the_server_is_busy():
         server.close()
         for client in clients:
             client.close()
+
+
+def test_daphne_runs_twisted_on_uvloop():
+    """serve, the tests and the benches start daphne as ``python -m yuzu.daphne_main``: Twisted's reactor on
+    uvloop's event loop (the policy must be in place before daphne.server makes its loop)."""
+    out = subprocess.run([sys.executable, "-c", "import yuzu.daphne_main, daphne.server as s; "
+                          "from twisted.internet import reactor; "
+                          "print(type(s.twisted_loop).__module__, reactor._asyncioEventloop is s.twisted_loop)"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["uvloop", "True"], out

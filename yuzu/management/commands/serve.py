@@ -60,7 +60,7 @@ class Command(BaseCommand):
         py = sys.executable
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         n = server_processes(processes)
-        daphne = [py, "-m", "daphne", "--application-close-timeout", "35", "yuzu.asgi:application"]
+        daphne = [py, "-m", "yuzu.daphne_main", "--application-close-timeout", "35", "yuzu.asgi:application"]
         socks = listen(host.strip("[]") or "127.0.0.1", int(port), n)
         listeners = {"daphne": socks[0]} if n == 1 else {f"daphne-{i + 1}": s for i, s in enumerate(socks)}
         procs = {name: daphne[:3] + ["--fd", str(s.fileno())] + daphne[3:] for name, s in listeners.items()}
