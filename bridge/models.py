@@ -347,23 +347,26 @@ class Member(models.Model):
     def mark_gone(self, reason, now=None):
         """The worker is gone (stopped, its pane died, its spawn failed): stopped with status GONE, its
         token revoked, its queue failed and its open turns ended ``gone`` — waiters get worker_gone, a
-        detached turn's failure goes to the inbox. Idempotent; takes its own locks."""
+        detached turn's failure goes to the inbox. Idempotent; takes its own locks. Returns whether this call
+        stopped it (False: it was stopped already, by whoever stopped it first, whose reason stays)."""
         now = now or timezone.now()
         with transaction.atomic():
+            # A conditional UPDATE, so that of two stops at once (the primary's bridge_stop, the poller's sweep)
+            # exactly one is the one that stopped it, on every database (SQLite has no row locks).
+            stopped = bool(Member.objects.filter(pk=self.pk, stopped_at__isnull=True).update(
+                stopped_at=now, stop_reason=reason[:256], status=AgentStatus.GONE, status_since=now,
+                status_source=Member.Source.BRIDGE))
             m = Member.objects.select_for_update().get(pk=self.pk)
-            if m.stopped_at is None:
-                m.stopped_at, m.stop_reason = now, reason[:256]
-                m.status, m.status_since, m.status_source = AgentStatus.GONE, now, Member.Source.BRIDGE
-                m.save(update_fields=["stopped_at", "stop_reason", "status", "status_since", "status_source"])
             if m.token_id:
                 ApiToken.objects.filter(pk=m.token_id, revoked_at__isnull=True).update(revoked_at=now)
             m.messages.filter(state__in=Message.IN_FLIGHT).update(state=Message.State.FAILED,
-                                                                  error=f"worker_gone: {reason}"[:512])
+                                                                  error=f"worker_gone: {m.stop_reason}"[:512])
             for t in Turn.objects.select_for_update().filter(member=m, state__in=Turn.ACTIVE):
-                out = error_outcome("worker_gone", f"worker {m.session_id} is gone ({reason})", t.turn_id)
+                out = error_outcome("worker_gone", f"worker {m.session_id} is gone ({m.stop_reason})", t.turn_id)
                 out["sessionId"] = m.session_id
                 t.end(Turn.State.GONE, out, now)
-        self.stopped_at = self.stopped_at or now
+        self.stopped_at, self.stop_reason, self.status = m.stopped_at, m.stop_reason, m.status
+        return stopped
 
     # -- output shapes -----------------------------------------------------------------------------
 
@@ -388,6 +391,29 @@ class Member(models.Model):
             view["stoppedAt"] = _iso(self.stopped_at)
             view["stopReason"] = self.stop_reason
         return view
+
+
+def move_world(old_key, new_key):
+    """The primary ``old_key``'s world becomes ``new_key``'s (its token was rotated: bridge/identity.py): its workers,
+    live and stopped, every turn it opened and its unacknowledged inbox. Returns (the live workers moved, how many
+    inbox items moved). Takes its own locks (the live workers first, so a send holding one finishes before)."""
+    with transaction.atomic():
+        live = list(Member.objects.select_for_update().filter(owner_key=old_key, stopped_at__isnull=True)
+                    .order_by("id"))
+        Member.objects.filter(owner_key=old_key).update(owner_key=new_key)
+        Turn.objects.filter(owner_key=old_key).update(owner_key=new_key)
+        items = InboxItem.objects.filter(recipient_key=old_key, acked_at__isnull=True).update(recipient_key=new_key)
+        if items:
+            wake_on_commit(inbox_group(new_key))
+    return live, items
+
+
+def holds_world(key):
+    """Whether anything of the primary ``key``'s world is still under that key: a worker, an active turn, an
+    unacknowledged inbox item."""
+    return (Member.objects.filter(owner_key=key, stopped_at__isnull=True).exists()
+            or Turn.objects.filter(owner_key=key, state__in=Turn.ACTIVE).exists()
+            or InboxItem.objects.pending(key).exists())
 
 
 class TurnQuerySet(models.QuerySet):

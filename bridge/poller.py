@@ -17,7 +17,9 @@ Per worker and tick:
    one message per turn. A paste the backend refuses drops that message with an error to its sender.
    WORKING and UNKNOWN never get text.
 
-Plus a sweep that moves an outcome stranded on a dead waiter into the primary's inbox.
+Plus a sweep (every 2 s) that moves an outcome stranded on a dead waiter into the primary's inbox, hands a rotated
+primary's workers to its live successor, and stops the workers nobody can reach any more: those of a primary that is
+gone (bridge.workers.stop_orphans) and those whose own token ended (bridge.workers.stop_expired).
 """
 
 import logging
@@ -34,7 +36,7 @@ from .models import Member, Message, Turn
 from .status import AgentStatus, load_rules
 from .terminal import PaneNotFound, TerminalError
 from .turns import sweep
-from .workers import backend, observe, stop_orphans, terminate
+from .workers import backend, observe, stop_expired, stop_orphans, terminate
 
 log = logging.getLogger("yuzu.bridge.poller")
 
@@ -96,6 +98,7 @@ class StatusPoller:
             self._last_sweep = time.monotonic()
             sweep()
             stop_orphans(self.socket_name)
+            stop_expired(self.socket_name)
             # A spawn that never got its pane (its server process died mid-spawn) is not a worker.
             stale = timezone.now() - timedelta(seconds=60)
             for m in Member.objects.filter(stopped_at__isnull=True, socket_name=self.socket_name, pane_id="",

@@ -153,6 +153,9 @@ def _prepare_send(caller, content, *, session, timeout_ms, wait, auto_spawn, tur
         m = Member.objects.select_for_update().get(pk=member.pk)
         if not m.live:
             raise BridgeFailure("worker_gone", f"worker {m.session_id} is gone ({m.stop_reason})")
+        if m.owner_key != caller.world_key:  # handed to this token's rotation successor since it was looked up
+            raise BridgeFailure("unknown_worker", f"worker {m.session_id} belongs to this token's rotation successor "
+                                                  "now; call with the successor token")
         last = (Turn.objects.select_for_update().filter(member=m, owner_key=caller.world_key)
                 .order_by("-id").first())
         if last is not None and (last.resent(content, now) or (last.orphaned(content, now) and

@@ -21,6 +21,7 @@ import logging
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from yuzu import rbac
@@ -31,7 +32,7 @@ from yuzu.rbac import Principal
 from . import conf
 from .failures import BridgeFailure
 from .guard import IsolationGuard, SubscriptionGuard, substitute, worker_env
-from .identity import PRIMARY, identify, require
+from .identity import PRIMARY, follow_rotation, identify, require
 from .models import Member, Profile
 from .status import (
     AgentStatus,
@@ -171,8 +172,7 @@ def stop(caller, ident, *, primary_pane=None, cid=""):
     if m is None:
         return {"paneId": ident, "sessionId": None, "stopped": True, "wasRunning": False}
     SubscriptionGuard.check_primary_pane(primary_pane, m.socket_name, m)
-    was = m.live
-    terminate(m, "stopped by the primary")
+    was = terminate(m, "stopped by the primary")  # False: stopped already, or by the poller at this very moment
     audit(caller.principal, "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
           detail=f"pane={m.pane_id} was_running={was}", correlation_id=cid)
     return {"paneId": m.pane_id or ident, "sessionId": m.session_id, "stopped": True, "wasRunning": was}
@@ -181,16 +181,18 @@ def stop(caller, ident, *, primary_pane=None, cid=""):
 def terminate(member, reason, *, close=True):
     """The worker is gone (stopped, or its pane died): close its pane, then ``Member.mark_gone``. A pane its spawn
     recorded after ``member`` was read (the row is listed before its pane exists) is closed too: once the worker is
-    marked gone, a spawn still starting closes its own (``Member.pane_started``), so between them none runs on."""
+    marked gone, a spawn still starting closes its own (``Member.pane_started``), so between them none runs on.
+    Returns whether this call stopped it (``Member.mark_gone``): of two stops at once, only one did."""
     if close and member.pane_id:
         _close(member)
-    member.mark_gone(reason)
+    stopped = member.mark_gone(reason)
     if close:
         now = Member.objects.filter(pk=member.pk).values("pane_id", "terminal_id").first()
         if now is not None and now["pane_id"] and (now["pane_id"], now["terminal_id"]) != (member.pane_id,
                                                                                            member.terminal_id):
             member.pane_id, member.terminal_id = now["pane_id"], now["terminal_id"]
             _close(member)
+    return stopped
 
 
 def _close(member):
@@ -205,13 +207,16 @@ def stop_orphans(socket_name):
     access token only once the connection cannot refresh it), its user deactivated or gone — or its user no longer
     holds Bridge:Execute (an administrator took the role away). Nobody could read, answer or stop them any more (a
     primary's world is its token), and each would go on running an agent in its pane and holding its user's
-    YUZU_BRIDGE_MAX_WORKERS allowance. Returns how many were stopped."""
+    YUZU_BRIDGE_MAX_WORKERS allowance. A token that was rotated hands its workers to its live successor instead
+    (``identity.follow_rotation``): they are that primary's. Returns how many were stopped."""
     live = Member.objects.live().filter(socket_name=socket_name)
     stopped = 0
     for key in set(live.values_list("owner_key", flat=True)):
         principal = Principal.from_key(key)
         if principal is None and _refreshable(key):
             continue  # an OAuth primary's access token lapsed: its client's next refresh makes it this primary again
+        if principal is None and follow_rotation(key) is not None:
+            continue  # the successor's liveness and grants are checked at the next sweep, under its own key
         if principal is None:
             reason, why = "primary_revoked", "its primary's token or user is no longer valid"
         elif not rbac.has_any(principal, "Bridge", "Execute"):
@@ -219,9 +224,30 @@ def stop_orphans(socket_name):
         else:
             continue
         for m in live.filter(owner_key=key).select_related("owner"):
-            terminate(m, why)
+            if terminate(m, why):
+                audit("system", "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
+                      detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={key}")
+                stopped += 1
+    return stopped
+
+
+def stop_expired(socket_name, now=None):
+    """Stop the live workers whose own token ended — expired (it lives YUZU_BRIDGE_WORKER_TOKEN_HOURS), revoked or
+    deleted: the worker can no longer reply, ask or report a hook, and its pane would run on unanswerable, holding its
+    user's allowance. Its turns end ``worker_gone`` (the primary's waiter, else its inbox) and ``bridge_status``
+    shows the reason. A worker's token is never renewed: its pane got it once, at spawn. Returns how many stopped."""
+    now = now or timezone.now()
+    ended = (Member.objects.live().filter(socket_name=socket_name)
+             .filter(Q(token__isnull=True) | Q(token__revoked_at__isnull=False) | Q(token__expires_at__lte=now))
+             .select_related("token", "owner"))
+    stopped = 0
+    for m in ended:
+        expired = m.token is not None and m.token.revoked_at is None
+        reason = "worker_token_expired" if expired else "worker_token_revoked"
+        why = "its worker token expired" if expired else "its worker token was revoked or deleted"
+        if terminate(m, why):
             audit("system", "bridge.stop", "success", target_type="BridgeMember", target_id=m.session_id,
-                  detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={key}")
+                  detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={m.owner_key}")
             stopped += 1
     return stopped
 

@@ -116,10 +116,16 @@ def world(fake, make_user):
     def worker(pane="%1", **kw):
         fake.add(pane)
         return Member.objects.create(owner=user, owner_key=Principal(user=user, token=token).key, profile=profile,
-                                     profile_name="standin",
+                                     profile_name="standin", token=worker_token(user),
                                      socket_name=SOCKET, pane_id=pane, terminal_id="bridge-x", name="w", **kw)
 
     return worker
+
+
+def worker_token(user):
+    """Every worker has its own token (the poller stops one whose token ended: bridge.workers.stop_expired)."""
+    return ApiToken.mint(user, "bridge worker", audience=ApiToken.AUDIENCE_BRIDGE,
+                         expires_at=timezone.now() + timedelta(hours=24))[0]
 
 
 def poller():
@@ -320,7 +326,7 @@ def test_workers_of_a_primary_whose_user_lost_the_bridge_are_stopped(fake, world
     bob = make_user("bob", "Operator")
     bobs = Member.objects.create(owner=bob, owner_key=Principal(user=bob, token=ApiToken.mint(bob, "p")[0]).key,
                                  profile_name="standin", socket_name=SOCKET, pane_id="%3", terminal_id="bridge-y",
-                                 name="b")
+                                 name="b", token=worker_token(bob))
     fake.add("%3", session="bridge-y")
     p = poller()
     p.tick()
