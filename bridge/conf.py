@@ -7,6 +7,8 @@ YUZU_BRIDGE_PICKUP_GRACE_POLLS   polls to wait for a WORKING pickup before assum
 YUZU_BRIDGE_RECHECK_SECONDS      a waiter re-reads its turn row at least this often (default 1.0)
 YUZU_BRIDGE_HOOK_TRUST_SECONDS   a hook-reported status is trusted for this long (default 60)
 YUZU_BRIDGE_WORKER_TOKEN_HOURS   lifetime of a worker's token (default 24)
+YUZU_BRIDGE_MAX_QUEUE            messages one worker may have queued or awaiting pickup (default 32)
+YUZU_BRIDGE_MAX_INBOX            unacknowledged inbox items one primary may have (default 256)
 YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carries (default 40)
 YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and acknowledges with <file>.ack)
 YUZU_BRIDGE_SAME_USER_WORKERS    1: real agents may run as the server's own OS user (a single-person workstation;
@@ -80,6 +82,14 @@ def worker_token_hours():
 
 def max_workers():
     return max(1, _int("YUZU_BRIDGE_MAX_WORKERS", 8))
+
+
+def max_queue():
+    return max(1, _int("YUZU_BRIDGE_MAX_QUEUE", 32))
+
+
+def max_inbox():
+    return max(1, _int("YUZU_BRIDGE_MAX_INBOX", 256))
 
 
 def tail_lines():

@@ -16,7 +16,8 @@ class BridgeFailure(Exception):
     STATUS = {"worker_gone": 410, "subscription_boundary": 403, "isolation_boundary": 403, "unknown_worker": 404,
               "no_worker": 404, "ambiguous_worker": 409, "wrong_role": 403, "not_a_worker": 403, "unknown_turn": 404,
               "no_question": 409, "unknown_profile": 404, "spawn_failed": 502, "delivery_failed": 502,
-              "content_too_large": 413, "worker_limit": 429}
+              "content_too_large": 413, "worker_limit": 429,
+              "queue_full": 429, "inbox_full": 429}
 
     def __init__(self, code, message, *, retryable=False, status=None):
         super().__init__(message)

@@ -80,7 +80,10 @@ def _result(out):
                   "{outcome:'reply', text, turnId} | {outcome:'question', text, turnId} — answer with "
                   "bridge_send(content, turnId), which waits again on the same turn | {outcome:'turn_done', text: "
                   "terminal tail, turnId} | {outcome:'timeout', turnId} (a later reply lands in bridge_poll) | "
-                  "{outcome:'cancelled'}. Errors: worker_gone, delivery_failed, no_question. wait:false → "
+                  "{outcome:'cancelled'}. Errors: worker_gone, delivery_failed, no_question; queue_full when the "
+                  "worker already has YUZU_BRIDGE_MAX_QUEUE (default 32) messages waiting, inbox_full when your "
+                  "bridge_poll inbox holds YUZU_BRIDGE_MAX_INBOX (default 256) unacknowledged items (bridge_ack "
+                  "them). wait:false → "
                   "{outcome:'dispatched', dispatchId} at once.",
       input_schema=obj({"content": CONTENT, "sessionId": SESSION,
                         "timeoutMs": integer(0, 3_600_000, "Wait at most this long (default 600000)"),
@@ -114,7 +117,9 @@ async def bridge_send(ctx, args):
       description="Worker only. Ends your current turn with content as its result: resolves the primary's open "
                   "bridge_send (mode 'resolved'), or — when the primary is not waiting — queues it for the "
                   "primary's bridge_poll (mode 'queued'). final:false sends an interim note instead (queued; the "
-                  "primary's wait stays open). A reply with nobody waiting is not an error.",
+                  "primary's wait stays open). A reply with nobody waiting is not an error. While the primary's inbox "
+                  "is full (YUZU_BRIDGE_MAX_INBOX) a note or a reply outside a turn is refused inbox_full (retry "
+                  "later); the final reply of a turn never is.",
       input_schema=obj({"content": CONTENT, "final": boolean("A final reply (default true) or an interim note")},
                        ["content"]),
       output_schema=obj({"delivered": boolean(), "mode": enum(["resolved", "injected", "queued"]),
@@ -132,7 +137,8 @@ def bridge_reply(ctx, args):
       description="Worker only. Surfaces a question to the primary (its open bridge_send returns outcome "
                   "'question'; otherwise it waits in the primary's bridge_poll) and holds this call until the primary "
                   "answers: {answer, turnId}; continue the same task with it. {outcome:'timeout'} past timeoutMs "
-                  "(default 600000), {outcome:'cancelled'} if the primary cancelled the turn.",
+                  "(default 600000), {outcome:'cancelled'} if the primary cancelled the turn. A question nobody waits "
+                  "for is refused inbox_full while the primary's inbox is full (YUZU_BRIDGE_MAX_INBOX).",
       input_schema=obj({"content": CONTENT, "timeoutMs": TIMEOUT_MS}, ["content"]),
       output_schema=obj({"answer": string(65536), "outcome": enum(["timeout", "cancelled"]), "turnId": string(32),
                          "reason": string(256)}, [], additional=True))

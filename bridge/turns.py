@@ -21,6 +21,12 @@ Invariants:
   caller's last turn there, within RESEND_WINDOW) finds that turn again — it is never pasted twice. A worker
   re-sending the question still open waits for the same answer instead of asking twice, and one re-sending a
   question answered after its wait dropped gets that answer at once.
+* **Bounded.** A worker's FIFO holds at most YUZU_BRIDGE_MAX_QUEUE messages queued or awaiting pickup
+  (``queue_full``); a primary's inbox at most YUZU_BRIDGE_MAX_INBOX unacknowledged items it did not ask for — a
+  worker's notes, late replies and questions nobody waits for are refused beyond it (``inbox_full``), and so is the
+  primary's next new turn, until it acknowledges some. The one outcome a turn ends with is never refused (no reply is
+  lost to the bound): so the inbox holds at most the limit plus the turns then open. Refused before anything is
+  written.
 * **Lock order: Member, then Turn** (bridge/models.py).
 """
 
@@ -36,14 +42,31 @@ from django.utils import timezone
 from yuzu.audit import audit
 from yuzu.errors import YuzuError
 
-from . import waiters
+from . import conf, waiters
 from .failures import BridgeFailure
 from .identity import PRIMARY, WORKER, require
-from .models import MAX_CONTENT_BYTES, InboxItem, Member, Turn
+from .models import MAX_CONTENT_BYTES, InboxItem, Member, Message, Turn
 from .terminal import TerminalError, unpasteable
 from .workers import backend, resolve_worker
 
 log = logging.getLogger("yuzu.bridge")
+
+
+def check_inbox_room(key, *, worker):
+    """Refuse (``inbox_full``) an item the primary ``key`` did not ask for while its inbox is full: before anything
+    is written. ``worker``: who is told, a worker adding to its primary's inbox, or the primary about to open a turn."""
+    limit = conf.max_inbox()
+    held = InboxItem.objects.pending(key).count()
+    if held < limit:
+        return
+    if worker:
+        msg = (f"your primary's inbox holds {held} unacknowledged items, the most it may (YUZU_BRIDGE_MAX_INBOX="
+               f"{limit}); nothing was sent — retry once the primary has collected them, or end the task with "
+               "bridge_reply(content): a turn's final reply always reaches the primary")
+    else:
+        msg = (f"your inbox holds {held} unacknowledged items, the most it may (YUZU_BRIDGE_MAX_INBOX={limit}); "
+               "nothing was sent — collect them with bridge_poll and confirm them with bridge_ack first")
+    raise BridgeFailure("inbox_full", msg, retryable=True)
 
 
 def check_content(content):
@@ -148,6 +171,7 @@ def _prepare_send(caller, content, *, session, timeout_ms, wait, auto_spawn, tur
             audit(caller.principal, "bridge.send", "success", target_type="BridgeMember",
                   target_id=t.member.session_id, detail=f"answer turn={t.turn_id} wait={wait}", correlation_id=cid)
         return Prepared(t.pk, t.turn_id, t.member.session_id, wait, deadline)
+    check_inbox_room(caller.world_key, worker=False)  # before an auto-spawn, too
     member = resolve_worker(caller, session, auto_spawn=auto_spawn, cid=cid)
     with transaction.atomic():
         m = Member.objects.select_for_update().get(pk=member.pk)
@@ -156,6 +180,7 @@ def _prepare_send(caller, content, *, session, timeout_ms, wait, auto_spawn, tur
         if m.owner_key != caller.world_key:  # handed to this token's rotation successor since it was looked up
             raise BridgeFailure("unknown_worker", f"worker {m.session_id} belongs to this token's rotation successor "
                                                   "now; call with the successor token")
+        queued, limit = m.messages.filter(state__in=Message.IN_FLIGHT).count(), conf.max_queue()
         last = (Turn.objects.select_for_update().filter(member=m, owner_key=caller.world_key)
                 .order_by("-id").first())
         if last is not None and (last.resent(content, now) or (last.orphaned(content, now) and
@@ -169,6 +194,11 @@ def _prepare_send(caller, content, *, session, timeout_ms, wait, auto_spawn, tur
             audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
                   detail=f"resend turn={last.turn_id} wait={wait}", correlation_id=cid)
             return Prepared(last.pk, last.turn_id, m.session_id, wait, deadline, outcome)
+        if queued >= limit:
+            raise BridgeFailure("queue_full", f"worker {m.session_id} already has {queued} messages queued or awaiting "
+                                f"pickup, the most one worker may (YUZU_BRIDGE_MAX_QUEUE={limit}); nothing was "
+                                "queued — wait for its outcomes (bridge_status shows queueDepth), send to another "
+                                "worker, or bridge_cancel a turn", retryable=True)
         t = m.queue(content, owner_key=caller.world_key, deadline=deadline if wait else None)
         audit(caller.principal, "bridge.send", "success", target_type="BridgeMember", target_id=m.session_id,
               detail=f"turn={t.turn_id} wait={wait} bytes={len(content.encode('utf-8'))}", correlation_id=cid)
@@ -211,6 +241,8 @@ def reply(caller, content, *, final=True, cid=""):
         m = Member.objects.select_for_update().get(pk=caller.member.pk)
         t = m.locked_current_turn()
         base = {"text": content, "sessionId": m.session_id, "turnId": t.turn_id if t else None}
+        if not final or t is None or not t.active:  # an item besides the one outcome the turn ends with
+            check_inbox_room(m.owner_key, worker=True)
         if not final:
             InboxItem.deliver(m.owner_key, {"outcome": "note", **base})
             mode = "queued"
@@ -245,6 +277,8 @@ def prepare_ask(caller, content, *, cid=""):
             audit(caller.principal, "bridge.ask", "success", target_type="BridgeMember", target_id=m.session_id,
                   detail=f"turn={t.turn_id} resend answered", correlation_id=cid)
             return t.pk, t.turn_id, t.ask_seq
+        if t is None or not t.active or not t.waiter_live(timezone.now()):  # the question goes to the inbox
+            check_inbox_room(m.owner_key, worker=True)
         if t is None or not t.active:
             t = m.open_own_turn()
         mode = t.ask(content)
