@@ -38,13 +38,20 @@ def rotate(bridge, p):
     return r.json()["data"]
 
 
+def spawn(p):
+    """A stand-in worker, once the poller sees it IDLE (the poller process may start slowly on a loaded host)."""
+    w = spawn_standin(p)
+    wait_status(p, w["sessionId"], {"IDLE"}, timeout=60)
+    return w
+
+
 def panes(bridge):
     return {x.pane_id for x in bridge.backend().list_panes()}
 
 
 def test_rotation_hands_the_workers_to_the_successor(primary, bridge):
     p = primary()
-    w = spawn_standin(p)
+    w = spawn(p)
     asked = p.call("bridge_send", {"content": "ask:which config?", "sessionId": w["sessionId"], "wait": False})
     question = p.call("bridge_poll", {"timeoutMs": 20000})
     assert question["count"] == 1 and question["items"][0]["kind"] == "question", (question.structured,
@@ -79,7 +86,7 @@ def test_rotation_hands_the_workers_to_the_successor(primary, bridge):
 
 def test_a_predecessor_retired_before_its_successor_called_hands_over_at_the_sweep(primary, bridge):
     p = primary()
-    w = spawn_standin(p)
+    w = spawn(p)
     p.call("bridge_send", {"content": "reply:kept for later", "sessionId": w["sessionId"], "wait": False})
     wait_until(lambda: InboxItem.objects.filter(payload__text="kept for later").exists(), 20, what="the reply")
     successor = rotate(bridge, p)
@@ -100,7 +107,7 @@ def test_a_predecessor_retired_before_its_successor_called_hands_over_at_the_swe
 
 def test_a_worker_whose_token_expired_is_stopped(primary, bridge):
     p = primary()
-    w = spawn_standin(p)
+    w = spawn(p)
     sent = p.call("bridge_send", {"content": "stall", "sessionId": w["sessionId"], "wait": False})
     wait_status(p, w["sessionId"], {"WORKING"})
     m = Member.objects.get(session_id=w["sessionId"])
@@ -120,7 +127,7 @@ def test_a_worker_whose_token_expired_is_stopped(primary, bridge):
 
 def test_a_revoked_primary_s_workers_are_stopped(primary, bridge):
     p = primary()
-    w = spawn_standin(p)
+    w = spawn(p)
     r = rest(bridge, "DELETE", f"/tokens/{token_of(p).pk}", p.token)
     assert r.status_code == 200, r.text
     wait_until(lambda: not Member.objects.get(session_id=w["sessionId"]).live, 10, what="the poller to stop it")
@@ -133,7 +140,7 @@ def test_a_revoked_primary_s_workers_are_stopped(primary, bridge):
 def test_the_primary_s_session_ending_stops_nothing(primary, bridge):
     """The primary is its token, not its MCP session: a Claude Code restart (a new session) finds its workers."""
     p = primary()
-    w = spawn_standin(p)
+    w = spawn(p)
     with httpx.Client(trust_env=False, timeout=10) as http:
         r = http.delete(bridge.bridge_url, headers=p.headers())
     assert r.status_code in (200, 204), r.text
