@@ -107,8 +107,8 @@ class AgentAdmin(AuditedAdmin):
     @admin.action(description="Revoke the selected agents' credentials (needs a fresh authenticator code)")
     def revoke_credential(self, request, queryset):
         """fleet.services.revoke_agent_credential, as the tool and the REST route: each agent's live connection
-        closes, it enrols again with a new device token. A fresh authenticator code first, as revoking a
-        certificate in the admin (pki.admin)."""
+        closes, its certificates are revoked, it enrols again with a new device token. A fresh authenticator code
+        first, as revoking a certificate in the admin (pki.admin)."""
         principal = session_principal(request)
         if not mfa_is_fresh(principal):
             self.message_user(request, "Revoking needs a fresh authenticator code: open /admin/stepup/, enter the "
@@ -117,11 +117,14 @@ class AgentAdmin(AuditedAdmin):
         cid = request_cid(request)
         for agent_id in queryset.values_list("pk", flat=True):
             try:
-                services.revoke_agent_credential(principal, agent_id, "revoked in the admin", cid=cid)
+                out = services.revoke_agent_credential(principal, agent_id, "revoked in the admin", cid=cid)
             except YuzuError as exc:
                 self.message_user(request, f"{agent_id}: {exc.message}", messages.ERROR)
             else:
-                self.message_user(request, f"{agent_id}: credential revoked; it must enrol again")
+                certs = out["certificates_revoked"]
+                self.message_user(request, f"{agent_id}: credential revoked"
+                                  + (f", and its certificate(s) {', '.join(certs)}" if certs else "")
+                                  + "; it must enrol again")
 
 
 class GroupForm(ServiceForm):

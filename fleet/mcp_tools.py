@@ -583,13 +583,19 @@ def quarantine_device(ctx, args):
                                                                                 a.get("reason", ""), pinned),
       description="Revoke an agent's own credential (the one it got for its device token at enrolment); needs human "
                   "approval. Its live connection is closed at once and every later register with that credential is "
-                  "refused; the device comes back only by enrolling again with a new device token (as a new "
-                  "agent_id). The agent's record, tags and history stay. An unknown agent answers not found; one "
+                  "refused; every certificate the agent still holds is revoked with it (certificates_revoked, the "
+                  "CRL republished: crl_republished, false when there was none). The device comes back only by "
+                  "enrolling again with a new device token (as a new agent_id, certified afresh). The agent's "
+                  "record, tags and history stay. An unknown agent answers not found; one "
                   "already revoked is refused with no change (-32602). Needs a fleet-wide Security:Delete (a grant "
                   "on one management group does not reach it, nor does a service-scoped token). Approval-gated on "
                   "the supervised tier: the first call answers -32006 with an approval_id.",
       input_schema=obj({"agent_id": AGENT_ID, "reason": string(256, "Why (audited)"), "approval_id": APPROVAL_ID},
                        ["agent_id"]),
-      output_schema=obj({"agent_id": string(128), "revoked": boolean()}, ["agent_id", "revoked"]))
+      output_schema=obj({"agent_id": string(128), "revoked": boolean(),
+                         "certificates_revoked": array(string(64), 1000, description="The serials of the agent's "
+                                                "certificates revoked with it (empty: it held none)"),
+                         "crl_republished": boolean()},
+                        ["agent_id", "revoked", "certificates_revoked", "crl_republished"]))
 def revoke_agent_credential(ctx, args):
     return services.revoke_agent_credential(ctx.principal, cid=ctx.cid, plan=ctx.plan)

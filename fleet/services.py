@@ -9,6 +9,7 @@ from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from pki import services as pki_services
 from yuzu import rbac
 from yuzu.audit import audit
 from yuzu.dbfuncs import IsoUtc
@@ -482,23 +483,33 @@ def plan_revoke_agent_credential(principal, agent_id, reason="", pinned=None):
     if not agent.credential_hash:
         raise YuzuError("the agent's credential is already revoked", remediation="nothing was changed; the device "
                         "enrols again with a new device token (it gets a new agent id)")
+    certs = list(pki_services.active_agent_certs(agent.pk).values_list("serial_hex", flat=True))
+    held = (f", and every certificate it holds is revoked with it (now {len(certs)}: {', '.join(certs)}; the CRL is "
+            "republished)") if certs else ", and any certificate it holds is revoked with it (none now)"
     return Plan(summary=f"Revoke the credential of agent {agent.hostname or agent_id} ({agent_id}): its connection "
-                        "closes now and it must enrol again with a new device token"
+                        f"closes now and it must enrol again with a new device token{held}"
                         + (f" — reason: {reason[:200]}" if reason else ""),
                 value=(agent, reason or ""), pins={"agents": [agent_id]}, risk="destructive",
                 facts={"agent_id": agent_id, "hostname": agent.hostname, "connected": agent.connected,
-                       "reason": reason or ""})
+                       "reason": reason or "", "certificates": certs})
 
 
 def revoke_agent_credential(principal, agent_id=None, reason="", *, cid="", plan=None):
     """Revoke the agent's own credential (the one enroll traded for a device token): its register is refused from
     now on (fleet.identity.register), its live connection is closed through the channel layer (and, were that
-    message lost, at its next heartbeat), audited ``agent.credential.revoked``. The Agent row, its tags, groups
-    and records stay; the device comes back only by enrolling again with a new device token (a new agent id)."""
+    message lost, at its next heartbeat), audited ``agent.credential.revoked``. With it, in one transaction, every
+    certificate the agent still holds is revoked through the CA (pki.services.revoke_agent_certificates: audited
+    ``ca.cert.revoked`` each, the CRL republished): the key that proved them is the device's, and the device is
+    no longer trusted. The Agent row, its tags, groups and records stay; the device comes back only by enrolling
+    again with a new device token (a new agent id, certified afresh)."""
     agent, reason = (plan or plan_revoke_agent_credential(principal, agent_id, reason)).value
-    if not Agent.objects.filter(pk=agent.pk).exclude(credential_hash="").update(credential_hash=""):
-        raise YuzuError("the agent's credential is already revoked", remediation="nothing was changed")
-    audit(principal, "agent.credential.revoked", "success", target_type="Agent", target_id=agent.pk,
-          detail=f"hostname={agent.hostname} reason={reason[:256]}", correlation_id=cid)
+    with transaction.atomic():
+        if not Agent.objects.filter(pk=agent.pk).exclude(credential_hash="").update(credential_hash=""):
+            raise YuzuError("the agent's credential is already revoked", remediation="nothing was changed")
+        audit(principal, "agent.credential.revoked", "success", target_type="Agent", target_id=agent.pk,
+              detail=f"hostname={agent.hostname} reason={reason[:256]}", correlation_id=cid)
+        certs = pki_services.revoke_agent_certificates(
+            principal, agent.pk, f"agent credential revoked: {reason}" if reason else "agent credential revoked",
+            cid=cid)
     send_to_agent(agent.pk, {"type": "agent.cut_off", "why": "agent credential revoked"})
-    return {"agent_id": agent.pk, "revoked": True}
+    return {"agent_id": agent.pk, "revoked": True, **certs}

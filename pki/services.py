@@ -76,16 +76,39 @@ def revoke_certificate(principal, serial_hex=None, reason="", *, cid="", plan=No
             raise YuzuError("certificate not found or already revoked")
         earlier = list(row.earlier_of_agent()) if row.purpose == "agent" else []
         also = [r for r in earlier if r.revoke(f"{reason} (replaced by {row.serial_hex}, revoked with it)")]
-    for r in [row, *also]:
+    published = _revoked(principal, [row, *also], cid)
+    return {"revoked": True, "serial_hex": row.serial_hex, "also_revoked": [r.serial_hex for r in also],
+            "crl_republished": published}
+
+
+def active_agent_certs(agent_id):
+    """The agent's certificates still valid (purpose agent, active, not yet run out), oldest first."""
+    return IssuedCert.objects.active().filter(purpose="agent", agent_id=agent_id).order_by("issued_at", "serial_hex")
+
+
+def revoke_agent_certificates(principal, agent_id, reason="", *, cid=""):
+    """Revoke every certificate of the agent still valid, as ``revoke_certificate`` revokes one: each audited
+    ``ca.cert.revoked``, the agent's connection that proved one closed, the CRL republished (only when one was
+    revoked). For fleet.services.revoke_agent_credential, inside its transaction: the credential and the
+    certificates go together. → {"certificates_revoked": [serial, …], "crl_republished": bool}"""
+    _fleet_wide(principal, "Delete")
+    with transaction.atomic():
+        rows = [r for r in active_agent_certs(agent_id).select_for_update() if r.revoke(reason)]
+    published = _revoked(principal, rows, cid) if rows else False
+    return {"certificates_revoked": [r.serial_hex for r in rows], "crl_republished": published}
+
+
+def _revoked(principal, rows, cid):
+    """What follows revoking ``rows``: an audit row each, an agent's live connection closed, the CRL republished.
+    → whether the CRL was."""
+    for r in rows:
         audit(principal, "ca.cert.revoked", "success", target_type="IssuedCert", target_id=r.serial_hex,
               detail=f"purpose={r.purpose} serial={r.serial_hex} reason={r.revocation_reason}", correlation_id=cid)
         if r.purpose == "agent":
             # The agent's live connection closes now (fleet.consumers.AgentConsumer.agent_revoked); its
             # heartbeat re-checks the store as well, so a lost message costs at most one heartbeat.
             send_to_agent(r.agent_id, {"type": "agent.revoked", "serial_hex": r.serial_hex})
-    published = ca.publish_crl() is not None
-    return {"revoked": True, "serial_hex": row.serial_hex, "also_revoked": [r.serial_hex for r in also],
-            "crl_republished": published}
+    return ca.publish_crl() is not None
 
 
 # --- issue a code-signing certificate ---------------------------------------------------------------

@@ -20,6 +20,8 @@ from fleet.models import (
     ManagementGroup,
     Tag,
 )
+from pki import ca
+from pki.models import IssuedCert
 from tests.support.approvals import approve, error_of, result_of
 from yuzu.models import AuditEvent
 
@@ -418,14 +420,27 @@ def test_a_credential_revocation_waits_for_the_approver_and_acts_on_the_pinned_a
     approved recall; the approval does not stretch to another agent."""
     agent("a1", credential_hash="1" * 64)
     agent("a2", credential_hash="2" * 64)
+    ca.authority()
+    certs = {a: IssuedCert.objects.create(serial_hex=f"0A{n}", subject=f"CN={a}", purpose="agent", agent_id=a,
+                                          not_after=timezone.now() + timedelta(days=30), issued_by="test",
+                                          cert_pem="-", issuer_fingerprint="-", issuer_key_id="-")
+             for n, a in enumerate(("a1", "a2"))}
     t = ticket_of(sup.call("revoke_agent_credential", {"agent_id": "a1", "reason": "stolen laptop"}))
     assert t.pins == {"agents": ["a1"]} and t.risk == "destructive" and "stolen laptop" in t.summary
+    # the approver is told the agent's certificates go with it, and which
+    assert "every certificate it holds is revoked with it" in t.summary and "0A0" in t.summary, t.summary
+    assert "0A1" not in t.summary
     assert Agent.objects.get(pk="a1").credential_hash == "1" * 64
+    assert IssuedCert.objects.get(pk="0A0").status == "active"
     approve(approver, t.id)
     err = error_of(sup.call("revoke_agent_credential", {"agent_id": "a2", "approval_id": t.id}))
     assert err["code"] != -32006 and Agent.objects.get(pk="a2").credential_hash == "2" * 64, err
     out = result_of(sup.call("revoke_agent_credential", {"agent_id": "a1", "reason": "stolen laptop",
                                                          "approval_id": t.id}))
-    assert out["structuredContent"] == {"agent_id": "a1", "revoked": True}
+    assert out["structuredContent"] == {"agent_id": "a1", "revoked": True, "certificates_revoked": ["0A0"],
+                                        "crl_republished": True}
     assert Agent.objects.get(pk="a1").credential_hash == ""
+    assert IssuedCert.objects.get(pk=certs["a1"].pk).status == "revoked"
+    assert IssuedCert.objects.get(pk=certs["a2"].pk).status == "active"
+    assert AuditEvent.objects.filter(action="ca.cert.revoked", target_id="0A0", principal="sam").exists()
     assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id="a1", principal="sam").exists()

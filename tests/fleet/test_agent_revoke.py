@@ -33,7 +33,7 @@ def test_revoking_the_credential_closes_the_live_socket_and_refuses_reconnect(pr
     async def scenario():
         comm, agent_id, credential, _ = await enrolled_agent(token)
         out = await db(services.revoke_agent_credential)(admin, agent_id, "laptop stolen")
-        assert out == {"agent_id": agent_id, "revoked": True}
+        assert out == {"agent_id": agent_id, "revoked": True, "certificates_revoked": [], "crl_republished": False}
         assert "revoked" in await closed_with(comm, 4401)  # at once, through the channel layer
         comm = await connect()
         await comm.send_json_to(register_msg(agent_id, credential))

@@ -16,10 +16,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from django.utils import timezone
 
 from fleet import identity
+from fleet import services as fleet_services
 from fleet.agent.client import proof, renewal_due
 from fleet.models import Agent
 from pki import ca, services
-from pki.models import IssuedCert
+from pki.models import CrlVersion, IssuedCert
 from tests.pki.test_ca import csr_for, keypair, unknown_algorithm_csrs
 from tests.support.agent_ws import closed_with, connect, enrolled_agent, mint_device_token, register_msg, send
 from tests.support.races import at_once
@@ -262,3 +263,45 @@ def test_revoking_a_renewed_certificate_revokes_the_one_it_replaced(principal):
     old = __import__("asyncio").run(scenario())
     assert IssuedCert.objects.get(pk=old).status == "revoked"
     assert AuditEvent.objects.filter(action="ca.cert.revoked", target_id=old, result="success").exists()
+
+
+def test_revoking_an_agents_credential_revokes_its_active_certificates(principal):
+    """fleet.services.revoke_agent_credential (behind the MCP tool, the REST route and the admin action) revokes
+    every certificate of the agent still active — its current one and one a renewal replaced — through the CA's
+    revocation: audited, in the next CRL. Another agent's certificate stays. The device that enrols again with a
+    new device token gets a certificate as any new agent does."""
+    token = mint_device_token()
+    admin = principal("root", "Administrator")
+
+    async def scenario():
+        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+        await comm.disconnect()
+        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
+                                                              not_after=timezone.now() + timedelta(days=115))
+        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert renewed["type"] == "cert.issued"
+        other_comm, _, _, _, _, other = await enrolled_with_cert(token)
+        await other_comm.disconnect()
+        out = await db(fleet_services.revoke_agent_credential)(admin, agent_id, "laptop stolen")
+        assert out["revoked"] and sorted(out["certificates_revoked"]) == sorted([serial, renewed["serial_hex"]])
+        assert out["crl_republished"] is True
+        assert "revoked" in await closed_with(comm, 4401)
+        # the same device, enrolled again with a device token: a new agent, certified as usual
+        comm, new_id, _, _, _, fresh = await enrolled_with_cert(token)
+        await comm.disconnect()
+        assert new_id != agent_id
+        return agent_id, [serial, renewed["serial_hex"]], other, fresh
+
+    agent_id, revoked, other, fresh = __import__("asyncio").run(scenario())
+    for s in revoked:
+        row = IssuedCert.objects.get(pk=s)
+        assert row.status == "revoked" and "laptop stolen" in row.revocation_reason
+        assert AuditEvent.objects.filter(action="ca.cert.revoked", target_id=s, result="success",
+                                         principal="root").exists()
+    assert IssuedCert.objects.get(pk=other).status == "active"
+    assert IssuedCert.objects.get(pk=fresh).status == "active"
+    crl = x509.load_der_x509_crl(bytes(CrlVersion.objects.latest_published().der))
+    listed = {format(r.serial_number, "X") for r in crl}
+    assert {s.lstrip("0") for s in revoked} <= {s.lstrip("0") for s in listed} and other.lstrip("0") not in listed
+    assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id=agent_id).exists()
