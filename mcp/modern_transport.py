@@ -15,10 +15,11 @@ from django.conf import settings
 from django.http import parse_cookie
 
 from yuzu.audit import audit
-from yuzu.auth import AuthError, token_from_headers
+from yuzu.auth import AuthError, last_principal_key, token_from_headers
 from yuzu.errors import YuzuError, correlation_id
 from yuzu.jsondata import JsonObject
 from yuzu.metrics import MCP_REQUESTS, mcp_method_label
+from yuzu.rbac import Principal
 
 from . import jsonrpc as rpc
 from .modern import Listen, handle, ladder, modern_error, stamp, streamed
@@ -34,6 +35,10 @@ from .streaming.watch import refused
 #: streamed call or a listen stream counts here only until its stream takes over (the stream budgets count it then);
 #: an async tool (the bridge's blocking waits) counts for as long as it blocks.
 inflight = Budget()
+#: the same per user (every token of theirs: ``INFLIGHT_USER_FACTOR`` tokens' worth), once this process has seen the
+#: token authenticate (yuzu.auth.last_principal_key: known before authenticating, without a database read)
+inflight_users = Budget()
+INFLIGHT_USER_FACTOR = 4
 INFLIGHT_GLOBAL = 1 << 30  # no process-wide cap of its own: the ASGI server's limits apply
 INFLIGHT_RETRY_MS = 1000
 handle_in_thread = hop(handle)  # built once: asgiref inspects the function on every wrapper it builds
@@ -53,13 +58,14 @@ def credential_key(headers: Mapping[str, str]) -> str | None:
     return hashlib.sha256(credential.encode()).hexdigest()[:32] if credential is not None else None
 
 
-def _too_many(msg: JsonObject) -> Reply:
-    reject("modern_inflight_cap")
-    limit = settings.YUZU_MCP_MODERN_INFLIGHT
+def _too_many(msg: JsonObject, per_user: bool = False) -> Reply:
+    reject("modern_inflight_user_cap" if per_user else "modern_inflight_cap")
+    limit = settings.YUZU_MCP_MODERN_INFLIGHT * (INFLIGHT_USER_FACTOR if per_user else 1)
+    whose = "your tokens together" if per_user else "this token"
     return error_reply(msg.get("id"), rpc.RpcError(
-        rpc.SESSION_CAP, f"too many requests in flight for this token (at most {limit} at once)",
+        rpc.SESSION_CAP, f"too many requests in flight for {whose} (at most {limit} at once)",
         a4(correlation_id(), INFLIGHT_RETRY_MS, "wait for an answer before sending more, then retry",
-           reason="inflight_cap", limit=limit),
+           reason="inflight_user_cap" if per_user else "inflight_cap", limit=limit),
         http_status=429, headers={"Retry-After": str(max(1, INFLIGHT_RETRY_MS // 1000))}))
 
 
@@ -77,11 +83,19 @@ async def serve(conn: Connection, msg: JsonObject, cat_name: str, raw_headers: I
     key = credential_key(conn.headers)
     if key is not None and inflight.acquire(key, settings.YUZU_MCP_MODERN_INFLIGHT, INFLIGHT_GLOBAL) is not None:
         return _too_many(msg)
+    seen = last_principal_key(conn.headers) if key is not None else None
+    user = Principal.user_key_of(seen) if seen is not None else None
+    if key is not None and user is not None and inflight_users.acquire(
+            user, settings.YUZU_MCP_MODERN_INFLIGHT * INFLIGHT_USER_FACTOR, INFLIGHT_GLOBAL) is not None:
+        inflight.release(key)
+        return _too_many(msg, per_user=True)
     try:
         return await _serve(conn, msg, cat_name)
     finally:
         if key is not None:
             inflight.release(key)
+        if user is not None:
+            inflight_users.release(user)
 
 
 async def _serve(conn: Connection, msg: JsonObject, cat_name: str) -> Reply | None:

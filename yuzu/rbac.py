@@ -130,6 +130,18 @@ class Principal:
         """What every key of one user's principals (each token, the admin session) starts with."""
         return f"u{user_id}."
 
+    @property
+    def user_key(self) -> str:
+        """Stable identity of the user account behind this principal, whichever token or session it came
+        through: for keying per-user shares of process-wide state (mcp.streaming)."""
+        return self.key_prefix(self.user.pk)
+
+    @staticmethod
+    def user_key_of(key: str) -> str:
+        """The user key (``user_key``) of the principal key ``key``; a key that names no user is its own."""
+        match = re.match(r"u\d+\.", key)
+        return match[0] if match is not None else key
+
     @staticmethod
     def token_id_of(key: str | None) -> str | None:
         """The id of the token a principal key names (None: the admin session, or no key at all)."""

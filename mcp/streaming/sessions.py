@@ -18,11 +18,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from yuzu.rbac import Principal
+
 from . import handover
 from .backend import configured
 from .ringkeys import PARTS, RING_SLIDE, RING_TTL, redis_base, ring_key
 
 PER_PRINCIPAL_CAP = 8
+PER_USER_CAP = 64  # a user's share of GLOBAL_CAP, over all their tokens (each of which has its own 8)
 GLOBAL_CAP = 1024
 IDLE_TTL = 1800
 ENDED_TTL = 60  # how long a session its client DELETEd is remembered as such: past every stream's next tick
@@ -31,7 +34,7 @@ ENDED_TTL = 60  # how long a session its client DELETEd is remembered as such: p
 class SessionCapReached(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason  # "per_principal_cap" | "global_cap"
+        self.reason = reason  # "per_principal_cap" | "per_user_cap" | "global_cap"
 
 
 @dataclass
@@ -58,7 +61,8 @@ class SessionStore(Protocol):
 
     def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
-        """Mint a session, or raise SessionCapReached (global cap first, then the principal's)."""
+        """Mint a session, or raise SessionCapReached (global cap first, then the principal's, then its user's:
+        yuzu.rbac.Principal.user_key_of)."""
 
     def validate(self, sid: str, principal: str) -> Session | None:
         """The live session ``sid`` of this principal (sliding its idle expiry), or None."""
@@ -150,6 +154,10 @@ class MemorySessionStore(SessionStore):
                     raise SessionCapReached("global_cap")
                 if sum(1 for s, _ in self._sessions.values() if s.principal == principal) >= PER_PRINCIPAL_CAP:
                     raise SessionCapReached("per_principal_cap")
+                user = Principal.user_key_of(principal)
+                if sum(1 for s, _ in self._sessions.values()
+                       if Principal.user_key_of(s.principal) == user) >= PER_USER_CAP:
+                    raise SessionCapReached("per_user_cap")
                 session = Session(new_session_id(), principal, catalogue, protocol_version, client_name,
                                   client_version)
                 self._sessions[session.id] = (session, now + IDLE_TTL)
@@ -218,9 +226,12 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 'global_cap' end
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then return 'per_principal_cap' end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+if redis.call('ZCARD', KEYS[4]) >= tonumber(ARGV[11]) then return 'per_user_cap' end
 local exp = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], exp, ARGV[5])
 redis.call('ZADD', KEYS[2], exp, ARGV[5])
+redis.call('ZADD', KEYS[4], exp, ARGV[5])
 redis.call('HSET', KEYS[3], 'principal', ARGV[6], 'version', ARGV[7], 'client', ARGV[8], 'client_version', ARGV[9],
            'catalogue', ARGV[10])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
@@ -240,6 +251,7 @@ return 0
 # HGETALL), so most checks add no command and send only the ring's base name. A ring's expiry is never before
 # ring_until (an append only pushes it later), nor is a ring made later's; EXPIRE creates no ring. (The ring's key
 # names are made here rather than sent: this script already spans keys of several hash slots, so no Redis Cluster.)
+# KEYS[5] is the user's set of sessions (every token's: their share of the global cap), slid with the others.
 _VALIDATE = """
 local data = redis.call('HGETALL', KEYS[3])
 local principal, ring_until = nil, 0
@@ -253,6 +265,7 @@ local exp = now + tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 redis.call('ZADD', KEYS[1], exp, ARGV[4])
 redis.call('ZADD', KEYS[2], exp, ARGV[4])
+redis.call('ZADD', KEYS[5], exp, ARGV[4])
 local ring_ttl = tonumber(ARGV[5])
 if now + ring_ttl - ring_until > tonumber(ARGV[6]) then
   for _, part in ipairs({PARTS}) do redis.call('EXPIRE', KEYS[4] .. part, ring_ttl) end
@@ -277,15 +290,19 @@ class RedisSessionStore(SessionStore):
     def _keys(self, principal: str, sid: str) -> list[str]:
         return [self.prefix + "sessions", self.prefix + "psessions:" + principal, self.prefix + "session:" + sid]
 
+    def _user_key(self, principal: str) -> str:
+        """The user's sessions (every token's), for their share of the global cap."""
+        return self.prefix + "usessions:" + Principal.user_key_of(principal)
+
     def _hash(self, key: str) -> dict[str, str]:
         return cast(dict[str, str], self.redis.hgetall(key))
 
     def create(self, principal: str, catalogue: str, protocol_version: str, client_name: str = "",
                client_version: str = "") -> Session:
         sid = new_session_id()
-        verdict = self._create(keys=self._keys(principal, sid),
+        verdict = self._create(keys=[*self._keys(principal, sid), self._user_key(principal)],
                                args=[time.time(), IDLE_TTL, GLOBAL_CAP, PER_PRINCIPAL_CAP, sid, principal,
-                                     protocol_version, client_name, client_version, catalogue])
+                                     protocol_version, client_name, client_version, catalogue, PER_USER_CAP])
         if verdict != "ok":
             raise SessionCapReached(verdict)
         return Session(sid, principal, catalogue, protocol_version, client_name, client_version)
@@ -298,7 +315,7 @@ class RedisSessionStore(SessionStore):
         return _PendingRedis(self, sid, principal)
 
     def _validate_keys(self, principal: str, sid: str) -> list[str]:
-        return self._keys(principal, sid) + [redis_base(principal, sid)]
+        return self._keys(principal, sid) + [redis_base(principal, sid), self._user_key(principal)]
 
     @staticmethod
     def _validate_args(sid: str, principal: str) -> list[str | float | int]:
@@ -338,6 +355,7 @@ class RedisSessionStore(SessionStore):
         pipe.delete(s_key)
         pipe.zrem(all_key, sid)
         pipe.zrem(p_key, sid)
+        pipe.zrem(self._user_key(principal), sid)
         if by_client:
             pipe.set(self.prefix + "ended:" + sid, principal, ex=ENDED_TTL)
         pipe.execute()

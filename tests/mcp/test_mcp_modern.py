@@ -694,6 +694,35 @@ def test_inflight_cap_per_token(token, mint):
     assert key not in modern_transport.inflight.per_principal
 
 
+def test_inflight_cap_per_user(mint):
+    """A user's tokens together hold at most INFLIGHT_USER_FACTOR tokens' worth of modern requests in flight: minting
+    more tokens gives no more. Another user is unaffected; the slots come back."""
+    from django.contrib.auth import get_user_model
+
+    from mcp import modern_transport  # deferred: its in-process budget is held here as concurrent calls would
+    from yuzu.rbac import Principal
+
+    first = mint("carol", role="Operator", tier="operator")
+    second = mint("carol", role=None, tier="operator")
+    assert modern(second, "tools/list").status == 200  # this process has seen the token authenticate
+    user = Principal.key_prefix(get_user_model().objects.get(username="carol").pk)
+    with override_settings(YUZU_MCP_MODERN_INFLIGHT=1):
+        limit = modern_transport.INFLIGHT_USER_FACTOR
+        for _ in range(limit):  # carol's other tokens' requests, in flight
+            assert modern_transport.inflight_users.acquire(user, limit, modern_transport.INFLIGHT_GLOBAL) is None
+        try:
+            r = modern(second, "tools/list", rid="busy")
+            assert r.status == 429 and r.error["code"] == -32010 and r.json()["id"] == "busy"
+            assert r.error["data"]["reason"] == "inflight_user_cap" and r.error["data"]["limit"] == limit
+            assert r.headers["retry-after"] == "1"
+            assert modern(mint("bob", role="Operator", tier="operator"), "tools/list").status == 200
+        finally:
+            for _ in range(limit):
+                modern_transport.inflight_users.release(user)
+        assert modern(second, "tools/list").status == 200 and modern(first, "tools/list").status == 200
+    assert not modern_transport.inflight_users.per_principal and not modern_transport.inflight.per_principal
+
+
 @pytest.mark.parametrize("variant", [
     {"authorization": None, "x-yuzu-token": "{token}"},  # the other header the token may travel in
     {"authorization": "bearer   {token}  "},  # the scheme's case and blanks, which authentication ignores

@@ -251,6 +251,39 @@ def test_per_principal_stream_cap(mint):
     run(go)
 
 
+def test_per_user_stream_cap(mint, monkeypatch):
+    """A user's GET streams over all their tokens stop at GET_PER_USER, whatever each token's own 4: another token
+    of theirs gets a 429; another user's stream is admitted; a closed stream gives its place back."""
+    monkeypatch.setattr(admission, "GET_PER_USER", 5, raising=False)
+    clients = []
+    for token in (mint("carol", role="Operator", tier="operator"), mint("carol", tier="operator")):
+        for _ in range(3):
+            c = McpClient(token)
+            c.initialize()
+            clients.append(c)
+    dave = McpClient(mint("dave", role="Operator", tier="operator"))
+    dave.initialize()
+
+    async def go():
+        opened = [await get(c).open() for c in clients[:5]]  # 3 of the first token's, 2 of the second's
+        assert all(s.status == 200 for s in opened)
+        refused = await get(clients[5]).open()  # the second token's third: its own 3 of 4, carol's 6 of 5
+        await refused.read_body()
+        err = json.loads(refused.buffer)["error"]
+        assert refused.status == 429 and err["code"] == -32012 and "per_user_cap" in err["message"]
+        other = await get(dave).open()
+        assert other.status == 200
+        await opened[0].disconnect()
+        await asyncio.sleep(0.1)
+        again = await get(clients[5]).open()
+        assert again.status == 200
+        for s in opened[1:] + [again, other]:
+            await s.disconnect()
+        await asyncio.sleep(0.1)
+        assert not admission.get_budget.per_user and not admission.get_budget.total
+    run(go)
+
+
 def test_heartbeat_revocation_and_delete(session, monkeypatch):
     monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
 
@@ -464,6 +497,51 @@ def test_one_token_cannot_take_every_progress_record(test_session, mint, monkeyp
         await s.read_until(lambda ev: s.finished, timeout=5)
         await asyncio.sleep(0.3)
         assert not admission._records
+    run(go)
+
+
+def test_one_user_cannot_spread_streamed_calls_over_tokens(test_session, mint, monkeypatch):
+    """The streamed POST slots and progress records a user holds over all their tokens stop at their user's share
+    (POST_PER_USER, RECORD_PER_USER), whatever each token's own: another token of theirs is refused (429 -32012)
+    before any work exists, another user's call is admitted, and every slot comes back when the calls end."""
+    from tests.support import mcp_http
+
+    monkeypatch.setattr(admission, "POST_PER_USER", 2, raising=False)
+    monkeypatch.setattr(mcp_http, "application", APP)
+    second = McpClient(mint("alice", tier="operator"), path="/mcp/test/")
+    second.initialize()
+    bob = McpClient(mint("bob", role="Operator", tier="operator"), path="/mcp/test/")
+    bob.initialize()
+
+    async def refused(client, rid, reason):
+        r = await post(client, call_body(rid, 5)).open()
+        await r.read_until(lambda ev: r.finished, timeout=5)
+        err = json.loads(r.buffer)["error"]
+        assert r.status == 429 and err["code"] == -32012 and reason in err["message"], r.buffer
+        assert r.headers["retry-after"] == "30"
+
+    async def go():
+        held = []
+        for client, rid in ((test_session, 1), (second, 2)):  # one held by each of alice's tokens
+            s = await post(client, call_body(rid, 5)).open()
+            await s.read_until(lambda ev, s=s: progress_of(ev) == [0])
+            held.append(s)
+        await refused(second, 3, "post_per_user_cap")
+        assert len(WORK) == 2  # refused before any work existed
+        monkeypatch.setattr(admission, "POST_PER_USER", 16, raising=False)
+        monkeypatch.setattr(admission, "RECORD_PER_USER", 2, raising=False)
+        await refused(second, 4, "post_record_per_user_cap")
+        s = await post(bob, call_body(5, 1)).open()
+        await s.read_until(lambda ev: progress_of(ev) == [0] or s.finished, timeout=5)
+        assert s.status == 200 and s.headers["content-type"] == "text/event-stream", s.buffer
+        held.append(s)
+        for job in list(WORK):
+            await advance(job, WORK[job]["total"])
+        for s in held:
+            await s.read_until(lambda ev, s=s: s.finished, timeout=5)
+        await asyncio.sleep(0.3)
+        assert not admission._records and not admission._held_by_user and not admission._held
+        assert not admission.post_budget.per_user and not admission.post_budget.total
     run(go)
 
 

@@ -214,6 +214,24 @@ def test_session_caps(mint):
     assert AuditEvent.objects.filter(action="mcp.session.reject", detail__contains="per_principal_cap").exists()
 
 
+def test_session_caps_per_user(mint, monkeypatch):
+    """A user's tokens together open at most PER_USER_CAP sessions (each token its own 8 within it): more tokens
+    give no more of the server's. Another user is unaffected; an ended session gives its place back."""
+    from mcp.streaming import sessions
+
+    monkeypatch.setattr(sessions, "PER_USER_CAP", 10, raising=False)
+    first, second = mint("capped", role="Viewer", tier="readonly"), mint("capped", tier="readonly")
+    sids = [request(body=INIT, headers=auth(first)).headers["mcp-session-id"] for _ in range(8)]
+    assert request(body=INIT, headers=auth(second)).status == 200
+    assert request(body=INIT, headers=auth(second)).status == 200
+    r = request(body=INIT, headers=auth(second))  # its own 2 of 8, but the user's 10 of 10
+    assert r.status == 429 and r.error["code"] == -32010
+    assert AuditEvent.objects.filter(action="mcp.session.reject", detail__contains="per_user_cap").exists()
+    assert request(body=INIT, headers=auth(mint("other", role="Viewer", tier="readonly"))).status == 200
+    assert request("DELETE", headers={**auth(first), "mcp-session-id": sids[0]}).status in (200, 204)
+    assert request(body=INIT, headers=auth(second)).status == 200
+
+
 @override_settings(YUZU_MCP_DISABLE=True)
 def test_kill_switch_disable(token):
     r = request(body=INIT, headers=auth(token))
