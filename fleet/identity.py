@@ -129,11 +129,16 @@ def enroll_certificate(agent_id, csr_pem, proved_serial):
     Allowed when the agent has no active certificate, or the one this connection proved is in its renewal
     window (the last third of its life). While a revocation of the agent's certificate stands and it has no
     active one, or the certificate this connection proved has been revoked since, re-issue is blocked (audited).
+    An agent whose credential is revoked (or that is gone) gets none: its connection is open only until the
+    revocation's push or its next heartbeat closes it, and revoke_agent_credential revokes the certificates it finds
+    under the same row lock — one issued after it would stay active.
     Returns (the IssuedCert, the CA chain PEM); raises pki.ca.CertError."""
     with transaction.atomic():
         # One enrolment of an agent at a time (its row locked): two connections enrolling at once each found no
         # active certificate, and the agent held two.
-        Agent.objects.select_for_update().filter(pk=agent_id).first()
+        agent = Agent.objects.select_for_update().filter(pk=agent_id).first()
+        if agent is None or not agent.credential_hash:
+            raise ca.CertError("this agent's credential is revoked")
         mine = IssuedCert.objects.filter(purpose="agent", agent_id=agent_id)
         active = mine.active()
         row = active.filter(pk=proved_serial).first() if proved_serial is not None else None

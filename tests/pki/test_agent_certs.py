@@ -213,7 +213,7 @@ def test_one_agent_enrolling_on_two_connections_at_once_gets_one_certificate():
     ca.authority()
     for n in range(5):  # the extra certificates showed in the first round on PostgreSQL
         agent_id = f"{n:032x}"
-        Agent.objects.create(agent_id=agent_id, hostname=agent_id)
+        Agent.objects.create(agent_id=agent_id, hostname=agent_id, credential_hash="x" * 64)
         csrs = [csr_for(keypair()) for _ in range(3)]
         outcomes = at_once(*[partial(identity.enroll_certificate, agent_id, csr, None) for csr in csrs])
         assert sorted(kind for kind, _ in outcomes) == ["error", "error", "ok"], outcomes
@@ -305,3 +305,21 @@ def test_revoking_an_agents_credential_revokes_its_active_certificates(principal
     listed = {format(r.serial_number, "X") for r in crl}
     assert {s.lstrip("0") for s in revoked} <= {s.lstrip("0") for s in listed} and other.lstrip("0") not in listed
     assert AuditEvent.objects.filter(action="agent.credential.revoked", target_id=agent_id).exists()
+
+
+def test_a_connection_whose_credential_was_revoked_cannot_obtain_a_certificate():
+    """Between a credential's revocation and the push (or heartbeat) that closes the agent's connection, the still
+    open connection's cert.enroll is refused: a certificate issued then would be left active for a device the
+    revocation cut off (revoke_agent_credential revokes the ones it finds, under the agent's row lock)."""
+    token = mint_device_token()
+
+    async def scenario():
+        comm, agent_id, _, _ = await enrolled_agent(token)  # registered on its credential, no certificate yet
+        await db(Agent.objects.filter(pk=agent_id).update)(credential_hash="")  # revoked; the push not yet there
+        refused = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+        assert refused["type"] == "cert.refused", refused
+        await comm.disconnect()
+        return agent_id
+
+    agent_id = __import__("asyncio").run(scenario())
+    assert not IssuedCert.objects.filter(agent_id=agent_id).exists()
