@@ -232,6 +232,27 @@ def test_session_caps_per_user(mint, monkeypatch):
     assert request(body=INIT, headers=auth(second)).status == 200
 
 
+def test_a_users_tokens_opening_sessions_at_once_stop_at_the_users_share(monkeypatch):
+    """The session store checks and takes a user's place in one step (a lock in memory, one Lua script in Redis):
+    tokens of one user initializing at once never hold more than PER_USER_CAP between them."""
+    from mcp.streaming import sessions
+    from tests.support.races import at_once
+
+    monkeypatch.setattr(sessions, "PER_USER_CAP", 5, raising=False)
+    store = sessions.store()
+    store.clear()
+    keys = [f"u77.t{n:x}" for n in range(4)]
+    outcomes = at_once(*[lambda k=k: store.create(k, "v1", "2025-06-18") for k in keys for _ in range(3)])
+    made = [v for kind, v in outcomes if kind == "ok"]
+    assert len(made) == 5, outcomes
+    assert all(isinstance(v, sessions.SessionCapReached) and v.reason == "per_user_cap"
+               for kind, v in outcomes if kind == "error"), outcomes
+    assert store.create("u78.t1", "v1", "2025-06-18").principal == "u78.t1"  # another user
+    store.delete(made[0].id, made[0].principal)
+    assert store.create(keys[0], "v1", "2025-06-18").principal == keys[0]  # the ended one's place is free
+    store.clear()
+
+
 @override_settings(YUZU_MCP_DISABLE=True)
 def test_kill_switch_disable(token):
     r = request(body=INIT, headers=auth(token))
