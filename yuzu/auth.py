@@ -21,7 +21,7 @@ from django_otp import DEVICE_ID_SESSION_KEY
 from django_otp.models import Device
 
 from .faults import classify
-from .models import ApiToken, AuthVersion, hash_secret
+from .models import AccountLockout, ApiToken, AuthVersion, hash_secret
 from .policy import TIER_ORDER, tier_allows
 from .provisional import may_defer
 from .rbac import Grants, Principal, may
@@ -72,8 +72,8 @@ class _Known:
 
 class PrincipalCache:
     """Per process: token hash → what it resolved to. Each call reads the database's auth version (one
-    single-row SELECT; yuzu.models.AuthVersion, moved by triggers on every change to tokens, users, roles and
-    assignments, in any process) and drops every entry when it moved, so a revocation or a removed role is
+    single-row SELECT; yuzu.models.AuthVersion, moved by triggers on every change to tokens, users, roles,
+    assignments and administrators' locks, in any process) and drops every entry when it moved, so a revocation or a removed role is
     refused on the very next call anywhere. Time-based ends (expiry, rotation retirement) are checked on every
     call against the cached token, and never need a version."""
 
@@ -115,7 +115,7 @@ principals = PrincipalCache()
 
 def _load(token_hash: str) -> _Known:
     try:
-        token = ApiToken.objects.select_related("owner").get(token_hash=token_hash)
+        token = ApiToken.objects.select_related("owner", "owner__lockout").get(token_hash=token_hash)
     except ApiToken.DoesNotExist:
         raise AuthError("unknown token") from None
     return _Known(token, Principal(user=token.owner, token=token).grants())
@@ -175,6 +175,10 @@ def _refuse_unusable(token: ApiToken, now: datetime, audiences: Iterable[str]) -
     if not token.owner.is_active:
         raise AuthError("token owner is inactive", "an administrator must reactivate the user in the admin "
                         "(/admin/auth/user/)")
+    if AccountLockout.holds_out(token.owner, now):
+        raise AuthError("account locked by an administrator", "the token works again once an administrator unlocks "
+                        f"the account (POST /api/v1/users/{token.owner.get_username()}/unlock, or the admin's "
+                        "Account lockouts page) or the lock runs out")
     if token.audience not in audiences and token.audience in OAUTH_RESOURCES:
         raise AuthError("token not valid for this endpoint", f"this token was issued through OAuth for "
                         f"{OAUTH_RESOURCES[token.audience]}/ only: use it there, or connect your client to this "

@@ -243,6 +243,15 @@ class AccountLockout(models.Model):
     def ends_sessions(self, now: datetime | None = None) -> bool:
         return self.manual and self.is_locked(now)
 
+    @staticmethod
+    def holds_out(user: "User", now: datetime | None = None) -> bool:
+        """Whether an administrator's lock keeps ``user`` out now: then nothing authenticates as them — no admin
+        session, API token or OAuth access token, no refresh — until it is lifted or runs out (it revokes
+        nothing). Reads ``user.lockout`` (one query unless selected with the user). Moves the auth version
+        (migration 0007) whenever it starts or ends by a write, so a cached principal is dropped at once."""
+        lock = getattr(user, "lockout", None)
+        return lock is not None and lock.ends_sessions(now)
+
 
 class KekVersion(models.Model):
     """A key-encryption-key version of the secrets at rest (yuzu.secrets): only its check value lives here,
@@ -263,8 +272,9 @@ class KekVersion(models.Model):
 
 class AuthVersion(models.Model):
     """One row whose counter moves whenever something a cached principal depends on changes: a token's state
-    (revoked, expired, retired, re-hashed, re-tiered, deleted), a user's (deactivated, renamed, promoted), or a
-    role's grants or assignments. Database triggers move it (migration 0003), so every write path counts —
+    (revoked, expired, retired, re-hashed, re-tiered, deleted), a user's (deactivated, renamed, promoted, locked
+    or unlocked by an administrator), or a role's grants or assignments. Database triggers move it (migrations 0003,
+    0007), so every write path counts —
     ``save()``, ``QuerySet.update()``, bulk operations, the admin, raw SQL — and it commits with the change.
     yuzu.auth reads it once per call to know whether its per-process principal cache is still good."""
 

@@ -22,6 +22,7 @@ from .jsondata import JsonObject
 from .models import (
     OPERATIONS,
     SECURABLES,
+    AccountLockout,
     ApiToken,
     Role,
     RoleAssignment,
@@ -150,13 +151,13 @@ class Principal:
 
     @classmethod
     def from_key(cls, key: str | None) -> Principal | None:
-        """The principal behind a key as it stands now, or None when its user is inactive or gone, or its
-        token is no longer live."""
+        """The principal behind a key as it stands now, or None when its user is inactive, gone or locked out by
+        an administrator, or its token is no longer live."""
         match = re.fullmatch(r"u(\d+)\.(?:t([0-9a-f]+)|s)", key or "")
         if match is None:
             return None
-        user = get_user_model().objects.filter(pk=int(match[1]), is_active=True).first()
-        if user is None:
+        user = get_user_model().objects.select_related("lockout").filter(pk=int(match[1]), is_active=True).first()
+        if user is None or AccountLockout.holds_out(user):
             return None
         if match[2] is None:
             return cls(user=user, via="session")

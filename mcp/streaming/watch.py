@@ -1,8 +1,8 @@
 """A held-open stream re-checks, on every tick, what admitted it: the credential is still valid (a token not
-revoked, expired or retired, not replaced by a refresh's new secret, its owner still active; an admin session
-cookie still signed in, as the admin would accept it) and the session still exists (which also slides its idle
-expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream closes with auth_unavailable.
-Both kinds of stream (GET channel, streamed POST) tick at the same pace.
+revoked, expired or retired, not replaced by a refresh's new secret, its owner still active and not locked out by an
+administrator; an admin session cookie still signed in, as the admin would accept it) and the session still exists
+(which also slides its idle expiry). A backend that cannot answer is given AUTH_GRACE_SECONDS before the stream
+closes with auth_unavailable. Both kinds of stream (GET channel, streamed POST) tick at the same pace.
 
 The checks themselves are made once per tick for every stream of the process (``_Pass``): one worker-thread
 hop (``revalidate_all``) whose one query is the auth version (yuzu.models.AuthVersion); only when it moved
@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError
@@ -74,13 +75,15 @@ def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
         token_ids = {p.token.pk for p in stale if p.token is not None}
         user_ids = {p.user.pk for p in stale if p.token is None}
         tokens = {row[0]: row[1:] for row in ApiToken.objects.filter(pk__in=token_ids).values_list(
-            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active", "token_hash")} if token_ids else {}
-        users = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "is_active")) if user_ids else {}
+            "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active", "token_hash", "owner__lockout__manual",
+            "owner__lockout__locked_until")} if token_ids else {}
+        users = {row[0]: row[1] and not _locked(*row[2:], now) for row in get_user_model().objects.filter(
+            pk__in=user_ids).values_list("pk", "is_active", "lockout__manual", "lockout__locked_until")} if user_ids else {}
         gone = set()
         for p in stale:
             if p.token is not None:
                 row = tokens.get(p.token.pk)
-                if row is None or not row[3] or row[4] != p.token.token_hash:
+                if row is None or not row[3] or row[4] != p.token.token_hash or _locked(*row[5:], now):
                     # (a new secret in the same row: an OAuth refresh — the one that admitted the stream is dead)
                     gone.add(p.key)
                 else:
@@ -92,6 +95,12 @@ def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
     return {p.key: p.key in _Verified.keys and (p.token.is_live(now) if p.token is not None else
                                                 p.session_key is None or sessions.get(p.session_key, False))
             for p in principals}
+
+
+def _locked(manual: bool | None, locked_until: datetime | None, now: datetime) -> bool:
+    """An administrator's lock on the owner (yuzu.models.AccountLockout.holds_out, from the row's values): its start
+    and its end move the auth version, so a stream admitted under it is never marked good."""
+    return bool(manual) and locked_until is not None and locked_until > now
 
 
 def _admin_sessions(principals: list[Principal]) -> dict[str, bool]:

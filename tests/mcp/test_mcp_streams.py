@@ -4,10 +4,12 @@ takeover, admission caps, heartbeats, credential re-validation, close frames, an
 
 import asyncio
 import json
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.urls import path
 
@@ -297,6 +299,31 @@ def test_heartbeat_revocation_and_delete(session, monkeypatch):
 
         await database_sync_to_async(lambda: ApiToken.objects.filter(owner__username="alice").update(
             revoked_at=timezone.now()))()
+        events = await s.read_until(lambda ev: any(e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"
+                                                   for e in ev), timeout=3)
+        reason = [e["json"]["params"]["reason"] for e in events if e.get("json")][-1]
+        assert reason == "credential_revoked"
+    run(go)
+
+
+def test_an_administrators_lock_closes_the_stream_within_a_tick(session, monkeypatch):
+    """A lock on the token's owner ends the stream as a revocation does (docs/tokens-and-rbac.md)."""
+    monkeypatch.setattr(watch, "TICK_SECONDS", 0.2)
+
+    async def go():
+        s = await get(session).open()
+        await s.read_until(lambda ev: any(e.get("comment") == "heartbeat" for e in ev), timeout=3)
+        from channels.db import database_sync_to_async
+        from django.utils import timezone
+
+        from yuzu.accounts import lock_account
+        from yuzu.rbac import Principal
+
+        def lock():
+            admin = get_user_model().objects.create_superuser("root", "", "pw-root")
+            lock_account(Principal(user=admin, via="session"), "alice", timezone.now() + timedelta(minutes=5))
+
+        await database_sync_to_async(lock)()
         events = await s.read_until(lambda ev: any(e.get("json", {}).get("method") == "notifications/yuzu.stream_closed"
                                                    for e in ev), timeout=3)
         reason = [e["json"]["params"]["reason"] for e in events if e.get("json")][-1]
