@@ -19,7 +19,7 @@ from oauth2_provider.settings import oauth2_settings
 
 from yuzu.audit import audit
 from yuzu.auth import OAUTH_RESOURCES
-from yuzu.models import MCP_TIERS, TOKEN_PREFIX, ApiToken, hash_secret, new_hex_id
+from yuzu.models import MCP_TIERS, TOKEN_PREFIX, AccountLockout, ApiToken, hash_secret, new_hex_id
 
 
 class ClientState(models.Model):
@@ -68,6 +68,8 @@ class Authorization(models.Model):
             return "expired"
         if not self.user.is_active:
             return "user inactive"
+        if AccountLockout.holds_out(self.user, now):
+            return "user locked"  # refused while it holds; revokes nothing, so the connection goes on once lifted
         if self.api_token is not None and self.api_token.revoked_at is not None:
             return "access token revoked"
         if ClientState.is_revoked(self.application.client_id):

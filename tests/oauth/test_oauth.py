@@ -980,3 +980,65 @@ def test_a_form_field_does_not_talk_the_response_mode_check_round(person):
     r = browser.post(flow.url, {"decision": "approve", "tier": "supervised", "days": 30, "response_mode": "query"})
     assert r.status_code == 302 and "#" not in r["Location"] and callback(r)["error"] == "invalid_request"
     assert not Grant.objects.exists()
+
+
+# --- a person an administrator locked out (docs/tokens-and-rbac.md "Account lockout") ------------------------------
+
+def lock_out(username):
+    from django.contrib.auth import get_user_model
+
+    from yuzu.accounts import lock_account
+    from yuzu.rbac import Principal
+
+    admin = get_user_model().objects.create_superuser("root", "", "pw-root")
+    lock_account(Principal(user=admin, via="session"), username, timezone.now() + timedelta(minutes=30))
+    return Principal(user=admin, via="session")
+
+
+def test_a_locked_persons_connection_neither_works_nor_refreshes_until_unlocked(person):
+    """Before, the lock ended the person's admin sessions only: their client's access token kept working, and the
+    refresh grant kept issuing new ones for as long as the lock lasted. Now nothing is issued (invalid_grant,
+    audited), the access token is refused — and the lock revokes nothing: once it is lifted the same refresh token
+    goes on."""
+    from yuzu.accounts import unlock_account
+
+    flow, body = connect(person())
+    assert mcp(body["access_token"]).status == 200
+    token_before = ApiToken.objects.get(audience="mcp-v1").token_hash
+    admin = lock_out("alice")
+    refused = mcp(body["access_token"])
+    assert refused.status == 401 and refused.error["message"] == "Unauthorized: account locked by an administrator"
+    r = refresh(flow.client_id, body["refresh_token"])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_grant"
+    assert ApiToken.objects.get(audience="mcp-v1").token_hash == token_before  # nothing issued
+    assert RefreshToken.objects.filter(revoked__isnull=True).count() == 1
+    assert "reason=user locked" in audit("oauth.token", "denied")[-1].detail
+    assert Authorization.objects.get().revoked_at is None
+
+    unlock_account(admin, "alice")
+    assert mcp(body["access_token"]).status == 200
+    again = refresh(flow.client_id, body["refresh_token"])
+    assert again.status_code == 200, again.content
+    assert mcp(again.json()["access_token"]).status == 200
+
+
+def test_a_locked_person_gets_no_token_for_a_code_issued_before_the_lock(person):
+    flow = Flow(registered()["client_id"])
+    code = flow.approve(person())
+    lock_out("alice")
+    r = flow.exchange(code)
+    assert r.status_code == 400 and r.json()["error"] == "invalid_grant"
+    assert issued() == (0, 0)
+    assert "reason=user locked" in audit("oauth.token", "denied")[-1].detail
+
+
+def test_a_deactivated_persons_connection_does_not_refresh(person):
+    from django.contrib.auth import get_user_model
+
+    flow, body = connect(person())
+    get_user_model().objects.filter(username="alice").update(is_active=False)
+    assert mcp(body["access_token"]).status == 401
+    r = refresh(flow.client_id, body["refresh_token"])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_grant"
+    assert "reason=user inactive" in audit("oauth.token", "denied")[-1].detail
+
