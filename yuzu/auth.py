@@ -1,5 +1,6 @@
 """Authentication shared by REST, MCP and the bridge: a ``yuzu_`` token in ``Authorization: Bearer``
-or ``X-Yuzu-Token``, or the admin session cookie. Sessions (MCP ones) never authenticate.
+or ``X-Yuzu-Token``, or the admin session cookie. Sessions (MCP ones) never authenticate. An OAuth access token is
+accepted in ``Authorization: Bearer`` only (docs/oauth.md; RFC 6750 §2.1); in ``X-Yuzu-Token`` it is unknown.
 
 Tokens an MCP client got through OAuth (docs/oauth.md) are API tokens bound to one MCP endpoint (RFC 8707): their
 audience names it, and an endpoint's 401 says where a client finds out how to get one (RFC 9728)."""
@@ -122,7 +123,8 @@ def _load(token_hash: str) -> _Known:
 
 
 def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIENCE_API,),
-                        now: datetime | None = None) -> Principal:
+                        now: datetime | None = None, bearer: bool = True) -> Principal:
+    """``bearer``: the token came in ``Authorization: Bearer`` (not ``X-Yuzu-Token``)."""
     if not raw.startswith("yuzu_") or len(raw) != 69:
         raise AuthError("malformed token")
     now = now or timezone.now()
@@ -135,7 +137,7 @@ def principal_for_token(raw: str, *, audiences: Iterable[str] = (ApiToken.AUDIEN
             if known is None:
                 known = _load(token_hash)
                 principals.put(token_hash, version, known)
-        _refuse_unusable(known.token, now, audiences)
+        _refuse_unusable(known.token, now, audiences, bearer)
     except AuthError:
         principals.note_key(token_hash, None)
         raise
@@ -168,7 +170,9 @@ def _provisional_known(token_hash: str) -> _Known | None:
     return known
 
 
-def _refuse_unusable(token: ApiToken, now: datetime, audiences: Iterable[str]) -> None:
+def _refuse_unusable(token: ApiToken, now: datetime, audiences: Iterable[str], bearer: bool) -> None:
+    if not bearer and token.audience in OAUTH_RESOURCES:
+        raise AuthError("unknown token")  # as _load answers one that does not exist: nothing about it is told
     if not token.is_live(now):
         raise AuthError("token expired or revoked", f"this token no longer works: use another one (GET /api/v1/tokens lists "
                         f"yours), or have an administrator mint one with {MINT_HINT}")
@@ -232,7 +236,7 @@ def authenticate(headers: Mapping[str, str], cookies: Mapping[str, str] | None =
     """Return a Principal, None (no credentials at all), or raise AuthError."""
     raw = token_from_headers(headers)
     if raw:
-        return principal_for_token(raw, audiences=audiences)
+        return principal_for_token(raw, audiences=audiences, bearer=bool(headers.get("authorization")))
     if cookies:
         return principal_for_session(cookies.get(settings.SESSION_COOKIE_NAME))
     return None

@@ -1042,3 +1042,25 @@ def test_a_deactivated_persons_connection_does_not_refresh(person):
     assert r.status_code == 400 and r.json()["error"] == "invalid_grant"
     assert "reason=user inactive" in audit("oauth.token", "denied")[-1].detail
 
+
+# --- where an access token may travel -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("resource, path", [(V1, "/mcp/v1/"), (BRIDGE, "/mcp/bridge/")])
+def test_an_access_token_in_x_yuzu_token_is_an_unknown_token(person, resource, path):
+    """docs/oauth.md: OAuth tokens travel only in the Authorization header (RFC 6750 §2.1); X-Yuzu-Token took them
+    too. It answers exactly as a token that does not exist does — the same 401, message and challenge."""
+    _, body = connect(person(), resource=resource)
+
+    def initialize(headers):
+        return request(body={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                             "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}}}, headers=headers, path=path)
+
+    assert initialize({"authorization": f"Bearer {body['access_token']}"}).status == 200
+    refused = initialize({"x-yuzu-token": body["access_token"]})
+    unknown = initialize({"x-yuzu-token": "yuzu_" + "0" * 64})
+    assert refused.status == unknown.status == 401
+    assert refused.error["message"] == unknown.error["message"] == "Unauthorized: unknown token"
+    assert refused.error["data"]["remediation"] == unknown.error["data"]["remediation"]
+    assert refused.headers["www-authenticate"] == unknown.headers["www-authenticate"]
+
