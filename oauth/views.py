@@ -67,12 +67,16 @@ def refuse_nul(view):
 
 
 def redirect_uri_problem(uri):
-    """yuzu's rule beyond exact matching: https, or http to this machine (a native client's loopback callback)."""
+    """yuzu's rule beyond exact matching: https, or http to this machine (a native client's loopback callback), on
+    a port from 1 to 65535 if it names one. (A loopback URI may name any port at the time of the request, RFC 8252
+    §7.3, which django-oauth-toolkit's matching lets through unread: this is where it is checked.)"""
     try:
         parts = urlsplit(uri)
-        _ = parts.port  # a port that is no number from 0 to 65535 raises
+        port = parts.port  # a port that is no number from 0 to 65535 raises
     except ValueError:
-        return "a redirect URI must be a URI with a valid host and port"
+        port = 0
+    if port == 0:
+        return "a redirect URI must be a URI with a valid host and a port from 1 to 65535"
     if "@" in parts.netloc:
         return "a redirect URI must not carry a user name or password"
     if parts.scheme == "https" or (parts.scheme == "http" and parts.hostname in LOOPBACK):
@@ -199,9 +203,13 @@ class AuthorizeView(OAuthLibMixin, View):
                                                    "error": error, "description": description}, status=400)
 
     def error_redirect(self, request, error, app):
-        """Back to the client's (registered, checked) redirect URI with the error, its state and our issuer."""
+        """Back to the client's (registered, checked) redirect URI with the error, its state and our issuer — an
+        error page instead when that URI is not one yuzu sends a browser to (a loopback URI's port out of range)."""
         if not error.redirect_uri:
             return self.error_page(request, error.error, error.description)
+        problem = redirect_uri_problem(error.redirect_uri)
+        if problem:
+            return self.error_page(request, "invalid_request", problem)
         audit(request.user if request.user.is_authenticated else "anonymous", "oauth.authorize", "denied",
               target_type="OAuthClient", target_id=request.GET.get("client_id", "")[:256],
               detail=f"error={error.error} {error.description or ''}"[:500])

@@ -1064,3 +1064,33 @@ def test_an_access_token_in_x_yuzu_token_is_an_unknown_token(person, resource, p
     assert refused.error["data"]["remediation"] == unknown.error["data"]["remediation"]
     assert refused.headers["www-authenticate"] == unknown.headers["www-authenticate"]
 
+
+# --- loopback redirect URIs: any port, but a port (RFC 8252 §7.3) -----------------------------------------------
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999999999999999999", "-1", "+80", "abc", "８０"])
+def test_a_loopback_redirect_uri_with_no_usable_port_is_an_error_page(person, port):
+    """Any port may replace the registered loopback URI's at the time of the request — but only a port (1–65535):
+    port 0, one out of range or no number must be a clear 400, never a redirect to it nor a 500."""
+    browser = person()
+    flow = Flow(registered()["client_id"], redirect=f"http://127.0.0.1:{port}/callback")
+    for r in (flow.consent(browser), flow.decide(browser)):
+        assert r.status_code == 400 and "Location" not in r, (r.status_code, r.content[:300])
+        assert "port" in r.content.decode()
+    for fault in ({"state": None}, {"response_type": "token"}, {"code_challenge_method": "plain"}):
+        # a fault that goes back to the client must not go back to this URI either
+        faulty = Flow(flow.client_id, redirect=flow.redirect, **fault)
+        r = faulty.consent(browser)
+        assert r.status_code == 400 and "Location" not in r, (fault, r.status_code, r.get("Location"))
+    assert not Authorization.objects.exists() and not Grant.objects.exists()
+
+
+def test_a_loopback_redirect_uri_on_another_port_still_works(person):
+    browser = person()
+    flow = Flow(registered()["client_id"], redirect="http://127.0.0.1:65535/callback")
+    r = flow.exchange(flow.approve(browser))
+    assert r.status_code == 200, r.content
+
+
+def test_registration_refuses_port_zero():
+    r = register(redirect_uris=["http://127.0.0.1:0/callback"])
+    assert r.status_code == 400 and r.json()["error"] == "invalid_redirect_uri", r.content
