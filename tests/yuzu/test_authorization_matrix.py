@@ -998,6 +998,48 @@ def test_matrix_sample_through_http():
     assert not rows, mismatch_table(rows)
 
 
+@pytest.mark.parametrize("shut_out", ["locked by an administrator", "deactivated"])
+def test_a_shut_out_callers_token_is_refused_by_every_tool_and_route(shut_out):
+    """The credential's rows: an Administrator's token (every cell allowed otherwise) whose owner an administrator
+    locked (yuzu.accounts.lock_account) or deactivated is refused by every tool of both catalogues in both eras —
+    with a session opened before — and by every REST route that takes a token: -32001 / 401, before anything runs.
+    (Before, a lock left every one of them open.)"""
+    from django.contrib.auth import get_user_model
+
+    from yuzu.accounts import lock_account
+    from yuzu.rbac import Principal
+
+    caller = Caller("Administrator")
+    w = build_world([caller], [""])
+    token, raw = w.token_of(caller, "")
+    sessions = {cat: open_session(raw, cat) for cat in TABLES}
+    if shut_out == "deactivated":
+        get_user_model().objects.filter(username=caller.username).update(is_active=False)
+    else:
+        zed = Principal(user=get_user_model().objects.get(username="zed"), via="session")
+        lock_account(zed, caller.username, timezone.now() + timedelta(hours=1))
+    rows, cells = [], 0
+    for cat_name in TABLES:
+        for sid in (sessions[cat_name], MODERN):
+            for name in sorted(catalogue(cat_name).tools):
+                cells += 1
+                out = call(raw, sid, cat_name, name, {})
+                err = (getattr(out, "body", None) or {}).get("error") or {}
+                if err.get("code") != -32001 or out.status != 401:
+                    rows.append((name, shut_out, cat_name, "modern" if sid is MODERN else "legacy", "-32001 / 401",
+                                 f"{err.get('code')} {getattr(out, 'status', type(out).__name__)}"))
+    client = Client()
+    for (route, method), variants in sorted(REST.items()):
+        if (route, method) in ANONYMOUS_OK or variants[0].rule.service == "open":
+            continue
+        cells += 1
+        r = rest_call(client, method, variants[0].path(w, IN, caller, token), None, raw)
+        if r.status_code != 401:
+            rows.append((f"{method} {route}", shut_out, "rest", "-", 401, r.status_code))
+    assert cells > 150
+    assert not rows, mismatch_table(rows)
+
+
 # --- what the matrix found, one story each (each failed before its fix) --------------------------------
 
 def _mcp(w, caller, tier, cat="v1"):
