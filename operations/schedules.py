@@ -232,7 +232,9 @@ def fire(row, now):
     creator = Principal.from_key(row.creator_key)
     definition = InstructionDefinition.objects.filter(pk=row.definition_id, enabled=True).first()
     outcome = "fired"
-    if creator is None or definition is None:
+    if creator is None and Principal.locked_out(row.creator_key):  # no revocation: it runs again once unlocked
+        row.last_error, outcome = "the creator's account is locked by an administrator: this run is skipped", "refused"
+    elif creator is None or definition is None:
         row.enabled, outcome = False, "disabled"
         row.last_error = "the creator's token or account is gone" if creator is None else "definition missing or disabled"
     else:

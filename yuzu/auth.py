@@ -74,9 +74,10 @@ class _Known:
 class PrincipalCache:
     """Per process: token hash → what it resolved to. Each call reads the database's auth version (one
     single-row SELECT; yuzu.models.AuthVersion, moved by triggers on every change to tokens, users, roles,
-    assignments and administrators' locks, in any process) and drops every entry when it moved, so a revocation or a removed role is
-    refused on the very next call anywhere. Time-based ends (expiry, rotation retirement) are checked on every
-    call against the cached token, and never need a version."""
+    assignments and administrators' locks, in any process) and drops every entry when it moved, so a revocation,
+    a removed role or a lock is refused on the very next call anywhere. Time-based ends (expiry, rotation
+    retirement, a lock running out) are checked on every call against the cached token, and never need a
+    version."""
 
     MAX_ENTRIES = 10_000
 

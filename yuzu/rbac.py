@@ -164,6 +164,14 @@ class Principal:
         token = ApiToken.objects.filter(pk=match[2], owner=user).first()
         return cls(user=user, token=token) if token is not None and token.is_live() else None
 
+    @staticmethod
+    def locked_out(key: str | None) -> bool:
+        """Whether an administrator's lock holds out the user a key names, now: ``from_key`` finds nobody then,
+        but only for as long as the lock holds (it revokes nothing)."""
+        match = re.fullmatch(r"u(\d+)\.(?:t[0-9a-f]+|s)", key or "")
+        lock = AccountLockout.objects.filter(user_id=int(match[1])).first() if match is not None else None
+        return lock is not None and lock.ends_sessions()
+
     def grants(self) -> Grants:
         """{(securable, operation): set of group ids, or None for a global grant}, cached per request."""
         if self._grants is None:

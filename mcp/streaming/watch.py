@@ -78,7 +78,8 @@ def _read_credentials(principals: list[Principal]) -> dict[str, bool]:
             "pk", "revoked_at", "expires_at", "retire_at", "owner__is_active", "token_hash", "owner__lockout__manual",
             "owner__lockout__locked_until")} if token_ids else {}
         users = {row[0]: row[1] and not _locked(*row[2:], now) for row in get_user_model().objects.filter(
-            pk__in=user_ids).values_list("pk", "is_active", "lockout__manual", "lockout__locked_until")} if user_ids else {}
+            pk__in=user_ids).values_list("pk", "is_active", "lockout__manual", "lockout__locked_until")
+        } if user_ids else {}
         gone = set()
         for p in stale:
             if p.token is not None:

@@ -75,3 +75,16 @@ def test_a_lapsed_plain_token_still_stops_its_workers(make_user):
     m = worker_of(token)
     lapse(token)
     assert stop_orphans(SOCKET) == 1 and not Member.objects.get(pk=m.pk).live
+
+
+def test_a_locked_persons_oauth_primary_is_not_refreshable_and_its_workers_stop(connection):
+    """A lapsed OAuth primary keeps its workers because its client may refresh — but not while an administrator's
+    lock holds its person out (the refresh grant refuses it): its workers stop, as a deactivated person's do."""
+    from yuzu.accounts import lock_account
+
+    auth, _ = connection
+    m = worker_of(auth.api_token)
+    lapse(auth.api_token)
+    root = Principal(user=type(auth.user).objects.create_superuser("root", "", "pw-root"), via="session")
+    lock_account(root, "alice", timezone.now() + timedelta(minutes=30))
+    assert stop_orphans(SOCKET) == 1 and not Member.objects.get(pk=m.pk).live

@@ -349,3 +349,26 @@ def test_a_secret_that_cannot_be_unsealed_sends_nothing(agent, definition, princ
     stored = InstructionSchedule.objects.get(pk=row["id"])
     assert sent == [] and not Execution.objects.exists()
     assert stored.last_error.startswith("its secret parameters cannot be unsealed")
+
+
+def test_a_locked_creators_schedule_skips_its_runs_and_fires_again_once_unlocked(agent, definition, principal,
+                                                                                  make_user):
+    """A schedule runs with its creator's rights as they stand now: while an administrator's lock holds the creator
+    out, nothing runs as them — but the lock is no revocation, so the schedule stays enabled (a deactivated creator
+    disables it, as a revoked token does) and fires again once the lock is lifted."""
+    from yuzu.accounts import lock_account, unlock_account
+
+    row = schedules.create_schedule(principal("boss", "Administrator"), {
+        "name": "s", "definition_id": "up", "frequency_type": "interval", "interval_minutes": 1})
+    root = Principal(user=make_user("root", superuser=True), via="session")
+    lock_account(root, "boss", timezone.now() + timedelta(hours=1))
+    InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now() - timedelta(seconds=1))
+    schedules.tick()
+    stored = InstructionSchedule.objects.get(pk=row["id"])
+    assert not Execution.objects.exists()
+    assert stored.enabled and "locked by an administrator" in stored.last_error
+    assert stored.next_execution_at > timezone.now()
+    unlock_account(root, "boss")
+    InstructionSchedule.objects.filter(pk=row["id"]).update(next_execution_at=timezone.now() - timedelta(seconds=1))
+    schedules.tick()
+    assert Execution.objects.count() == 1 and InstructionSchedule.objects.get(pk=row["id"]).last_error == ""
