@@ -277,5 +277,5 @@ class ApprovalAdmin(ReadOnlyAdmin):
         verb = {"revoke": "Approval revoked"}.get(decision) or (
             "Approved" if result["status"] == Approval.APPROVED else "Rejected")
         messages.success(request, f"{verb}: {visible(ticket.summary or ticket.tool)} (ticket {ticket.id}, "
-                                  f"submitted by {ticket.submitted_by}).")
+                                  f"submitted by {visible(ticket.submitted_by)}).")
         return redirect(reverse("admin:approvals_approval_changelist"))

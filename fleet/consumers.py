@@ -175,12 +175,12 @@ def _drop_unusable(agent_id, plugins):
 
 
 def _hostname(msg):
-    """No control characters, nor the bidirectional ones (yuzu.text): the hostname names the agent in every
-    summary an approver reads and every list an operator picks a device from, and U+202E made ``db-1`` followed
-    by reversed text read as another machine's name."""
+    """No control characters, nor the bidirectional or invisible ones (yuzu.text): the hostname names the agent in
+    every summary an approver reads and every list an operator picks a device from, and U+202E made ``db-1`` followed
+    by reversed text, or U+200B made ``db-<U+200B>1``, read as another machine's name."""
     hostname = _text(msg, "hostname", 255)
     if HIDDEN_RE.search(hostname):
-        raise Malformed("'hostname' must be text without control or bidirectional characters")
+        raise Malformed("'hostname' must be text without control, bidirectional or invisible characters")
     return hostname
 
 

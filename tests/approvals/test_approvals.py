@@ -615,6 +615,52 @@ def test_a_bundle_steps_plugin_names_and_a_targets_reported_fields_are_shown_by_
     assert "web<U+202E>1-bd" in review and "linux<U+2066>x" in review
 
 
+
+ZW = "\u200b\u200d\u2060\ufeff\u00ad\ufe0f\U000e0041"  # zero-width space/joiner, word joiner, BOM, soft hyphen, VS16, tag A
+ZW_SHOWN = "<U+200B><U+200D><U+2060><U+FEFF><U+00AD><U+FE0F><U+E0041>"
+INVISIBLE_RE = "[\u00ad\u200b-\u200f\u2060-\u2064\ufeff\ufe00-\ufe0f\U000e0000-\U000e0fff]"
+
+
+def test_the_approver_sees_invisible_characters_by_name_on_every_page(mcp, approver):
+    """Zero-width and other format characters draw nothing: 'db-1' and 'db-<U+200B>1' read the same to an approver,
+    and tag characters carry whole hidden sentences. In every piece of text a submitter or an agent controls — the
+    summary, the reason, the parameters, plugin names and descriptions, the token and client names, the submitter,
+    a target's hostname, OS and groups — they are shown by name on the review page, the queue and the bulk-reject
+    page, and plain ASCII stays as it was."""
+    Agent.objects.create(agent_id="a1", hostname=f"db-{ZW}1", os=f"linux{ZW}", connected=True)
+    from fleet.models import ManagementGroup
+
+    ManagementGroup.objects.create(name=f"ops{ZW}").members.add("a1")
+    ticket = Approval.objects.create(
+        definition_id="mcp.execute_bundle", submitted_by=f"sam{ZW}", summary=f"Run os.info on db-{ZW}1",
+        scope_expression=json.dumps({"agent_id": "a1", "note": f"x{ZW}y"}), pins={"agents": ["a1"]},
+        facts={"reason": f"because{ZW}", "plugin": f"os{ZW}.info", "description": f"reads{ZW} the OS",
+               "params": {f"k{ZW}": f"v{ZW}"}, "steps": [{"plugin": f"os{ZW}.info", "description": f"step{ZW}"}]},
+        requester={"client_name": f"client{ZW}", "client_version": f"1{ZW}", "token_name": f"tok{ZW}"})
+    c = admin_client(approver.user, approver.device)
+    review = c.get(f"/admin/approvals/approval/{ticket.id}/review/").content.decode()
+    queue = c.get("/admin/approvals/approval/").content.decode()
+    bulk = c.post("/admin/approvals/approval/", {"action": "reject_selected", "_selected_action": [ticket.id]})
+    for page in (review, queue, bulk.content.decode()):
+        assert not re.search(INVISIBLE_RE, page)
+        assert f"Run os.info on db-{ZW_SHOWN}1" in html.unescape(page) and f"sam{ZW_SHOWN}" in html.unescape(page)
+    review = html.unescape(review)
+    assert re.search(f'id="ticket-summary">Run os.info on db-{re.escape(ZW_SHOWN)}1<', review)
+    for shown in (f"because{ZW_SHOWN}", f"os{ZW_SHOWN}.info", f"reads{ZW_SHOWN} the OS", f"k{ZW_SHOWN}=v{ZW_SHOWN}",
+                  f"step{ZW_SHOWN}", f"client{ZW_SHOWN} 1{ZW_SHOWN}", f"tok{ZW_SHOWN}", f"db-{ZW_SHOWN}1",
+                  f"linux{ZW_SHOWN}", f"ops{ZW_SHOWN}", f"Approving lets <strong>sam{ZW_SHOWN}</strong> run this", f'"note": "x{ZW_SHOWN}y"'):
+        assert shown in review, shown
+    assert "<title>Run os.info on db-" in review
+
+
+@pytest.mark.parametrize("name", ["db\u200b1", "bom\ufeff", "soft\u00adhyphen", "tag\U000e0041", "wj\u2060"])
+def test_a_token_name_with_invisible_characters_is_refused_before_any_ticket(mcp, name):
+    sup = mcp("sam", role="Administrator", tier="supervised")
+    err = error_of(sup.call("create_api_token", {"name": name, "mcp_tier": "readonly"}))
+    assert err["code"] == -32602 and "invisible" in err["message"] and "U+" in err["message"], err
+    assert not Approval.objects.exists()
+
+
 # --- REST: reading and reviewing ----------------------------------------------------------------
 
 def test_rest_read_routes(mcp, tagged_agent, approver, mint):

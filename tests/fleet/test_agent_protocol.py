@@ -358,6 +358,8 @@ BAD_IDENTITIES = {
     "hostname with an unpaired surrogate": {"hostname": "web-\ud800"},
     "hostname with a bidi override": {"hostname": "db-1\u202etsohlacol"},  # shown as "db-1localhost" reversed
     "hostname with a bidi isolate": {"hostname": "web-1\u2066"},
+    "hostname with a zero-width space": {"hostname": "db-\u200b1"},  # reads as db-1, another machine's name
+    "hostname with a tag character": {"hostname": "db-1\U000e0041"},
     "non-ASCII os": {"os": "lïnux"},
     "arch with a control character": {"arch": "x86\x1b[2J"},
     "non-ASCII credential": {"credential": "yza_é"},
