@@ -11,17 +11,22 @@ from yuzu.rbac import APPROVALS_PAGE
 from . import services
 from .models import Approval
 
+HIDDEN_CHARACTERS = ("The fields holding control, bidirectional or invisible characters (U+200B, U+202E, …): the text "
+                     "is answered as submitted, and the review page shows those characters by name")
 APPROVAL = obj({"id": string(32), "definition_id": string(160), "tool": string(128), "status": string(16),
                 "summary": nullable(string(1024)), "risk": nullable(string(16)), "submitted_by": string(150),
                 "submitted_at": string(64), "expires_at": string(64), "target_count": nullable(integer(0)),
-                "scope_expression": string(65536)}, ["id", "status"], additional=True)
+                "scope_expression": string(65536),
+                "hidden_characters": array(string(32), 16, description=HIDDEN_CHARACTERS)},
+               ["id", "status"], additional=True)
 APPROVAL_ID_ARG = string(32, "The approval_id from a -32006 answer", minLength=1)
 
 
 @tool(name="list_pending_approvals", title="List approvals", securable="Approval", operation="Read", rbac=False,
       description="Approval tickets, newest first (at most 100): {id, tool, status, summary, risk, target_count, "
-                  "submitted_by, submitted_at, expires_at, scope_expression}. You see the tickets you submitted, "
-                  "and — if you may approve — the ones you may review. An empty list means none of those has that "
+                  "submitted_by, submitted_at, expires_at, scope_expression, hidden_characters}. Text is as "
+                  "submitted; hidden_characters names the fields holding control, bidi or invisible characters. You "
+                  "see the tickets you submitted, and — if you may approve — the ones you may review. An empty list means none of those has that "
                   "status (pending tickets past their 7-day lifetime are not pending).",
       input_schema=obj({"status": enum(Approval.STATUSES, default="pending"), "submitted_by": string(150)}),
       output_schema=obj({"approvals": array(APPROVAL), "count": integer(0)}, ["approvals", "count"]))
@@ -39,7 +44,8 @@ def list_pending_approvals(ctx, args):
       input_schema=obj({"approval_id": APPROVAL_ID_ARG, "page": integer(1, 10000, "Target page (50 per page)")},
                        ["approval_id"]),
       output_schema=obj({"id": string(32), "status": string(16), "summary": nullable(string(1024)),
-                         "targets": {"type": ["object", "null"]}, "facts": {"type": "object"}},
+                         "targets": {"type": ["object", "null"]}, "facts": {"type": "object"},
+                         "hidden_characters": array(string(32), 16, description=HIDDEN_CHARACTERS)},
                         ["id", "status"], additional=True))
 def get_approval(ctx, args):
     return services.approval_detail(ctx.principal, args["approval_id"], args.get("page", 1))

@@ -1,11 +1,14 @@
 """Approval tickets (spec/yuzu-mcp.md §3): one gated call, minted with what it will do, decided by a human,
 redeemed once by its submitter for exactly those arguments and the targets pinned at mint time."""
 
+import json
 import secrets
 from datetime import timedelta
 
 from django.db import models
 from django.utils import timezone
+
+from yuzu.text import hidden_fields
 
 APPROVAL_LIFETIME = timedelta(days=7)
 
@@ -107,13 +110,28 @@ class Approval(models.Model):
         agents = (self.pins or {}).get("agents")
         return list(agents) if isinstance(agents, list) else None
 
+    #: the fields of to_dict a submitter or an agent controls (scope_expression checked parsed: \u001b counts)
+    SUBMITTED_TEXT = ("summary", "submitted_by", "review_comment", "scope_expression", "requester")
+
     def to_dict(self):
-        return {"id": self.id, "definition_id": self.definition_id, "tool": self.tool, "status": self.current_status,
-                "summary": self.summary or None, "risk": self.risk or None, "submitted_by": self.submitted_by,
-                "submitted_at": self.submitted_at.isoformat(), "reviewed_by": self.reviewed_by or None,
-                "reviewed_at": self.reviewed_at.isoformat() if self.reviewed_at else None,
-                "review_comment": self.review_comment or None, "scope_expression": self.scope_expression,
-                "origin": self.origin, "consumed": self.consumed_at is not None,
-                "expires_at": self.expires_at.isoformat(),
-                "target_count": len(self.pinned_agents) if self.pinned_agents is not None else None,
-                "requester": self.requester or {}}
+        """The ticket as REST and MCP answer it: text exactly as submitted (a client compares the arguments with what
+        it sent, and renders for its own medium), and ``hidden_characters`` naming the fields that hold control,
+        bidi or invisible characters (yuzu.text) — the review page shows those by name."""
+        out = {"id": self.id, "definition_id": self.definition_id, "tool": self.tool, "status": self.current_status,
+               "summary": self.summary or None, "risk": self.risk or None, "submitted_by": self.submitted_by,
+               "submitted_at": self.submitted_at.isoformat(), "reviewed_by": self.reviewed_by or None,
+               "reviewed_at": self.reviewed_at.isoformat() if self.reviewed_at else None,
+               "review_comment": self.review_comment or None, "scope_expression": self.scope_expression,
+               "origin": self.origin, "consumed": self.consumed_at is not None,
+               "expires_at": self.expires_at.isoformat(),
+               "target_count": len(self.pinned_agents) if self.pinned_agents is not None else None,
+               "requester": self.requester or {}}
+        out["hidden_characters"] = hidden_fields({**out, "scope_expression": self.arguments()}, self.SUBMITTED_TEXT)
+        return out
+
+    def arguments(self):
+        """The tool arguments parsed from ``scope_expression`` (the raw text when it is not JSON)."""
+        try:
+            return json.loads(self.scope_expression)
+        except (TypeError, ValueError):
+            return self.scope_expression

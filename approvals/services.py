@@ -15,6 +15,7 @@ from yuzu.audit import audit
 from yuzu.errors import NotFound, PermissionDenied, YuzuError
 from yuzu.models import ApiToken, TOTPDevice
 from yuzu.stepup import mfa_is_fresh
+from yuzu.text import hidden_fields
 
 from .models import Approval
 
@@ -98,8 +99,10 @@ def pinned_targets(ticket, page=1, per_page=TARGETS_PER_PAGE):
 
 def approval_detail(principal, approval_id, page=1):
     ticket = visible_ticket(principal, approval_id)
-    return {**ticket.to_dict(), "facts": ticket.facts or {}, "targets": pinned_targets(ticket, page),
-            "may_review": ticket.current_status == Approval.PENDING and may_review(principal, ticket)}
+    out = {**ticket.to_dict(), "facts": ticket.facts or {}, "targets": pinned_targets(ticket, page),
+           "may_review": ticket.current_status == Approval.PENDING and may_review(principal, ticket)}
+    out["hidden_characters"] = sorted({*out["hidden_characters"], *hidden_fields(out, ("facts", "targets"))})
+    return out
 
 
 def pending_count(principal=None):

@@ -15,6 +15,7 @@ input); ``visible`` shows them, where text a submitter or an agent controls is r
 ``<U+200B>``."""
 
 import re
+from collections.abc import Iterable
 
 from django.core.exceptions import ValidationError
 
@@ -39,6 +40,23 @@ def visible(text: object, *, multiline: bool = False) -> str:
     if multiline:
         return HIDDEN_RE.sub(lambda m: m.group() if m.group() in _LAYOUT else _shown(m), text)
     return HIDDEN_RE.sub(_shown, text)
+
+
+def holds_hidden(value: object) -> bool:
+    """Whether a JSON-able value (its strings, its keys, at any depth) holds a ``HIDDEN_RE`` character."""
+    if isinstance(value, str):
+        return HIDDEN_RE.search(value) is not None
+    if isinstance(value, dict):
+        return any(holds_hidden(k) or holds_hidden(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(holds_hidden(v) for v in value)
+    return False
+
+
+def hidden_fields(record: dict[str, object], fields: Iterable[str]) -> list[str]:
+    """The names of ``fields`` of ``record`` that hold hidden characters, sorted: the flag an API answer carries
+    next to the raw text (docs/approvals.md#hidden-characters)."""
+    return sorted(f for f in fields if holds_hidden(record.get(f)))
 
 
 def check_label(field: str, value: object, limit: int) -> str:

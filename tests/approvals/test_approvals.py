@@ -661,6 +661,31 @@ def test_a_token_name_with_invisible_characters_is_refused_before_any_ticket(mcp
     assert not Approval.objects.exists()
 
 
+
+def test_the_api_returns_a_submitters_text_raw_and_names_the_fields_holding_hidden_characters(mcp, approver, mint):
+    """REST and MCP answer exact text — a client must be able to compare a ticket's arguments with what it sent, and
+    renders for its own medium — so a reviewer's tool cannot see from the text alone that it hides something:
+    ``hidden_characters`` lists the fields that hold control, bidi or invisible characters (empty when none does)."""
+    Agent.objects.create(agent_id="a1", hostname=f"db-{ZW}1", connected=True)
+    sly = Approval.objects.create(
+        definition_id="mcp.execute_bundle", submitted_by="sam", summary=f"Run os.info on db-{ZW}1",
+        scope_expression=json.dumps({"agent_id": "a1", "note": "esc\x1b"}, ensure_ascii=False),
+        pins={"agents": ["a1"]}, facts={"reason": f"because\u202e{ZW}"}, requester={"client_name": "claude"})
+    plain = Approval.objects.create(definition_id="mcp.delete_tag", submitted_by="sam", summary="Delete tag owner",
+                                    scope_expression='{"agent_id":"a1","key":"owner"}', pins={"agents": ["a1"]})
+    c = Client(HTTP_AUTHORIZATION=f"Bearer {mint('anna', role='Approver')}")
+    rows = {r["id"]: r for r in c.get("/api/v1/approvals").json()["data"]}
+    assert rows[sly.id]["summary"] == f"Run os.info on db-{ZW}1"  # raw
+    assert rows[sly.id]["hidden_characters"] == ["scope_expression", "summary"]
+    assert rows[plain.id]["hidden_characters"] == []
+    detail = c.get(f"/api/v1/approvals/{sly.id}").json()["data"]
+    assert detail["facts"]["reason"] == f"because\u202e{ZW}"
+    assert detail["hidden_characters"] == ["facts", "scope_expression", "summary", "targets"]
+    listed = result_of(mcp("anna", role="Approver").call("list_pending_approvals", {}))["structuredContent"]
+    assert {r["id"]: r["hidden_characters"] for r in listed["approvals"]} == {
+        sly.id: ["scope_expression", "summary"], plain.id: []}
+
+
 # --- REST: reading and reviewing ----------------------------------------------------------------
 
 def test_rest_read_routes(mcp, tagged_agent, approver, mint):
