@@ -8,7 +8,10 @@ ticket: scheduling errors are logged and counted, never raised, and in embedded 
 tasks run on a background thread instead of inside the request.
 
 A notification says what is asked in words — tool, submitter, ticket id, the ticket's summary when it has
-one, when it expires and where to review it. It never carries the tool's arguments: they may hold secrets.
+one, when it expires and where to review it. It never carries the tool's arguments: they may hold secrets. The
+summary holds text a submitter or an agent chose (a group's name, a reason, a hostname): its URLs and host names are
+defanged (``hxxps[://]evil[.]example``, yuzu.text.defang), since Slack, Teams and mail clients link plain URLs and a
+submitter's "verify at https://…" was a clickable phishing link next to ours; the review link is the only link.
 """
 
 import hashlib
@@ -33,7 +36,7 @@ from django.urls import reverse
 
 from yuzu.metrics import APPROVAL_NOTIFICATIONS
 from yuzu.models import RoleAssignment
-from yuzu.text import visible
+from yuzu.text import defang, visible
 
 log = logging.getLogger("yuzu.approvals.notify")
 
@@ -110,8 +113,8 @@ def _run_eagerly(task, args):
 
 def ticket_message(ticket):
     """The notification's content, a JSON-able dict: what is asked, by whom, until when, where to review.
-    Never the arguments (``scope_expression``)."""
-    summary = visible(" ".join(str(getattr(ticket, "summary", "") or "").split()))[:SUMMARY_MAX]
+    Never the arguments (``scope_expression``). The summary is one line, defanged, hidden characters named."""
+    summary = visible(defang(" ".join(str(getattr(ticket, "summary", "") or "").split())))[:SUMMARY_MAX]
     tool = ticket.definition_id.removeprefix("mcp.")
     review_url = settings.YUZU_PUBLIC_URL + reverse("admin:approvals_approval_review", args=[ticket.pk])
     expires = ticket.expires_at

@@ -42,6 +42,28 @@ def visible(text: object, *, multiline: bool = False) -> str:
     return HIDDEN_RE.sub(_shown, text)
 
 
+#: a scheme (``https://``, ``ftp://``, ``slack://``) and a dot that joins a host name's labels (a label starts with a
+#: letter: every top-level domain does, a version number's parts do not); 。．｡ are dots to IDNA
+_SCHEME_RE = re.compile(r"\b([a-z][a-z0-9+.-]*)://", re.IGNORECASE)
+_HOST_DOT_RE = re.compile(r"(?<=\S)[.\u3002\uff0e\uff61](?=[^\W\d_])")
+
+
+def _scheme(match: re.Match[str]) -> str:
+    scheme = match.group(1)
+    if scheme.lower() in ("http", "https"):
+        scheme = scheme[0] + ("XX" if scheme[1:3].isupper() else "xx") + scheme[3:]
+    return f"{scheme}[://]"
+
+
+def defang(text: str) -> str:
+    """``text`` with its URLs and host names defanged the way security teams share indicators of compromise —
+    ``hxxps[://]evil[.]example/login``, ``www[.]evil[.]example``, ``bob@mail[.]example`` — so that no chat or mail
+    client (Slack, Teams, Outlook, Gmail link plain URLs and bare host names) turns text someone else wrote into a
+    link, while a person still reads where it points. Version numbers and IPv4 addresses (no label starts with a
+    letter) stay as they are. For submitter-controlled text in notifications (approvals.notify), never for data."""
+    return _HOST_DOT_RE.sub("[.]", _SCHEME_RE.sub(_scheme, text))
+
+
 def holds_hidden(value: object) -> bool:
     """Whether a JSON-able value (its strings, its keys, at any depth) holds a ``HIDDEN_RE`` character."""
     if isinstance(value, str):

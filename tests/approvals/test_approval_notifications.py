@@ -12,6 +12,7 @@ import hmac
 import itertools
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -215,8 +216,40 @@ def test_the_webhook_text_carries_no_chat_markup_from_the_submitter():
                       summary=sly, scope_expression="{}", submitted_at=timezone.now())
     text = ticket_message(ticket)["text"]
     assert "<https://evil" not in text and "<!channel>" not in text and "&amp; more" in text
-    assert "&lt;https://evil.example/login|Review it here&gt; &lt;!channel&gt;" in text
+    assert "&lt;hxxps[://]evil[.]example/login|Review it here&gt; &lt;!channel&gt;" in text  # and defanged
     assert text.endswith(f"/admin/approvals/approval/{'a' * 32}/review/")
+
+
+PHISH = ("Create group 'ops' — verify first at https://yuzu-login.example/sso?next=x, HTTP://Evil.Example:8443/a, "
+         "ftp://files.example/x, www.evil.example, bob@mail.example, evil。example, "
+         "or os.info; version 1.2.3 on 10.0.0.1")
+DEFANGED = ("Create group 'ops' — verify first at hxxps[://]yuzu-login[.]example/sso?next=x, "
+            "HXXP[://]Evil[.]Example:8443/a, ftp[://]files[.]example/x, www[.]evil[.]example, bob@mail[.]example, "
+            "evil[.]example, or os[.]info; version 1.2.3 on 10.0.0.1")
+
+
+def test_a_url_in_the_submitters_text_reaches_no_notification_as_a_link():
+    """Slack, Teams and mail clients turn a plain URL — or a bare host name like www.evil.example — into a link: a
+    submitter's summary saying 'verify first at https://…' put a clickable phishing link in front of every approver,
+    next to the real review link. Host names and schemes in the submitter's text are defanged the way security teams
+    share indicators (hxxps[://]evil[.]example: no chat or mail client links it, a person still reads it), in the
+    webhook's text and summary and in the email; version numbers and addresses stay as they are, and the review link,
+    the server's own, stays the one link."""
+    from approvals.notify import email_content, ticket_message
+
+    ticket = Approval(id="b" * 32, definition_id="mcp.create_management_group", submitted_by="alice",
+                      summary=PHISH, scope_expression="{}", submitted_at=timezone.now())
+    with override_settings(YUZU_PUBLIC_URL=PUBLIC):
+        message = ticket_message(ticket)
+    review = f"{PUBLIC}/admin/approvals/approval/{'b' * 32}/review/"
+    assert message["summary"] == DEFANGED
+    assert message["text"] == (f"alice asks to run create_management_group: {DEFANGED}. Approval ticket {'b' * 32}, "
+                               f"expires {ticket.expires_at:%Y-%m-%d %H:%M} UTC. Review it: {review}")
+    subject, body = email_content(message)
+    assert DEFANGED in body and f"Review it (approve or reject): {review}" in body
+    for said in (message["text"], body):
+        assert re.findall(r"\w+://\S+", said) == [review]
+        assert ".example" not in said.replace(PUBLIC, "") and "。" not in said
 
 
 def test_a_receiver_failing_twice_gets_three_attempts_with_growing_backoff(alice, receiver, eager_celery):
