@@ -1,7 +1,10 @@
 """Storing what agents send, after dex.telemetry validated it. Heartbeat facts are batched in the process (the
 latest per agent wins) and written in one upsert per flush, so 5,000 agents at a 30 s heartbeat cost one INSERT
 a second, not 170; observations and app rows are written as they come (they are rare), within a per-agent budget a
-minute."""
+minute. The budget bounds the rate, not the total: each agent also keeps at most YUZU_DEX_OBSERVATIONS_PER_AGENT
+observations and YUZU_DEX_APP_ROWS_PER_AGENT app rows, its oldest deleted in the transaction that stores its new
+ones (a per-device quota, first in first out: the newest stay, which is what DEX reads, and an agent over its cap
+evicts only its own rows)."""
 
 import asyncio
 import logging
@@ -9,11 +12,12 @@ import time
 from collections import defaultdict, deque
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from fleet.models import Agent
-from yuzu.metrics import DEX_TELEMETRY_DROPPED, DEX_TELEMETRY_FRAMES
+from yuzu.metrics import DEX_ROWS_REAPED, DEX_TELEMETRY_DROPPED, DEX_TELEMETRY_FRAMES
 
 from . import telemetry
 from .models import AppDay, DeviceFacts, Observation
@@ -58,7 +62,11 @@ def store_observations(agent_id, items, now=None):
     checked = telemetry.observations(items, now)
     count_dropped(checked.dropped)
     rows = [Observation(agent_id=agent_id, received_at=now, **fields) for fields in checked.value]
-    Observation.objects.bulk_create(rows)
+    if rows:
+        with transaction.atomic():
+            Observation.objects.bulk_create(rows)
+            evicted = Observation.objects.keep_newest(agent_id, settings.YUZU_DEX_OBSERVATIONS_PER_AGENT)
+        DEX_ROWS_REAPED.labels("observations").inc(evicted)
     return len(rows)
 
 
@@ -76,6 +84,8 @@ def store_app_days(agent_id, day, rows, now=None):
         AppDay.objects.bulk_create(objs, update_conflicts=True, unique_fields=["agent", "app_name", "version", "day"],
                                    update_fields=["samples", "instances_max", "cpu_avg", "cpu_max", "ws_avg_bytes",
                                                   "ws_max_bytes", "updated_at"])
+        evicted = AppDay.objects.keep_newest(agent_id, settings.YUZU_DEX_APP_ROWS_PER_AGENT) if objs else 0
+    DEX_ROWS_REAPED.labels("app_days").inc(evicted)
     return len(objs)
 
 

@@ -7,6 +7,7 @@ is not a measurement."""
 from datetime import timedelta
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet.models import Agent
@@ -62,6 +63,15 @@ class ObservationQuerySet(models.QuerySet):
     def reap(self, days):
         return self.filter(received_at__lt=timezone.now() - timedelta(days=days)).delete()[0]
 
+    def keep_newest(self, agent_id, keep):
+        """Delete the agent's observations beyond its newest ``keep`` (by receipt, then id). → how many."""
+        mine = self.filter(agent_id=agent_id)
+        cut = list(mine.order_by("-received_at", "-id").values_list("received_at", "id")[keep:keep + 1])
+        if not cut:
+            return 0
+        (at, pk), = cut
+        return mine.filter(Q(received_at__lt=at) | Q(received_at=at, id__lte=pk)).delete()[0]
+
 
 class Observation(models.Model):
     """One signal observation an agent pushed (a dex.observation frame), stamped with the server's receipt time."""
@@ -91,6 +101,15 @@ class Observation(models.Model):
 class AppDayQuerySet(models.QuerySet):
     def reap(self, days):
         return self.filter(day__lt=timezone.now().date() - timedelta(days=days)).delete()[0]
+
+    def keep_newest(self, agent_id, keep):
+        """Delete the agent's app rows beyond its newest ``keep`` (by day, then id: first stored). → how many."""
+        mine = self.filter(agent_id=agent_id)
+        cut = list(mine.order_by("-day", "-id").values_list("day", "id")[keep:keep + 1])
+        if not cut:
+            return 0
+        (day, pk), = cut
+        return mine.filter(Q(day__lt=day) | Q(day=day, id__lte=pk)).delete()[0]
 
 
 class AppDay(models.Model):

@@ -84,7 +84,8 @@ DEX_TELEMETRY_FRAMES = Counter("yuzu_server_dex_telemetry_frames_total", "DEX te
 DEX_TELEMETRY_DROPPED = Counter("yuzu_server_dex_telemetry_dropped_total",
                                 "DEX telemetry values dropped by validation (never stored as 0), by field and reason",
                                 ["field", "reason"])
-DEX_ROWS_REAPED = Counter("yuzu_server_dex_rows_reaped_total", "DEX rows deleted by the retention sweep", ["table"])
+DEX_ROWS_REAPED = Counter("yuzu_server_dex_rows_reaped_total",
+                          "DEX rows deleted by retention: past their age, or past their agent's row cap", ["table"])
 DEX_ALERT_FIRED = Counter("yuzu_server_dex_alert_fired_total", "DEX blast-radius alerts raised")
 DEX_BLAST_RADIUS_DEVICES = Histogram("yuzu_server_dex_blast_radius_devices",
                                      "Distinct devices behind each blast-radius alert")

@@ -4,6 +4,7 @@ stored as 0, and never closes the connection; a frame of the wrong shape closes 
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -145,3 +146,42 @@ def test_an_agent_flooding_observations_and_app_rows_is_held_to_a_budget(monkeyp
     assert list(AppDay.objects.values_list("app_name", flat=True)) == ["app0"]
     after = dropped("observations", "over_budget"), dropped("rows", "over_budget")
     assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1]
+
+
+def test_an_agent_sending_slowly_forever_keeps_only_its_newest_rows(settings):
+    """The budget bounds the rate, not the total: under it, a hostile agent still stored 300 observations and 3000
+    app rows a minute for 30 days (13 million observations, and app rows under ever new names, per agent). Each
+    agent now keeps at most YUZU_DEX_OBSERVATIONS_PER_AGENT observations and YUZU_DEX_APP_ROWS_PER_AGENT app rows:
+    past the cap its oldest are deleted as its new ones are stored (counted in yuzu_server_dex_rows_reaped_total),
+    so the newest — what DEX reads — stay, and no other agent's rows are touched."""
+    from tests.dex.conftest import agent
+
+    settings.YUZU_DEX_OBSERVATIONS_PER_AGENT = 5
+    settings.YUZU_DEX_APP_ROWS_PER_AGENT = 4
+    hostile, quiet = agent("hostile"), agent("quiet")
+    reaped = [REGISTRY.get_sample_value("yuzu_server_dex_rows_reaped_total", {"table": t}) or 0
+              for t in ("observations", "app_days")]
+    t0 = timezone.now()
+    ingest.store_observations("quiet", [{"obs_type": "service.crashed", "subject": "q", "observed_at": time.time()}],
+                              now=t0)
+    for n in range(4):
+        stored = ingest.store_observations("hostile", [
+            {"obs_type": "service.crashed", "subject": f"s{n}-{i}", "observed_at": time.time()} for i in range(3)],
+            now=t0 + timedelta(seconds=n))
+        assert stored == 3
+        assert Observation.objects.filter(agent=hostile).count() == min(5, 3 * (n + 1))
+    assert sorted(Observation.objects.filter(agent=hostile).values_list("subject", flat=True)) == [
+        "s2-1", "s2-2", "s3-0", "s3-1", "s3-2"]
+    assert Observation.objects.filter(agent=quiet).count() == 1
+
+    today = timezone.now().date()
+    for back in (3, 2, 1, 0):  # oldest day first, two apps a day
+        day = (today - timedelta(days=back)).isoformat()
+        ingest.store_app_days("hostile", day, [
+            {"app_name": f"app{back}-{i}", "version": "", "samples": 1, "instances_max": 1, "cpu_avg": 1.0,
+             "cpu_max": 1.0, "ws_avg_bytes": 1, "ws_max_bytes": 1} for i in range(2)])
+    assert sorted(AppDay.objects.filter(agent=hostile).values_list("app_name", flat=True)) == [
+        "app0-0", "app0-1", "app1-0", "app1-1"]
+    after = [REGISTRY.get_sample_value("yuzu_server_dex_rows_reaped_total", {"table": t}) or 0
+             for t in ("observations", "app_days")]
+    assert [b - a for a, b in zip(reaped, after, strict=True)] == [7, 4]
