@@ -10,7 +10,10 @@ Needs /usr/bin/chromium (`apt-get install -y chromium`; tests/support/system_dep
 and the playwright package (requirements-test.txt). `playwright install` is never needed or used.
 """
 
+import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
@@ -33,6 +36,7 @@ from yuzu.models import AuditEvent
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.live]
 
 PASSWORD = "approver-password-1"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 ARGS = {"agent_id": "host-1", "key": "owner"}
 
 
@@ -163,3 +167,40 @@ def test_approver_revokes_an_approved_unused_ticket_after_step_up(daphne, make_u
     err = alice.call("delete_tag", {**ARGS, "approval_id": tid})["error"]
     assert (err["code"], err["message"]) == (-32003, "approval was rejected")
     assert Tag.objects.filter(agent_id="host-1", key="owner").exists()
+
+
+def test_the_review_page_names_invisible_characters_in_a_real_browser(daphne, make_user, mint, tmp_path):
+    """A submitter's bundle names plugins with a zero-width space, a word joiner and a tag character in them: in
+    chromium they draw nothing, so 'os<U+200B>.info' would read as 'os.info'. The review page shows each by its
+    code point in the summary, the title and the steps, the rendered text holds none of them, and the plain ASCII
+    around them is as typed. With YUZU_DOCS_SCREENSHOTS=1 the page is written to docs/img/approval-hidden.png."""
+    require_browser()
+    Agent.objects.create(agent_id="a1", hostname="web-1", connected=True)
+    token = mint("sam", role="Administrator", tier="supervised")
+    device = staff_with_authenticator(make_user, "carol", "Approver", PASSWORD)
+    server = daphne()
+    err = McpHttp(server, token).call("execute_bundle", {"agent_id": "a1", "steps": [
+        {"plugin": "os\u200b", "action": "info"}, {"plugin": "service", "action": "restart\u2060\U000e0041"}]})["error"]
+    assert err["code"] == -32006, err
+    tid = err["data"]["approval_id"]
+
+    with chromium() as browser:
+        page = open_page(browser.new_context(base_url=server.base, viewport={"width": 1200, "height": 800}))
+        admin_login(page, server.base, "/admin/", "carol", PASSWORD, device)
+        page.goto(f"{server.base}/admin/approvals/approval/{tid}/review/")
+        summary, steps = page.inner_text("#ticket-summary"), page.inner_text("#approval-ticket")
+        body = page.inner_text("body")
+        for shown in (summary, steps, body, page.title()):
+            assert not re.search("[\u200b\u2060\U000e0000-\U000e0fff]", shown), shown
+        assert "os<U+200B>.info" in summary and "service.restart<U+2060><U+E0041>" in summary
+        assert "os<U+200B>.info" in steps and "service.restart<U+2060><U+E0041>" in steps
+        assert "os<U+200B>.info" in page.title()
+        assert "web-1" in page.inner_text("#ticket-targets")
+        page.screenshot(path=str(tmp_path / "approval-hidden.png"), full_page=True)
+        if os.environ.get("YUZU_DOCS_SCREENSHOTS") == "1":
+            page.screenshot(path=str(DOCS_IMG / "approval-hidden.png"), full_page=True)
+
+        # the queue names them too
+        page.goto(f"{server.base}/admin/approvals/approval/")
+        row = page.locator("#result_list tbody tr", has_text=tid[:8]).inner_text()
+        assert "os<U+200B>.info" in row and "\u200b" not in row
