@@ -56,21 +56,28 @@ class DeviceFacts(models.Model):
                     or (self.disk_lat_ms is not None and self.disk_lat_ms >= 25))
 
 
-class ObservationQuerySet(models.QuerySet):
+class PerAgentQuerySet(models.QuerySet):
+    newest_by = ""  # the field a newer row has more of (ties: the later stored)
+
+    def keep_newest(self, agent_id, keep):
+        """Delete the agent's rows beyond its newest ``keep`` (by ``newest_by``, then id). → how many."""
+        by = self.newest_by
+        mine = self.filter(agent_id=agent_id)
+        cut = list(mine.order_by(f"-{by}", "-id").values_list(by, "id")[keep:keep + 1])
+        if not cut:
+            return 0
+        (at, pk), = cut
+        return mine.filter(Q(**{f"{by}__lt": at}) | Q(**{by: at, "id__lte": pk})).delete()[0]
+
+
+class ObservationQuerySet(PerAgentQuerySet):
+    newest_by = "received_at"
+
     def since(self, window_days):
         return self if window_days is None else self.filter(received_at__gte=timezone.now() - timedelta(days=window_days))
 
     def reap(self, days):
         return self.filter(received_at__lt=timezone.now() - timedelta(days=days)).delete()[0]
-
-    def keep_newest(self, agent_id, keep):
-        """Delete the agent's observations beyond its newest ``keep`` (by receipt, then id). → how many."""
-        mine = self.filter(agent_id=agent_id)
-        cut = list(mine.order_by("-received_at", "-id").values_list("received_at", "id")[keep:keep + 1])
-        if not cut:
-            return 0
-        (at, pk), = cut
-        return mine.filter(Q(received_at__lt=at) | Q(received_at=at, id__lte=pk)).delete()[0]
 
 
 class Observation(models.Model):
@@ -98,18 +105,11 @@ class Observation(models.Model):
         return f"{self.obs_type} {self.subject} on {self.agent_id}"
 
 
-class AppDayQuerySet(models.QuerySet):
+class AppDayQuerySet(PerAgentQuerySet):
+    newest_by = "day"
+
     def reap(self, days):
         return self.filter(day__lt=timezone.now().date() - timedelta(days=days)).delete()[0]
-
-    def keep_newest(self, agent_id, keep):
-        """Delete the agent's app rows beyond its newest ``keep`` (by day, then id: first stored). → how many."""
-        mine = self.filter(agent_id=agent_id)
-        cut = list(mine.order_by("-day", "-id").values_list("day", "id")[keep:keep + 1])
-        if not cut:
-            return 0
-        (day, pk), = cut
-        return mine.filter(Q(day__lt=day) | Q(day=day, id__lte=pk)).delete()[0]
 
 
 class AppDay(models.Model):
