@@ -239,6 +239,19 @@ def test_a_connection_whose_certificate_was_revoked_cannot_obtain_a_new_one():
     assert AuditEvent.objects.filter(action="ca.cert.reissue_blocked", target_id=agent_id).exists()
 
 
+async def renewed_agent(token):
+    """An agent whose certificate is due for renewal, renewed on a connection that proved it: (comm, agent_id,
+    credential, key_pem, cert_pem, the old serial, the cert.issued frame of the new one) — both still active."""
+    comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
+    await comm.disconnect()
+    await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
+                                                          not_after=timezone.now() + timedelta(days=115))
+    comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
+    renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
+    assert renewed["type"] == "cert.issued"
+    return comm, agent_id, credential, key_pem, cert_pem, serial, renewed
+
+
 def test_revoking_a_renewed_certificate_revokes_the_one_it_replaced(principal):
     """After a renewal the agent holds two active certificates until the old one runs out (a third of a year): the
     one list_issued_certs shows first is the new one, and revoking it left the old key admitted."""
@@ -246,13 +259,7 @@ def test_revoking_a_renewed_certificate_revokes_the_one_it_replaced(principal):
     admin = principal("root", "Administrator")
 
     async def scenario():
-        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
-        await comm.disconnect()
-        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
-                                                              not_after=timezone.now() + timedelta(days=115))
-        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
-        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
-        assert renewed["type"] == "cert.issued"
+        comm, agent_id, credential, key_pem, cert_pem, serial, renewed = await renewed_agent(token)
         out = await db(services.revoke_certificate)(admin, renewed["serial_hex"], "key compromise")
         assert out["revoked"] and serial in out["also_revoked"]
         assert "revoked" in await closed_with(comm, 4401)
@@ -274,13 +281,7 @@ def test_revoking_an_agents_credential_revokes_its_active_certificates(principal
     admin = principal("root", "Administrator")
 
     async def scenario():
-        comm, agent_id, credential, key_pem, cert_pem, serial = await enrolled_with_cert(token)
-        await comm.disconnect()
-        await db(IssuedCert.objects.filter(pk=serial).update)(issued_at=timezone.now() - timedelta(days=250),
-                                                              not_after=timezone.now() + timedelta(days=115))
-        comm, _ = await proved(agent_id, credential, key_pem, cert_pem)
-        renewed = await send(comm, {"type": "cert.enroll", "csr_pem": new_key()[1]})
-        assert renewed["type"] == "cert.issued"
+        comm, agent_id, credential, key_pem, cert_pem, serial, renewed = await renewed_agent(token)
         other_comm, _, _, _, _, other = await enrolled_with_cert(token)
         await other_comm.disconnect()
         out = await db(fleet_services.revoke_agent_credential)(admin, agent_id, "laptop stolen")
