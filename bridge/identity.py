@@ -18,6 +18,8 @@ Invariants:
 
 from dataclasses import dataclass
 
+from django.db import transaction
+
 from yuzu.audit import audit
 from yuzu.models import ApiToken
 from yuzu.rbac import Principal
@@ -87,10 +89,12 @@ def follow_rotation(key, by="system"):
     if successor is None:
         return None
     new_key = Principal.key_for(owner_id, successor.pk)
-    live, items = move_world(key, new_key)
-    for m in live:
-        audit(by, "bridge.handover", "success", target_type="BridgeMember", target_id=m.session_id,
-              detail=f"reason=rotation from={token_id} to={successor.pk} pane={m.pane_id} inbox_items={items}")
+    with transaction.atomic():  # the handover and its record commit together
+        live, items = move_world(key, new_key)
+        for m in live:
+            audit(by, "bridge.handover", "success", target_type="BridgeMember", target_id=m.session_id,
+                  detail=f"reason=rotation from={token_id} to={successor.pk} pane={m.pane_id} inbox_items={items}",
+                  strict=True)
     return new_key
 
 
