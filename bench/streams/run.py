@@ -65,17 +65,26 @@ from yuzu.rbac import assign_role, seed_builtin_roles
 n_tokens = int(sys.argv[1])
 seed_builtin_roles()
 User = get_user_model()
-user = User.objects.filter(username="bench-streams").first() or User.objects.create_user("bench-streams")
-assign_role(user, "Operator")
 expires = timezone.now() + timedelta(days=1)
-tokens = [ApiToken.mint(user, f"bench-{i}", mcp_tier="operator", expires_at=expires)[1] for i in range(n_tokens)]
+
+
+# token i on a user of its own: thousands of streams are thousands of clients, and one user's share of a
+# process's sessions and streams is capped (mcp.streaming: PER_USER_CAP, GET_PER_USER)
+def client(i):
+    user = User.objects.filter(username=f"bench-streams-{i}").first() or User.objects.create_user(f"bench-streams-{i}")
+    assign_role(user, "Operator")
+    return ApiToken.mint(user, f"bench-{i}", mcp_tier="operator", expires_at=expires)[1]
+
+
+tokens = [client(i) for i in range(n_tokens)]
 print(json.dumps({"tokens": tokens, "device_token": mint_device_token("bench swarm", max_uses=None)}))
 """
 
 # daphne, with the session registry's global cap (mcp.streaming.sessions.GLOBAL_CAP, 1024) raised for the
 # 5,000 case: the bench needs one session per stream (and with Redis, the earlier levels' are still live).
 # The stream cap itself is YUZU_MCP_MAX_STREAMS.
-DAPHNE = ("import sys, yuzu.daphne_main, mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
+DAPHNE = ("import sys, yuzu.daphne_main, django; django.setup(); "
+          "import mcp.streaming.sessions as s; s.GLOBAL_CAP = int(sys.argv[1]); "
           "sys.argv = ['daphne'] + sys.argv[2:]; "
           "from daphne.cli import CommandLineInterface; CommandLineInterface.entrypoint()")
 
