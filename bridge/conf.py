@@ -10,6 +10,8 @@ YUZU_BRIDGE_WORKER_TOKEN_HOURS   lifetime of a worker's token (default 24)
 YUZU_BRIDGE_MAX_QUEUE            messages one worker may have queued or awaiting pickup (default 32)
 YUZU_BRIDGE_MAX_INBOX            unacknowledged inbox items one primary may have (default 256)
 YUZU_BRIDGE_TAIL_LINES           lines of terminal tail a turn_done outcome carries (default 40)
+YUZU_BRIDGE_HISTORY_DAYS         a stopped worker (with its turns and messages) and an acknowledged inbox item are
+                                 deleted this many days later (default 30; 0 keeps them)
 YUZU_BRIDGE_PAUSE_FILE           while this file exists the poller pauses (and acknowledges with <file>.ack)
 YUZU_BRIDGE_SAME_USER_WORKERS    1: real agents may run as the server's own OS user (a single-person workstation;
                                  see bridge/guard.py, the IsolationGuard). Default: refused.
@@ -90,6 +92,10 @@ def max_queue():
 
 def max_inbox():
     return max(1, _int("YUZU_BRIDGE_MAX_INBOX", 256))
+
+
+def history_days():
+    return max(0, _int("YUZU_BRIDGE_HISTORY_DAYS", 30))
 
 
 def tail_lines():

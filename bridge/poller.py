@@ -19,7 +19,8 @@ Per worker and tick:
 
 Plus a sweep (every 2 s) that moves an outcome stranded on a dead waiter into the primary's inbox, hands a rotated
 primary's workers to its live successor, and stops the workers nobody can reach any more: those of a primary that is
-gone (bridge.workers.stop_orphans) and those whose own token ended (bridge.workers.stop_expired).
+gone (bridge.workers.stop_orphans) and those whose own token ended (bridge.workers.stop_expired); and, hourly, the
+history past YUZU_BRIDGE_HISTORY_DAYS is deleted (bridge.workers.reap_history).
 """
 
 import logging
@@ -36,9 +37,10 @@ from .models import Member, Message, Turn
 from .status import AgentStatus, load_rules
 from .terminal import PaneNotFound, TerminalError
 from .turns import sweep
-from .workers import backend, observe, stop_expired, stop_orphans, terminate
+from .workers import backend, observe, reap_history, stop_expired, stop_orphans, terminate
 
 log = logging.getLogger("yuzu.bridge.poller")
+REAP_EVERY_S = 3600.0  # the history past YUZU_BRIDGE_HISTORY_DAYS is deleted at start and then hourly
 
 
 class StatusPoller:
@@ -51,6 +53,7 @@ class StatusPoller:
         self.waiting_polls = {}  # session_id → polls since the in-flight message was delivered
         self.stop_event = threading.Event()
         self._last_sweep = 0.0
+        self._last_reap: float | None = None
 
     # -- loop --------------------------------------------------------------------------------
 
@@ -104,6 +107,12 @@ class StatusPoller:
             for m in Member.objects.filter(stopped_at__isnull=True, socket_name=self.socket_name, pane_id="",
                                            created_at__lt=stale):
                 terminate(m, "its spawn never completed", close=False)
+        if self._last_reap is None or time.monotonic() - self._last_reap > REAP_EVERY_S:
+            self._last_reap = time.monotonic()
+            reaped = reap_history()
+            if reaped:
+                log.info("bridge history past %d days deleted: %s", conf.history_days(),
+                         ", ".join(f"{n} {name}" for name, n in sorted(reaped.items())))
 
     # -- one worker ----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from . import conf
 from .failures import BridgeFailure
 from .guard import IsolationGuard, SubscriptionGuard, substitute, worker_env
 from .identity import PRIMARY, follow_rotation, identify, require
-from .models import Member, Profile
+from .models import InboxItem, Member, Profile
 from .status import (
     AgentStatus,
     classify,
@@ -250,6 +250,28 @@ def stop_expired(socket_name, now=None):
                   detail=f"pane={m.pane_id} reason={reason} owner={m.owner.get_username()} world={m.owner_key}")
             stopped += 1
     return stopped
+
+
+def reap_history(now=None):
+    """Delete the bridge's history past YUZU_BRIDGE_HISTORY_DAYS (none when 0): workers stopped before then, with
+    their turns and messages, and inbox items acknowledged before then. A live worker, its open turns, its queue
+    and an item its primary has not acknowledged are never touched (the inbox is bounded by YUZU_BRIDGE_MAX_INBOX
+    instead). Every poller of a shared database may run it: deleting what is gone already is nothing. Returns
+    the rows deleted, per model."""
+    days = conf.history_days()
+    if not days:
+        return {}
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    deleted: dict[str, int] = {}
+    for model, old in ((Member, Q(stopped_at__lt=cutoff)), (InboxItem, Q(acked_at__lt=cutoff))):
+        while ids := list(model.objects.filter(old).values_list("pk", flat=True)[:_REAP_BATCH]):
+            _, counts = model.objects.filter(pk__in=ids).delete()  # a batch per transaction: a backlog blocks nobody
+            for label, n in counts.items():
+                deleted[label.rsplit(".", 1)[1]] = deleted.get(label.rsplit(".", 1)[1], 0) + n
+    return {name: n for name, n in deleted.items() if n}
+
+
+_REAP_BATCH = 500
 
 
 def _refreshable(key):

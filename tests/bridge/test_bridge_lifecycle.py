@@ -154,3 +154,48 @@ def test_a_stop_racing_the_sweep_is_reported_once(fake, alice, sweep):
         assert AuditEvent.objects.get(action="bridge.stop", target_id=m.session_id, principal="alice").detail \
             .endswith(f"was_running={by_primary[1]['wasRunning']}")
         ApiToken.objects.filter(pk=alice.principal.token.pk).update(revoked_at=None)
+
+
+# -- history -------------------------------------------------------------------------------------------------------
+
+def _history(fake, alice):
+    """Three workers with a turn and a message each: one stopped 31 days ago, one 29 days ago, one live; inbox items
+    acknowledged 31 and 29 days ago, and one unread for 90 days."""
+    now = timezone.now()
+    old, recent, live = (worker_of(fake, alice, pane) for pane in ("%1", "%2", "%3"))
+    for m in (old, recent, live):
+        prepare_send(alice, "reply:x", session=m.session_id, wait=False)
+    Member.objects.filter(pk=old.pk).update(stopped_at=now - timedelta(days=31))
+    Member.objects.filter(pk=recent.pk).update(stopped_at=now - timedelta(days=29))
+    for text, acked in (("old acked", now - timedelta(days=31)), ("recent acked", now - timedelta(days=29)),
+                        ("old unread", None)):
+        InboxItem.objects.create(recipient_key=alice.world_key, kind="note", payload={"text": text}, acked_at=acked)
+    InboxItem.objects.filter(payload__text="old unread").update(created_at=now - timedelta(days=90))
+    return old, recent, live
+
+
+@pytest.mark.django_db
+def test_history_past_its_days_goes_and_nothing_live_or_unread_does(fake, alice, monkeypatch):
+    monkeypatch.setattr(workers, "_REAP_BATCH", 1)  # a backlog goes in batches, each its own transaction
+    old, recent, live = _history(fake, alice)
+    assert workers.reap_history() == {"Member": 1, "Turn": 1, "Message": 1, "InboxItem": 1}
+    assert set(Member.objects.values_list("pk", flat=True)) == {recent.pk, live.pk}
+    assert not Turn.objects.filter(member_id=old.pk).exists()
+    assert Turn.objects.filter(member__in=[recent, live]).count() == 2
+    assert sorted(InboxItem.objects.values_list("payload__text", flat=True)) == ["old unread", "recent acked"]
+    assert workers.reap_history() == {}
+
+
+@pytest.mark.django_db
+def test_the_poller_reaps_the_history_at_start_and_zero_days_keeps_it(fake, alice, monkeypatch):
+    monkeypatch.setenv("YUZU_BRIDGE_HISTORY_DAYS", "0")
+    old, _, _ = _history(fake, alice)
+    poller().tick()
+    assert Member.objects.filter(pk=old.pk).exists() and InboxItem.objects.count() == 3
+    monkeypatch.setenv("YUZU_BRIDGE_HISTORY_DAYS", "30")
+    p = poller()
+    p.tick()
+    assert not Member.objects.filter(pk=old.pk).exists() and InboxItem.objects.count() == 2
+    InboxItem.objects.filter(payload__text="recent acked").update(acked_at=timezone.now() - timedelta(days=40))
+    p.tick()  # then hourly, not on every tick
+    assert InboxItem.objects.count() == 2
