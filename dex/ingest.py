@@ -25,10 +25,6 @@ from .models import AppDay, DeviceFacts, Observation
 log = logging.getLogger("yuzu.dex")
 FACT_COLUMNS = ("cpu_pct", "commit_pct", "disk_lat_ms", "rtt_ms", "retrans_pct", "throughput_bps", "net_degraded")
 FLUSH_S = 1.0
-#: per agent and server process, a minute: observations and app-row frames are inserted as they come, so a hostile
-#: agent sending them as fast as its socket allows filled the database; past these the rest are dropped and counted
-OBSERVATIONS_PER_MINUTE = 300  # three full frames (an agent debounces each (type, subject) for an hour)
-APP_PERF_FRAMES_PER_MINUTE = 6  # an agent sends one an hour (procperf_send_s)
 
 
 def count_dropped(dropped):
@@ -110,8 +106,11 @@ class Budget:
         return granted
 
 
-observation_budget = Budget(lambda: OBSERVATIONS_PER_MINUTE)
-app_perf_budget = Budget(lambda: APP_PERF_FRAMES_PER_MINUTE)
+# Observations and app-row frames are inserted as they come, so a hostile agent sending them as fast as its socket
+# allows filled the database: each agent may have so many stored a minute (settings.YUZU_DEX_*_PER_MINUTE: 300
+# observations, three full frames; 6 app-perf frames, where an agent sends one an hour).
+observation_budget = Budget(lambda: settings.YUZU_DEX_OBSERVATIONS_PER_MINUTE)
+app_perf_budget = Budget(lambda: settings.YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE)
 
 
 class FactsBuffer:

@@ -247,6 +247,10 @@ YUZU_DEX_SIGNAL_RETENTION_DAYS = int(os.environ.get("YUZU_DEX_SIGNAL_RETENTION_D
 # ... and how many rows one agent may keep, whatever their age: past it its oldest go as new ones come (dex.ingest).
 # 10,000 observations is 330 a day for 30 days (an agent debounces each (type, subject) for an hour); 20,000 app rows
 # is 31 days of an agent's 500-row daily summary with room to spare.
+# ... and how fast: per agent and server process, a minute (dex.ingest: past it the rest are dropped and counted). An agent
+# debounces each observation for an hour and sends its app summary hourly (procperf_send_s).
+YUZU_DEX_OBSERVATIONS_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_OBSERVATIONS_PER_MINUTE", "300")))
+YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE", "6")))
 YUZU_DEX_OBSERVATIONS_PER_AGENT = max(1, int(os.environ.get("YUZU_DEX_OBSERVATIONS_PER_AGENT", "10000")))
 YUZU_DEX_APP_ROWS_PER_AGENT = max(1, int(os.environ.get("YUZU_DEX_APP_ROWS_PER_AGENT", "20000")))
 YUZU_DEX_BLAST_DEVICES = int(os.environ.get("YUZU_DEX_BLAST_DEVICES", "5"))

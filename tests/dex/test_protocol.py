@@ -116,12 +116,12 @@ def test_telemetry_before_register_is_refused():
     async_to_sync(scenario)()
 
 
-def test_an_agent_flooding_observations_and_app_rows_is_held_to_a_budget(monkeypatch):
+def test_an_agent_flooding_observations_and_app_rows_is_held_to_a_budget(settings):
     """Observations and app rows are inserted as they come, each frame up to 100 / 500 rows: a hostile agent
     sending frames as fast as its socket allows filled the database at the server's full write rate. Past a
     per-agent budget a minute they are dropped and counted; the connection stays open."""
-    monkeypatch.setattr(ingest, "OBSERVATIONS_PER_MINUTE", 3)
-    monkeypatch.setattr(ingest, "APP_PERF_FRAMES_PER_MINUTE", 1)
+    settings.YUZU_DEX_OBSERVATIONS_PER_MINUTE = 3
+    settings.YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE = 1
     token = mint_device_token()
     before = dropped("observations", "over_budget"), dropped("rows", "over_budget")
 
