@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
 
 from bridge.conf import socket_name
@@ -85,6 +86,18 @@ def bridge_tmux_server():
     yield
     if tmux and not was_running:
         TmuxBackend(name).shutdown()  # the server, its socket file, and its private directory of env files
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, then at the end of the session: the connections other threads of this process opened (the
+    async tests' sync_to_async threads, the race tests' pools) are ended on PostgreSQL before the test database is
+    dropped, which refuses while any is open ("is being accessed by other users") and left the database behind."""
+    yield
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
 @pytest.fixture
