@@ -252,6 +252,9 @@ def stop_expired(socket_name, now=None):
     return stopped
 
 
+_REAP_BATCH = 500  # rows deleted per transaction by reap_history
+
+
 def reap_history(now=None):
     """Delete the bridge's history past YUZU_BRIDGE_HISTORY_DAYS (none when 0): workers stopped before then, with
     their turns and messages, and inbox items acknowledged before then. A live worker, its open turns, its queue
@@ -266,12 +269,10 @@ def reap_history(now=None):
     for model, old in ((Member, Q(stopped_at__lt=cutoff)), (InboxItem, Q(acked_at__lt=cutoff))):
         while ids := list(model.objects.filter(old).values_list("pk", flat=True)[:_REAP_BATCH]):
             _, counts = model.objects.filter(pk__in=ids).delete()  # a batch per transaction: a backlog blocks nobody
-            for label, n in counts.items():
-                deleted[label.rsplit(".", 1)[1]] = deleted.get(label.rsplit(".", 1)[1], 0) + n
+            for label, n in counts.items():  # "bridge.Turn": 3
+                name = label.rsplit(".", 1)[1]
+                deleted[name] = deleted.get(name, 0) + n
     return {name: n for name, n in deleted.items() if n}
-
-
-_REAP_BATCH = 500
 
 
 def _refreshable(key):
