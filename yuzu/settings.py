@@ -244,13 +244,14 @@ YUZU_GUARDIAN_EVENT_RETENTION_DAYS = int(os.environ.get("YUZU_GUARDIAN_EVENT_RET
 YUZU_AGENT_HEARTBEAT_S = int(os.environ.get("YUZU_AGENT_HEARTBEAT_S", "30"))
 # DEX (docs/dex.md): how long signal observations are kept, and the blast-radius alert's tuning.
 YUZU_DEX_SIGNAL_RETENTION_DAYS = int(os.environ.get("YUZU_DEX_SIGNAL_RETENTION_DAYS", "30"))
+# ... how many observations and app-perf frames one agent may have stored a minute, per server process: past it the
+# rest are dropped and counted (dex.ingest). An agent debounces each observation for an hour and sends its app
+# summary hourly (procperf_send_s), so these are for a hostile one.
+YUZU_DEX_OBSERVATIONS_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_OBSERVATIONS_PER_MINUTE", "300")))
+YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE", "6")))
 # ... and how many rows one agent may keep, whatever their age: past it its oldest go as new ones come (dex.ingest).
 # 10,000 observations is 330 a day for 30 days (an agent debounces each (type, subject) for an hour); 20,000 app rows
 # is 31 days of an agent's 500-row daily summary with room to spare.
-# ... and how fast: per agent and server process, a minute (dex.ingest: past it the rest are dropped and counted). An agent
-# debounces each observation for an hour and sends its app summary hourly (procperf_send_s).
-YUZU_DEX_OBSERVATIONS_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_OBSERVATIONS_PER_MINUTE", "300")))
-YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE = max(1, int(os.environ.get("YUZU_DEX_APP_PERF_FRAMES_PER_MINUTE", "6")))
 YUZU_DEX_OBSERVATIONS_PER_AGENT = max(1, int(os.environ.get("YUZU_DEX_OBSERVATIONS_PER_AGENT", "10000")))
 YUZU_DEX_APP_ROWS_PER_AGENT = max(1, int(os.environ.get("YUZU_DEX_APP_ROWS_PER_AGENT", "20000")))
 YUZU_DEX_BLAST_DEVICES = int(os.environ.get("YUZU_DEX_BLAST_DEVICES", "5"))
